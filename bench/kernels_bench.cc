@@ -1,0 +1,198 @@
+// `fucina bench kernels`: matvec / matmul throughput per weight type against the machine's
+// read bandwidth, measured in the same run.
+//
+// A decode step reads every weight once, so a matvec's ceiling is the memory read bandwidth.
+// The weights are a stack of decode-shaped matrices whose total exceeds the last-level cache,
+// cycled so every call streams from DRAM; the bound is a plain read of an equally large
+// buffer on 1 thread and on all threads.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_split.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/ggml_type.h"
+#include "kernels/matmul.h"
+#include "kernels/type_traits.h"
+#include "tools/commands.h"
+
+namespace fucina::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct BenchArgs {
+  int64_t working_set_mib = 1024;
+  int64_t rows = 4096;
+  int64_t cols = 4096;
+  int64_t batch = 128;
+  int threads = 0;
+  double min_seconds = 1.0;
+  std::string types = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k";
+};
+
+// Best-of-repeats read bandwidth in GB/s over `buf` with `pool`'s threads.
+double ReadBandwidth(const std::vector<uint64_t>& buf, ThreadPool& pool, double min_seconds) {
+  const int64_t n = static_cast<int64_t>(buf.size());
+  double best = 0;
+  std::vector<uint64_t> sinks(pool.num_threads() * 8);
+  const Clock::time_point start = Clock::now();
+  do {
+    const Clock::time_point t0 = Clock::now();
+    pool.Run([&](int thread) {
+      const int64_t per = (n / pool.num_threads()) & ~int64_t{7};
+      const int64_t b = thread * per;
+      const int64_t e = thread == pool.num_threads() - 1 ? n : b + per;
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      for (int64_t i = b; i + 4 <= e; i += 4) {
+        a0 ^= buf[i];
+        a1 ^= buf[i + 1];
+        a2 ^= buf[i + 2];
+        a3 ^= buf[i + 3];
+      }
+      sinks[thread * 8] = a0 ^ a1 ^ a2 ^ a3;  // keeps the loads alive.
+    });
+    const double s = Seconds(t0, Clock::now());
+    best = std::max(best, n * 8.0 / s / 1e9);
+  } while (Seconds(start, Clock::now()) < min_seconds);
+  return best;
+}
+
+struct TypeResult {
+  double gbps = 0;    // weight bytes read per second
+  double gflops = 0;  // 2 * rows * cols per matvec
+};
+
+// Matvec over the cycled stack of matrices; best of repeated full passes.
+TypeResult MatVecThroughput(const std::vector<WeightView>& mats, const std::vector<float>& x,
+                            std::vector<float>& y, ThreadPool& pool, double min_seconds) {
+  double best = 0;
+  const Clock::time_point start = Clock::now();
+  uint64_t bytes = 0;
+  for (const WeightView& w : mats) bytes += w.row_stride * w.rows;
+  do {
+    const Clock::time_point t0 = Clock::now();
+    for (const WeightView& w : mats) MatMul(w, x.data(), 1, y.data(), pool);
+    best = std::max(best, bytes / Seconds(t0, Clock::now()));
+  } while (Seconds(start, Clock::now()) < min_seconds);
+  const WeightView& w0 = mats.front();
+  const double per_matrix_bytes = static_cast<double>(w0.row_stride * w0.rows);
+  return {best / 1e9, best / per_matrix_bytes * 2.0 * w0.rows * w0.cols / 1e9};
+}
+
+double MatMulGflops(const WeightView& w, int64_t m, ThreadPool& pool, double min_seconds) {
+  std::vector<float> x(m * w.cols), y(m * w.rows);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  double best = 0;
+  const Clock::time_point start = Clock::now();
+  do {
+    const Clock::time_point t0 = Clock::now();
+    MatMul(w, x.data(), m, y.data(), pool);
+    best = std::max(best, 2.0 * m * w.rows * w.cols / Seconds(t0, Clock::now()) / 1e9);
+  } while (Seconds(start, Clock::now()) < min_seconds);
+  return best;
+}
+
+int RunKernels(const BenchArgs& args) {
+  const int all_threads = args.threads > 0 ? args.threads : ThreadPool::Default().num_threads();
+  ThreadPool one(1);
+  ThreadPool all(all_threads);
+  const size_t ws_bytes = static_cast<size_t>(args.working_set_mib) << 20;
+
+  std::printf("isa: %s (detected %s)  threads: %d  working set: %lld MiB  matvec %lld x %lld"
+              "  matmul batch %lld\n",
+              std::string(IsaName(ActiveIsa())).c_str(), std::string(IsaName(DetectedIsa())).c_str(),
+              all_threads, static_cast<long long>(args.working_set_mib),
+              static_cast<long long>(args.rows), static_cast<long long>(args.cols),
+              static_cast<long long>(args.batch));
+  double bw1, bwn;
+  {
+    std::vector<uint64_t> buf(ws_bytes / 8);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;
+    bw1 = ReadBandwidth(buf, one, args.min_seconds);
+    bwn = ReadBandwidth(buf, all, args.min_seconds);
+  }
+  std::printf("read bandwidth: %.2f GB/s (1 thread), %.2f GB/s (%d threads)\n\n", bw1, bwn,
+              all_threads);
+  std::printf("%-6s | %9s %6s %8s | %9s %6s %8s | %12s\n", "type", "mv1 GB/s", "%bw1",
+              "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s");
+
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd;
+  std::vector<float> src(args.rows * args.cols);
+  for (float& v : src) v = nd(rng) * 0.02f;
+  std::vector<float> x(args.cols), y(args.rows);
+  for (float& v : x) v = nd(rng);
+
+  for (std::string_view name : absl::StrSplit(args.types, ',')) {
+    const std::optional<GgmlType> type = ParseGgmlType(name);
+    if (!type || !HasMatVec(*type) || args.cols % TypeInfo(*type).block_size != 0) {
+      std::printf("%-6s | skipped (no matvec kernel or cols not a multiple of the block)\n",
+                  std::string(name).c_str());
+      continue;
+    }
+    const size_t row_bytes = static_cast<size_t>(RowBytes(*type, args.cols));
+    const size_t mat_bytes = row_bytes * args.rows;
+    // One matrix quantized once, then copied to fill a working set larger than the caches.
+    const size_t count = std::max<size_t>(2, (ws_bytes + mat_bytes - 1) / mat_bytes);
+    std::unique_ptr<uint8_t[]> storage(new uint8_t[mat_bytes * count]);
+    const CpuTypeTraits* traits = GetCpuTraits(*type);
+    for (int64_t r = 0; r < args.rows; ++r) {
+      traits->from_float(src.data() + r * args.cols, storage.get() + r * row_bytes, args.cols);
+    }
+    for (size_t i = 1; i < count; ++i) {
+      std::memcpy(storage.get() + i * mat_bytes, storage.get(), mat_bytes);
+    }
+    std::vector<WeightView> mats;
+    for (size_t i = 0; i < count; ++i) {
+      mats.push_back(WeightView::Dense(storage.get() + i * mat_bytes, *type, args.rows, args.cols));
+    }
+    const TypeResult r1 = MatVecThroughput(mats, x, y, one, args.min_seconds);
+    const TypeResult rn = MatVecThroughput(mats, x, y, all, args.min_seconds);
+    const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
+    std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f\n",
+                std::string(name).c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
+                100 * rn.gbps / bwn, rn.gflops, mm);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBenchCommands(CLI::App& app, int* exit_code) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* kernels = bench->add_subcommand(
+      "kernels", "Matvec/matmul GB/s and GFLOP/s per weight type vs measured read bandwidth");
+  kernels->add_option("--working-set-mib", args->working_set_mib,
+                      "Weights cycled per pass (larger than the last-level cache)")
+      ->capture_default_str();
+  kernels->add_option("--rows", args->rows)->capture_default_str();
+  kernels->add_option("--cols", args->cols)->capture_default_str();
+  kernels->add_option("--batch", args->batch, "Activation rows for the matmul column")
+      ->capture_default_str();
+  kernels->add_option("--threads", args->threads, "Threads for the N-thread columns (default: all)");
+  kernels->add_option("--min-seconds", args->min_seconds, "Time per measurement")
+      ->capture_default_str();
+  kernels->add_option("--types", args->types, "Comma-separated weight types")->capture_default_str();
+  kernels->callback([args, exit_code] { *exit_code = RunKernels(*args); });
+}
+
+}  // namespace fucina::cli

@@ -1,0 +1,88 @@
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/type_traits.h"
+
+namespace fucina {
+namespace {
+
+// Weight rows per work item. A decode matvec is bandwidth-bound: items must be large enough
+// to amortise the dispatch (~16 KiB of weights or more) and small enough to balance 2-16 cores.
+int64_t RowsPerItem(int64_t rows, size_t row_bytes, int threads) {
+  int64_t grain = std::max<int64_t>(4, static_cast<int64_t>((16 << 10) / std::max<size_t>(row_bytes, 1)));
+  // At least ~4 items per thread for dynamic balance.
+  const int64_t balanced = std::max<int64_t>(1, rows / (4 * threads));
+  grain = std::min(grain, balanced);
+  return std::max<int64_t>(grain, 1);
+}
+
+// Activation rows processed against one tile of weight rows while it is hot in L1/L2.
+constexpr int64_t kActivationTile = 64;
+
+void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, const float* x,
+         int64_t m, float* y, ThreadPool* pool) {
+  const int64_t k = w.cols;
+  const size_t xq_row = static_cast<size_t>(RowBytes(wt.vec_dot_type, k));
+  // Quantized activations: per calling thread, grow-only (decode reuses it every step).
+  thread_local std::vector<uint8_t> scratch;
+  const uint8_t* xq;
+  if (wt.vec_dot_type == GgmlType::kF32) {
+    xq = reinterpret_cast<const uint8_t*>(x);
+  } else {
+    if (scratch.size() < xq_row * m) scratch.resize(xq_row * m);
+    uint8_t* dst = scratch.data();
+    auto quantize = [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) xt.from_float(x + i * k, dst + i * xq_row, k);
+    };
+    if (pool != nullptr && m > 1) {
+      pool->ParallelFor(m, 8, quantize);
+    } else {
+      quantize(0, m, 0);
+    }
+    xq = dst;
+  }
+
+  const auto* wbase = static_cast<const uint8_t*>(w.data);
+  auto rows_job = [&](int64_t r0, int64_t r1, int) {
+    for (int64_t i0 = 0; i0 < m; i0 += kActivationTile) {
+      const int64_t i1 = std::min(m, i0 + kActivationTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* wrow = wbase + r * w.row_stride;
+        for (int64_t i = i0; i < i1; ++i) y[i * w.rows + r] = wt.vec_dot(k, wrow, xq + i * xq_row);
+      }
+    }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(w.rows, RowsPerItem(w.rows, w.row_stride, pool->num_threads()), rows_job);
+  } else {
+    rows_job(0, w.rows, 0);
+  }
+}
+
+}  // namespace
+
+WeightView WeightView::Dense(const void* data, GgmlType type, int64_t rows, int64_t cols) {
+  return WeightView{data, type, rows, cols, static_cast<size_t>(RowBytes(type, cols))};
+}
+
+void MatMulIsa(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
+               Isa isa) {
+  const CpuTypeTraits* wt = GetCpuTraits(w.type, isa);
+  const CpuTypeTraits* xt = GetCpuTraits(wt->vec_dot_type, isa);
+  Run(*wt, *xt, w, x, m, y, &pool);
+}
+
+void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+  MatMulIsa(w, x, m, y, pool, ActiveIsa());
+}
+
+void MatMulRef(const WeightView& w, const float* x, int64_t m, float* y) {
+  const CpuTypeTraits* wt = GetCpuTraits(w.type, Isa::kScalar);
+  const CpuTypeTraits* xt = GetCpuTraits(wt->vec_dot_type, Isa::kScalar);
+  Run(*wt, *xt, w, x, m, y, nullptr);
+}
+
+}  // namespace fucina

@@ -1,0 +1,48 @@
+// Imports a Hugging Face tokenizer (tokenizer.json + tokenizer_config.json) as the GGUF
+// tokenizer.* metadata llama.cpp's converter writes for byte-level BPE ("gpt2") models.
+#ifndef FUCINA_MODELS_GGUF_HF_TOKENIZER_H_
+#define FUCINA_MODELS_GGUF_HF_TOKENIZER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fucina::gguf {
+
+class Writer;
+
+// GGUF token types (llama.cpp's llama_token_type).
+enum class TokenType : int32_t {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+struct HfTokenizer {
+  std::string pre;                     // tokenizer.ggml.pre: "qwen2", "llama3", "gpt2", "smollm".
+  std::vector<std::string> tokens;     // by id; holes filled with "[PAD<id>]".
+  std::vector<int32_t> token_types;    // TokenType per id.
+  std::vector<std::string> merges;     // "a b", priority order.
+  std::optional<int32_t> bos_id, eos_id, pad_id;
+  bool add_bos = false;
+  std::string chat_template;           // empty if the config has none.
+
+  // Writes tokenizer.ggml.* and tokenizer.chat_template keys.
+  void WriteTo(Writer& writer) const;
+};
+
+// Reads `dir`/tokenizer.json and, if present, `dir`/tokenizer_config.json. `pre` names the
+// pre-tokenizer to record (the JSON's regexes are not parsed: GGUF names them). `min_vocab`
+// pads the vocabulary with unused "[PAD<id>]" tokens, as converters do for padded embeddings.
+absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std::string& pre,
+                                              int64_t min_vocab = 0);
+
+}  // namespace fucina::gguf
+
+#endif  // FUCINA_MODELS_GGUF_HF_TOKENIZER_H_

@@ -1,0 +1,17 @@
+// Subcommands of the `fucina` binary. Each Register* adds its subcommand (and flags) to the
+// CLI app and binds a callback that runs it; the callback sets *exit_code.
+#ifndef FUCINA_TOOLS_COMMANDS_H_
+#define FUCINA_TOOLS_COMMANDS_H_
+
+namespace CLI {
+class App;
+}
+
+namespace fucina::cli {
+
+void RegisterGgufCommands(CLI::App& app, int* exit_code);
+void RegisterBenchCommands(CLI::App& app, int* exit_code);
+
+}  // namespace fucina::cli
+
+#endif  // FUCINA_TOOLS_COMMANDS_H_

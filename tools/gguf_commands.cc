@@ -1,0 +1,158 @@
+// `fucina gguf info|make-fixture|quantize`.
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cpu/thread_pool.h"
+#include "models/gguf/fixture.h"
+#include "models/gguf/gguf.h"
+#include "models/gguf/quantize.h"
+#include "tools/commands.h"
+
+namespace fucina::cli {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+struct InfoArgs {
+  std::string path;
+  size_t max_items = 8;
+  bool tensors = true;
+};
+
+int RunInfo(const InfoArgs& args) {
+  auto file_or = gguf::File::Open(args.path);
+  if (!file_or.ok()) return Fail(file_or.status());
+  const gguf::File& file = **file_or;
+  std::printf("file: %s\n", file.path().c_str());
+  std::printf("version: %u  alignment: %" PRIu64 "  data offset: %" PRIu64 "  size: %" PRIu64
+              " bytes\n",
+              file.version(), file.alignment(), file.data_offset(), file.file_size());
+  std::printf("metadata: %zu keys\n", file.metadata().size());
+  for (const auto& [key, value] : file.metadata()) {
+    std::string type(gguf::ValueTypeName(value.type()));
+    if (const auto* arr = value.AsArray()) {
+      type = absl::StrCat("array<", gguf::ValueTypeName(arr->elem_type), ">");
+    }
+    std::printf("  %-44s %-16s %s\n", key.c_str(), type.c_str(),
+                value.ToDisplayString(args.max_items).c_str());
+  }
+  int64_t params = 0;
+  uint64_t bytes = 0;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    params += t.num_elements();
+    bytes += t.nbytes;
+  }
+  std::printf("tensors: %zu  parameters: %" PRId64 "  data: %.2f MiB\n", file.tensors().size(),
+              params, bytes / 1048576.0);
+  if (!args.tensors) return 0;
+  std::printf("  %-5s %-40s %-8s %-24s %12s %12s\n", "#", "name", "type", "dims", "offset",
+              "bytes");
+  int index = 0;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    std::printf("  %-5d %-40s %-8s %-24s %12" PRIu64 " %12" PRIu64 "\n", index++,
+                t.name.c_str(), std::string(TypeName(t.type)).c_str(),
+                absl::StrJoin(t.dims, " x ").c_str(), t.offset, t.nbytes);
+  }
+  return 0;
+}
+
+struct QuantizeArgs {
+  std::string in, out, type;
+  bool pure = false;
+  int threads = 0;
+};
+
+int RunQuantize(const QuantizeArgs& args) {
+  auto target = gguf::ParseQuantTarget(args.type);
+  if (!target.ok()) return Fail(target.status());
+  auto file = gguf::File::Open(args.in);
+  if (!file.ok()) return Fail(file.status());
+  ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());
+  gguf::QuantizeOptions options;
+  options.pure = args.pure;
+  absl::Status s = gguf::QuantizeModel(**file, args.out, *target, options, pool, stderr);
+  if (!s.ok()) return Fail(s);
+  std::printf("wrote %s (%s)\n", args.out.c_str(), args.type.c_str());
+  return 0;
+}
+
+int RunMakeFixture(const gguf::FixtureOptions& options, const std::string& out, int threads) {
+  ThreadPool pool(threads > 0 ? threads : ThreadPool::Default().num_threads());
+  absl::Status s = gguf::MakeFixture(options, out, pool);
+  if (!s.ok()) return Fail(s);
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void RegisterGgufCommands(CLI::App& app, int* exit_code) {
+  CLI::App* gguf = app.add_subcommand("gguf", "Inspect, create and quantize GGUF files");
+  gguf->require_subcommand(1);
+
+  auto info_args = std::make_shared<InfoArgs>();
+  CLI::App* info = gguf->add_subcommand("info", "Print a GGUF file's metadata and tensor table");
+  info->add_option("FILE", info_args->path, "GGUF file (first part of a split model)")->required();
+  info->add_option("--max-items", info_args->max_items, "Array elements shown per key");
+  info->add_flag("!--no-tensors", info_args->tensors, "Omit the tensor table");
+  info->callback([info_args, exit_code] { *exit_code = RunInfo(*info_args); });
+
+  auto q_args = std::make_shared<QuantizeArgs>();
+  CLI::App* quantize = gguf->add_subcommand("quantize", "Convert a model's weights to a type");
+  quantize->add_option("IN", q_args->in, "Input GGUF")->required();
+  quantize->add_option("OUT", q_args->out, "Output GGUF")->required();
+  quantize->add_option("--type", q_args->type,
+                       "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k|q4_k_m")
+      ->required();
+  quantize->add_flag("--pure", q_args->pure, "Same type for every matrix (no llama.cpp mix)");
+  quantize->add_option("--threads", q_args->threads, "Threads (default: all)");
+  quantize->callback([q_args, exit_code] { *exit_code = RunQuantize(*q_args); });
+
+  auto f = std::make_shared<gguf::FixtureOptions>();
+  auto f_out = std::make_shared<std::string>();
+  auto f_threads = std::make_shared<int>(0);
+  CLI::App* fix = gguf->add_subcommand(
+      "make-fixture", "Write a random-weight qwen3/qwen3moe/llama model (see models/gguf/fixture.h)");
+  fix->add_option("OUT", *f_out, "Output GGUF")->required();
+  fix->add_option("--arch", f->arch, "qwen3 | qwen3moe | llama")->capture_default_str();
+  fix->add_option("--name", f->name, "general.name");
+  fix->add_option("--layers", f->num_layers)->capture_default_str();
+  fix->add_option("--hidden", f->hidden)->capture_default_str();
+  fix->add_option("--ffn", f->ffn, "Dense FFN width")->capture_default_str();
+  fix->add_option("--heads", f->num_heads)->capture_default_str();
+  fix->add_option("--kv-heads", f->num_heads_kv)->capture_default_str();
+  fix->add_option("--head-dim", f->head_dim, "qwen3 only; llama uses hidden/heads")
+      ->capture_default_str();
+  fix->add_option("--vocab", f->vocab, "Vocabulary size (minimum, with --tokenizer)")
+      ->capture_default_str();
+  fix->add_option("--experts", f->num_experts)->capture_default_str();
+  fix->add_option("--experts-used", f->num_experts_used)->capture_default_str();
+  fix->add_option("--expert-ffn", f->expert_ffn)->capture_default_str();
+  fix->add_option("--ctx", f->context_length, "context_length key")->capture_default_str();
+  fix->add_option("--rope-base", f->rope_base)->capture_default_str();
+  fix->add_option("--rms-eps", f->rms_eps)->capture_default_str();
+  fix->add_flag("!--untied", f->tied, "Write a separate output.weight");
+  fix->add_flag("--peaked", f->peaked, "Scale embeddings/output for clear next-token winners");
+  fix->add_flag("--rope-freqs", f->rope_freqs, "llama: write rope_freqs.weight");
+  fix->add_option("--init-std", f->init_std)->capture_default_str();
+  fix->add_option("--seed", f->seed)->capture_default_str();
+  fix->add_option("--type", f->type, "Weight type, as gguf quantize --type")->capture_default_str();
+  fix->add_option("--tokenizer", f->tokenizer_dir,
+                  "Folder with an HF tokenizer.json (+ tokenizer_config.json)");
+  fix->add_option("--pre", f->pre, "tokenizer.ggml.pre to record")->capture_default_str();
+  fix->add_option("--threads", *f_threads, "Threads (default: all)");
+  fix->callback([f, f_out, f_threads, exit_code] {
+    *exit_code = RunMakeFixture(*f, *f_out, *f_threads);
+  });
+}
+
+}  // namespace fucina::cli
