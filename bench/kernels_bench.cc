@@ -139,11 +139,11 @@ int RunKernels(const BenchArgs& args) {
   std::vector<float> x(args.cols), y(args.rows);
   for (float& v : x) v = nd(rng);
 
-  for (std::string_view name : absl::StrSplit(args.types, ',')) {
+  for (const std::string& name : std::vector<std::string>(absl::StrSplit(args.types, ','))) {
     const std::optional<GgmlType> type = ParseGgmlType(name);
     if (!type || !HasMatVec(*type) || args.cols % TypeInfo(*type).block_size != 0) {
       std::printf("%-6s | skipped (no matvec kernel or cols not a multiple of the block)\n",
-                  std::string(name).c_str());
+                  name.c_str());
       continue;
     }
     const size_t row_bytes = static_cast<size_t>(RowBytes(*type, args.cols));
@@ -166,7 +166,7 @@ int RunKernels(const BenchArgs& args) {
     const TypeResult rn = MatVecThroughput(mats, x, y, all, args.min_seconds);
     const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
     std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f\n",
-                std::string(name).c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
+                name.c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
                 100 * rn.gbps / bwn, rn.gflops, mm);
     std::fflush(stdout);
   }

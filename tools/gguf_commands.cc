@@ -40,7 +40,7 @@ int RunInfo(const InfoArgs& args) {
   for (const auto& [key, value] : file.metadata()) {
     std::string type(gguf::ValueTypeName(value.type()));
     if (const auto* arr = value.AsArray()) {
-      type = absl::StrCat("array<", gguf::ValueTypeName(arr->elem_type), ">");
+      type = "array<" + std::string(gguf::ValueTypeName(arr->elem_type)) + ">";
     }
     std::printf("  %-44s %-16s %s\n", key.c_str(), type.c_str(),
                 value.ToDisplayString(args.max_items).c_str());

@@ -140,7 +140,7 @@ absl::Status MakeFixture(const FixtureOptions& o, const std::string& path, Threa
   if (!writer_or.ok()) return writer_or.status();
   Writer& w = **writer_or;
   const std::string& a = o.arch;
-  auto key = [&](std::string_view suffix) { return absl::StrCat(a, ".", suffix); };
+  auto key = [&](const char* suffix) { return absl::StrCat(a, ".", suffix); };
   w.SetValue("general.architecture", Value::Str(a));
   w.SetValue("general.name", Value::Str(o.name.empty() ? absl::StrCat(a, "-fixture") : o.name));
   w.SetValue("general.file_type", Value::U32(target->llama_ftype));
@@ -228,7 +228,7 @@ absl::Status MakeFixture(const FixtureOptions& o, const std::string& path, Threa
           const size_t row_bytes = static_cast<size_t>(RowBytes(type, row));
           const CpuTypeTraits* traits = GetCpuTraits(type);
           if (traits == nullptr || traits->from_float == nullptr) {
-            return absl::InternalError(absl::StrCat("no quantizer for ", TypeName(type)));
+            return absl::InternalError(absl::StrCat("no quantizer for ", std::string(TypeName(type))));
           }
           pool.ParallelFor(count / row, 16, [&](int64_t r0, int64_t r1, int) {
             for (int64_t r = r0; r < r1; ++r) {

@@ -3,10 +3,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "kernels/quant/blocks.h"
 #include "kernels/type_traits.h"
 #include "models/gguf/writer.h"
 
@@ -43,11 +41,15 @@ bool UseMoreBits(int64_t i_layer, int64_t n_layers) {
 
 // "blk.12.ffn_down.weight" -> 12; -1 when the name has no block index.
 int64_t LayerIndex(std::string_view name) {
-  if (!absl::StartsWith(name, "blk.")) return -1;
-  std::vector<std::string_view> parts = absl::StrSplit(name, '.');
-  int64_t index;
-  if (parts.size() < 3 || !absl::SimpleAtoi(parts[1], &index)) return -1;
-  return index;
+  if (!name.starts_with("blk.")) return -1;
+  int64_t index = 0;
+  size_t i = 4;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) index = index * 10 + (name[i] - '0');
+  return i > 4 && i < name.size() && name[i] == '.' ? index : -1;
+}
+
+bool Contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
 }
 
 GgmlType KQuantFallback(GgmlType t, int64_t row) {
@@ -67,18 +69,18 @@ absl::StatusOr<QuantTarget> ParseQuantTarget(std::string_view name) {
     if (row.name == name) return QuantTarget{std::string(name), row.base, row.mix, row.ftype};
   }
   std::string known;
-  for (const TargetRow& row : kTargets) absl::StrAppend(&known, known.empty() ? "" : ", ", row.name);
+  for (const TargetRow& row : kTargets) absl::StrAppend(&known, known.empty() ? "" : ", ", std::string(row.name));
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown quantization type '", name, "' (expected one of: ", known, ")"));
+      absl::StrCat("unknown quantization type '", std::string(name), "' (expected one of: ", known, ")"));
 }
 
 GgmlType ChooseTensorType(const QuantTarget& target, const QuantizeOptions& options,
                           std::string_view name, const std::vector<int64_t>& dims,
                           GgmlType current, bool has_output, int64_t num_layers,
                           int64_t num_experts) {
-  if (!absl::EndsWith(name, "weight") || dims.size() < 2) return current;
-  if (absl::StrContains(name, "ffn_gate_inp") || absl::StrContains(name, "rope_freqs") ||
-      absl::StrContains(name, "_norm")) {
+  if (!name.ends_with("weight") || dims.size() < 2) return current;
+  if (Contains(name, "ffn_gate_inp") || Contains(name, "rope_freqs") ||
+      Contains(name, "_norm")) {
     return current;
   }
   GgmlType type = target.base;
@@ -91,14 +93,14 @@ GgmlType ChooseTensorType(const QuantTarget& target, const QuantizeOptions& opti
       } else if (type != GgmlType::kQ8_0) {
         type = GgmlType::kQ6_K;
       }
-    } else if (absl::StrContains(name, "attn_v.weight")) {
+    } else if (Contains(name, "attn_v.weight")) {
       const int64_t layer = LayerIndex(name);
       if (target.mix == Mix::kMedium && UseMoreBits(layer, num_layers)) type = GgmlType::kQ6_K;
       if (target.mix == Mix::kSmall && layer < 4) type = GgmlType::kQ5_K;
       if (num_experts == 8) type = GgmlType::kQ8_0;
-    } else if (absl::StrContains(name, "attn_k.weight")) {
+    } else if (Contains(name, "attn_k.weight")) {
       if (num_experts == 8) type = GgmlType::kQ8_0;
-    } else if (absl::StrContains(name, "ffn_down")) {
+    } else if (Contains(name, "ffn_down")) {
       const int64_t layer = LayerIndex(name);
       if (target.mix == Mix::kMedium && UseMoreBits(layer, num_layers)) type = GgmlType::kQ6_K;
       if (target.mix == Mix::kSmall && layer < num_layers / 8) type = GgmlType::kQ5_K;
@@ -118,10 +120,10 @@ absl::Status ConvertRow(GgmlType src_type, const void* src, GgmlType dst_type, v
   const CpuTypeTraits* to = GetCpuTraits(dst_type);
   if (from == nullptr || from->to_float == nullptr) {
     return absl::UnimplementedError(
-        absl::StrCat("no dequantizer for type ", TypeName(src_type)));
+        absl::StrCat("no dequantizer for type ", std::string(TypeName(src_type))));
   }
   if (to == nullptr || to->from_float == nullptr) {
-    return absl::UnimplementedError(absl::StrCat("no quantizer for type ", TypeName(dst_type)));
+    return absl::UnimplementedError(absl::StrCat("no quantizer for type ", std::string(TypeName(dst_type))));
   }
   from->to_float(src, scratch, n);
   to->from_float(scratch, dst, n);
@@ -136,7 +138,7 @@ absl::Status QuantizeModel(const File& in, const std::string& out_path, const Qu
 
   // Metadata: copied in order; split keys dropped (the output is one file).
   for (const auto& [key, value] : in.metadata()) {
-    if (absl::StartsWith(key, "split.")) continue;
+    if (key.starts_with("split.")) continue;
     writer.SetValue(key, value);
   }
   writer.SetValue("general.file_type", Value::U32(target.llama_ftype));
@@ -146,7 +148,7 @@ absl::Status QuantizeModel(const File& in, const std::string& out_path, const Qu
   if (const Value* v = in.Find("general.architecture"); v != nullptr && v->AsString()) {
     arch = *v->AsString();
   }
-  auto meta_int = [&](std::string_view suffix) -> int64_t {
+  auto meta_int = [&](const char* suffix) -> int64_t {
     const Value* v = in.Find(absl::StrCat(arch, ".", suffix));
     return v != nullptr && v->AsUint() ? static_cast<int64_t>(*v->AsUint()) : 0;
   };
