@@ -36,7 +36,10 @@ inline __m128i UnpackScalesMins(const uint8_t* packed) {
   u[1] = (u[2] & kMask4) | (((u[0] >> 6) & kMask2) << 4);
   u[2] = mins_lo;
   u[0] &= kMask6;
-  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  // Built from registers: a 16-byte load right after four 4-byte stores would stall on store
+  // forwarding, and this runs once per super-block in the hot loop.
+  return _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
+                       static_cast<int>(u[0]));
 }
 
 // Two 32-byte pieces of the activations as one vector (low half = a, high half = b).
@@ -118,8 +121,8 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
     std::memcpy(&dmin16, blk + 2, 2);
     const uint8_t* qh = blk + 4 + kKScaleSize;
     const uint8_t* qs = kHighBit ? qh + kQK_K / 8 : qh;
-    const float d = Fp16ToFp32(d16) * y[i].d;
-    const float dmin = Fp16ToFp32(dmin16) * y[i].d;
+    const float d = _cvtsh_ss(d16) * y[i].d;
+    const float dmin = _cvtsh_ss(dmin16) * y[i].d;
 
     const __m128i sm = UnpackScalesMins(blk + 4);
     const __m512i scales16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(sm));
@@ -195,7 +198,7 @@ float VecDotQ6_KQ8_K(int64_t n, const BlockQ6_K* x, const BlockQ8_K* y) {
   }
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const float d = Fp16ToFp32(x[i].d) * y[i].d;
+    const float d = _cvtsh_ss(x[i].d) * y[i].d;
     const __m256i sc16 =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
