@@ -54,13 +54,12 @@ inline __m256i BroadcastScale(__m256i scales, int k) {
   return _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * k)));
 }
 
-// mins[j/2] * bsums[j] summed in pairs: 4 int32 partial sums of the Q4_K/Q5_K min term.
-inline __m128i MinTerm(__m128i mins8, const int16_t* bsums) {
-  const __m256i q8sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
-  // Adjacent 16-element sums -> the 8 sub-block (32-element) sums, in order.
-  const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums),
-                                        _mm256_extracti128_si256(q8sums, 1));
-  return _mm_madd_epi16(_mm_cvtepu8_epi16(mins8), sums32);
+// The Q4_K/Q5_K min term mins[j/2] * bsums[j] as 8 int32 partial sums. `sm` holds the mins in
+// bytes 8..15; each is duplicated to meet the two 16-element bsums of its 32-element sub-block.
+inline __m256i MinTerm(__m128i sm, const int16_t* bsums) {
+  const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup));
+  return _mm256_madd_epi16(mins16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)));
 }
 
 }  // namespace
@@ -127,7 +126,7 @@ template <bool kHighBit>
 inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, const BlockQ8_K* y) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     // Both layouts start with d, dmin, scales[12]; Q5_K then has qh[32] before qs.
     const uint8_t* blk = x_bytes + i * block_bytes;
@@ -142,8 +141,8 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
     const float dmin = _cvtsh_ss(dmin16) * y[i].d;
     const __m128i sm = UnpackScalesMins(scales_packed);
     const __m256i scales16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-    const __m128i min_prod = MinTerm(_mm_unpackhi_epi64(sm, sm), y[i].bsums);
-    acc_min = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(min_prod), acc_min);
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(MinTerm(sm, y[i].bsums)),
+                              acc_min);
 
     const int8_t* q8 = y[i].qs;
     __m256i hbits;
@@ -176,9 +175,7 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sumi0, sumi1)),
                           acc);
   }
-  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return HorizontalSum(acc) - _mm_cvtss_f32(m);
+  return HorizontalSum(acc) - HorizontalSum(acc_min);
 }
 
 }  // namespace

@@ -112,7 +112,8 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
   const __m512i idx_lo[2] = {SplitIndex(0, 2), SplitIndex(4, 6)};
   const __m512i idx_hi[2] = {SplitIndex(1, 3), SplitIndex(5, 7)};
   __m512 acc = _mm512_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
+  const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (int64_t i = 0; i < nb; ++i) {
     // Both layouts start with d, dmin, scales[12]; Q5_K then has qh[32] before qs.
     const uint8_t* blk = x_bytes + i * block_bytes;
@@ -127,11 +128,11 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
     const __m128i sm = UnpackScalesMins(blk + 4);
     const __m512i scales16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(sm));
 
-    const __m256i q8sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
-    const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums),
-                                          _mm256_extracti128_si256(q8sums, 1));
-    const __m128i min_prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), sums32);
-    acc_min = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(min_prod), acc_min);
+    // Min term: each min (bytes 8..15 of sm) duplicated onto the two bsums of its sub-block.
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup_mins));
+    const __m256i min_prod = _mm256_madd_epi16(
+        mins16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums)));
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_prod), acc_min);
 
     __m512i hbits;
     if constexpr (kHighBit) {
@@ -163,9 +164,9 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
     acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(sumi_lo, sumi_hi)),
                           acc);
   }
-  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
+  // Fold the min term into the main accumulator's low half before the one reduction.
+  acc = _mm512_sub_ps(acc, _mm512_insertf32x8(_mm512_setzero_ps(), acc_min, 0));
+  return _mm512_reduce_add_ps(acc);
 }
 
 }  // namespace
