@@ -83,7 +83,9 @@ TEST(ExpTest, WithinThreeUlpOverTheWholeRange) {
     SCOPED_TRACE(p.name);
     std::vector<float> x;
     for (double v = -110.0; v <= 90.0; v += 0.0137) x.push_back(static_cast<float>(v));
-    for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.7228f, -87.3f, -103.9f}) x.push_back(v);
+    for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.7228f, -87.3f, -103.9f}) {
+      x.push_back(v);
+    }
     std::vector<float> y(x.size());
     p.exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
     ErrorStat stat;
@@ -276,7 +278,9 @@ TEST(ActivationTest, FusedSwiGluSplitsGateThenUp) {
     SwiGluFusedRef(gate_up.data(), ref_fused.data(), kRows, ff);
     EXPECT_EQ(ref_fused, want);
     SwiGluFused(gate_up.data(), got.data(), kRows, ff);
-    for (int64_t i = 0; i < kRows * ff; ++i) EXPECT_NEAR(got[i], want[i], 6e-7 * std::fabs(want[i]));
+    for (int64_t i = 0; i < kRows * ff; ++i) {
+      EXPECT_NEAR(got[i], want[i], 6e-7 * std::fabs(want[i]));
+    }
     std::vector<float> in_place = gate_up;
     SwiGluFused(in_place.data(), in_place.data(), kRows, ff);
     for (int64_t i = 0; i < kRows * ff; ++i) EXPECT_EQ(in_place[i], got[i]);
