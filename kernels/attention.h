@@ -1,0 +1,81 @@
+// Causal grouped-query attention of a few new query positions against one layer's KV cache.
+//
+// KV cache (one tensor for K, one for V, same layout): [capacity, num_heads_kv, head_dim] in
+// f32, f16, or q8_0 (each head row of head_dim values is head_dim / 32 BlockQ8_0; head_dim must
+// then be a multiple of 32). Row p holds position p.
+//
+// Queries q[n_q, num_heads, head_dim] f32 are at positions pos0 .. pos0 + n_q - 1 and their own
+// K/V rows must already be stored (StoreKvRows) before the call. Query i attends to cache rows
+// [0, pos0 + i] (causal). Query head h reads kv head h / (num_heads / num_heads_kv) (GQA).
+//   out[i, h, :] = sum_j softmax_j(scale * q[i, h] . K[j, kvh]) V[j, kvh]
+// Output out[n_q, num_heads, head_dim] f32.
+//
+// The dispatched path streams over keys in tiles with an online softmax, so its scratch is
+// O(head_dim) per query head regardless of context length; K and V are read in their stored
+// type (F16C / int8 -> f32 conversion on the fly), never dequantized into a copy.
+#ifndef FUCINA_KERNELS_ATTENTION_H_
+#define FUCINA_KERNELS_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/ggml_type.h"
+
+namespace fucina {
+
+struct KvLayout {
+  GgmlType type = GgmlType::kF32;  // kF32, kF16 or kQ8_0.
+  int64_t capacity = 0;            // positions the cache can hold.
+  int num_heads_kv = 0;
+  int head_dim = 0;
+
+  // Bytes of one head row (head_dim values) and of one position (all kv heads).
+  int64_t HeadBytes() const { return RowBytes(type, head_dim); }
+  int64_t PositionBytes() const { return HeadBytes() * num_heads_kv; }
+  int64_t TotalBytes() const { return PositionBytes() * capacity; }
+};
+
+// OK iff the type is supported, sizes are positive and q8_0 has head_dim % 32 == 0.
+absl::Status ValidateKvLayout(const KvLayout& layout);
+
+// Writes src[n, num_heads_kv, head_dim] (f32) into cache rows [pos, pos + n), converting to the
+// cache's type: f16 round-to-nearest-even, q8_0 with ggml's quantize_row_q8_0_ref rule (bit-exact
+// with both). Precondition: layout valid, 0 <= pos, pos + n <= capacity.
+void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, const float* src);
+
+// Reads back one head row (cache row pos, kv head kvh) as f32 [head_dim]; exact for every type.
+void LoadKvHead(const KvLayout& layout, const void* cache, int64_t pos, int kvh, float* out);
+
+struct AttentionArgs {
+  const float* q = nullptr;  // [n_q, num_heads, head_dim]
+  int64_t n_q = 0;
+  int64_t pos0 = 0;          // position of q row 0; pos0 + n_q <= layout.capacity.
+  int num_heads = 0;         // multiple of layout.num_heads_kv.
+  float scale = 0.0f;        // usually 1 / sqrt(head_dim).
+  KvLayout layout;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+};
+
+// Computes out[i, h, :] for all i and query heads h in [head_begin, head_end) only, so callers
+// can split heads across threads; rows of other heads are not touched. Dispatched by
+// ActiveIsa(); float dots and the SIMD exp of ops_isa.h, so it matches AttentionRef within a
+// few 1e-7 of the output scale (attention_test.cc states the tolerance).
+void AttentionHeads(const AttentionArgs& args, int head_begin, int head_end, float* out);
+
+// The same with an explicit kernel level instead of ActiveIsa(), so tests and benchmarks can
+// run every path; precondition: isa <= DetectedIsa().
+void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, int head_end,
+                          float* out);
+
+// All heads.
+void Attention(const AttentionArgs& args, float* out);
+
+// Scalar reference: per (query, head) a two-pass softmax in double over the dequantized cache
+// rows (LoadKvHead), so quantized caches are compared on identical contents.
+void AttentionRef(const AttentionArgs& args, float* out);
+
+}  // namespace fucina
+
+#endif  // FUCINA_KERNELS_ATTENTION_H_

@@ -1,0 +1,95 @@
+#include "kernels/activations.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops_isa.h"
+
+namespace fucina {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+constexpr float kGeluCoefA = 0.044715f;
+constexpr double kSqrtHalf = 0.70710678118654752440084436210485;
+
+inline float SiluScalar(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+void SiluRef(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = SiluScalar(x[i]);
+}
+
+void Silu(const float* x, float* y, int64_t n) {
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return avx512::Silu(x, y, n);
+    case Isa::kAvx2:
+      return avx2::Silu(x, y, n);
+    case Isa::kScalar:
+      break;
+  }
+  SiluRef(x, y, n);
+}
+
+void GeluTanhRef(const float* x, float* y, int64_t n) {
+  // ggml's formula; tanh taken in double so the reference itself does not lose digits where
+  // 1 + tanh(u) cancels (large negative x).
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double u = kSqrt2OverPi * v * (1.0 + kGeluCoefA * v * v);
+    y[i] = static_cast<float>(0.5 * v * (1.0 + std::tanh(u)));
+  }
+}
+
+void GeluTanh(const float* x, float* y, int64_t n) {
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return avx512::GeluTanh(x, y, n);
+    case Isa::kAvx2:
+      return avx2::GeluTanh(x, y, n);
+    case Isa::kScalar:
+      break;
+  }
+  GeluTanhRef(x, y, n);
+}
+
+void GeluErfRef(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    y[i] = static_cast<float>(0.5 * v * (1.0 + std::erf(v * kSqrtHalf)));
+  }
+}
+
+void GeluErf(const float* x, float* y, int64_t n) { GeluErfRef(x, y, n); }
+
+void SwiGluRef(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = SiluScalar(gate[i]) * up[i];
+}
+
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return avx512::SwiGlu(gate, up, out, n);
+    case Isa::kAvx2:
+      return avx2::SwiGlu(gate, up, out, n);
+    case Isa::kScalar:
+      break;
+  }
+  SwiGluRef(gate, up, out, n);
+}
+
+void SwiGluFusedRef(const float* gate_up, float* out, int64_t rows, int64_t ff) {
+  for (int64_t r = 0; r < rows; ++r) {
+    SwiGluRef(gate_up + r * 2 * ff, gate_up + r * 2 * ff + ff, out + r * ff, ff);
+  }
+}
+
+void SwiGluFused(const float* gate_up, float* out, int64_t rows, int64_t ff) {
+  for (int64_t r = 0; r < rows; ++r) {
+    SwiGlu(gate_up + r * 2 * ff, gate_up + r * 2 * ff + ff, out + r * ff, ff);
+  }
+}
+
+}  // namespace fucina

@@ -1,0 +1,413 @@
+// Norm, softmax, activation and RoPE kernels: every ISA path on this machine against the
+// scalar references, plus hand-computed cases for the references themselves.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/activations.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops_isa.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/softmax.h"
+
+namespace fucina {
+namespace {
+
+constexpr int64_t kSizes[] = {1, 7, 31, 33, 64, 1003};
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> Random(int64_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// One implementation under test: a name and a callable for each op.
+struct Path {
+  std::string name;
+  std::function<void(const float*, float*, int64_t)> exp;
+  std::function<void(const float*, const float*, float, int64_t, int64_t, float*)> rms_norm;
+  std::function<void(float*, int64_t, int64_t, float, const float*, int64_t)> softmax;
+  std::function<void(const float*, float*, int64_t)> silu;
+  std::function<void(const float*, float*, int64_t)> gelu_tanh;
+  std::function<void(const float*, const float*, float*, int64_t)> swiglu;
+};
+
+// The dispatched entry points plus every SIMD namespace the CPU supports.
+std::vector<Path> Paths() {
+  std::vector<Path> paths;
+  paths.push_back({std::string("dispatch:") + std::string(IsaName(ActiveIsa())), nullptr,
+                   RmsNorm, Softmax, Silu, GeluTanh, SwiGlu});
+  if (DetectedIsa() >= Isa::kAvx2) {
+    paths.push_back({"avx2", avx2::ExpF32, avx2::RmsNorm, avx2::Softmax, avx2::Silu,
+                     avx2::GeluTanh, avx2::SwiGlu});
+  }
+  if (DetectedIsa() >= Isa::kAvx512) {
+    paths.push_back({"avx512", avx512::ExpF32, avx512::RmsNorm, avx512::Softmax, avx512::Silu,
+                     avx512::GeluTanh, avx512::SwiGlu});
+  }
+  return paths;
+}
+
+// Tracks max over i of |got - want| / (rel * |want| + abs); the check is that it is <= 1.
+struct ErrorStat {
+  double worst_ratio = 0.0;
+  double max_abs = 0.0;
+  double max_rel = 0.0;
+  void Add(double got, double want, double rel, double abs) {
+    const double err = std::fabs(got - want);
+    worst_ratio = std::max(worst_ratio, err / (rel * std::fabs(want) + abs));
+    max_abs = std::max(max_abs, err);
+    // Relative error is reported where it means something (not for results near underflow).
+    if (std::fabs(want) > 1e-20) max_rel = std::max(max_rel, err / std::fabs(want));
+  }
+};
+
+void Report(const std::string& what, const ErrorStat& s) {
+  std::printf("  %-28s max_abs %.3g max_rel %.3g (worst/tolerance %.3f)\n", what.c_str(),
+              s.max_abs, s.max_rel, s.worst_ratio);
+}
+
+TEST(ExpTest, WithinThreeUlpOverTheWholeRange) {
+  for (const Path& p : Paths()) {
+    if (!p.exp) continue;
+    SCOPED_TRACE(p.name);
+    std::vector<float> x;
+    for (double v = -110.0; v <= 90.0; v += 0.0137) x.push_back(static_cast<float>(v));
+    for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.7228f, -87.3f, -103.9f}) {
+      x.push_back(v);
+    }
+    std::vector<float> y(x.size());
+    p.exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    ErrorStat stat;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(static_cast<double>(x[i]));
+      if (want > std::numeric_limits<float>::max()) {
+        EXPECT_EQ(y[i], kInf) << x[i];
+      } else {
+        // 3e-7 relative (~2.5 ulp) in the normal range; subnormal results are absolute 2^-149.
+        stat.Add(y[i], want, 3e-7, 1.5e-45);
+      }
+    }
+    Report(p.name + " exp", stat);
+    EXPECT_LE(stat.worst_ratio, 1.0);
+    const float special[] = {kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), 0.0f};
+    float out[4];
+    p.exp(special, out, 4);
+    EXPECT_EQ(out[0], kInf);
+    EXPECT_EQ(out[1], 0.0f);
+    EXPECT_TRUE(std::isnan(out[2]));
+    EXPECT_EQ(out[3], 1.0f);
+  }
+}
+
+TEST(RmsNormTest, ReferenceHandCase) {
+  const float x[2] = {3.0f, 4.0f};
+  const float w[2] = {2.0f, -1.0f};
+  float y[2];
+  RmsNormRef(x, w, 0.0f, 1, 2, y);
+  const double s = 1.0 / std::sqrt(12.5);  // mean of squares (9 + 16) / 2.
+  EXPECT_NEAR(y[0], 3.0 * s * 2.0, 1e-6);
+  EXPECT_NEAR(y[1], -4.0 * s, 1e-6);
+}
+
+TEST(RmsNormTest, PathsMatchReference) {
+  constexpr int64_t kRows = 9;
+  constexpr float kEps = 1e-5f;
+  for (const Path& p : Paths()) {
+    ErrorStat stat;
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(p.name + " n=" + std::to_string(n));
+      const std::vector<float> x = Random(kRows * n, -3.0f, 3.0f, 1 + n);
+      const std::vector<float> w = Random(n, -2.0f, 2.0f, 2 + n);
+      for (const float* weight : {w.data(), static_cast<const float*>(nullptr)}) {
+        std::vector<float> want(x.size()), got(x.size());
+        RmsNormRef(x.data(), weight, kEps, kRows, n, want.data());
+        p.rms_norm(x.data(), weight, kEps, kRows, n, got.data());
+        for (size_t i = 0; i < x.size(); ++i) stat.Add(got[i], want[i], 2e-6, 1e-30);
+        std::vector<float> in_place = x;  // out == x is allowed.
+        p.rms_norm(in_place.data(), weight, kEps, kRows, n, in_place.data());
+        EXPECT_EQ(in_place, got);
+      }
+    }
+    Report(p.name + " rms_norm", stat);
+    EXPECT_LE(stat.worst_ratio, 1.0);
+  }
+}
+
+TEST(SoftmaxTest, ReferenceHandCase) {
+  float x[3] = {0.0f, std::log(2.0f), std::log(5.0f)};  // exp: 1, 2, 5.
+  SoftmaxRef(x, 1, 3, 1.0f, nullptr, 0);
+  EXPECT_NEAR(x[0], 1.0 / 8.0, 1e-7);
+  EXPECT_NEAR(x[1], 2.0 / 8.0, 1e-7);
+  EXPECT_NEAR(x[2], 5.0 / 8.0, 1e-7);
+  // Scale and a mask with -inf: logits 2 * [1, 1, 7] + [0, 0, -inf].
+  float y[3] = {1.0f, 1.0f, 7.0f};
+  const float mask[3] = {0.0f, 0.0f, -kInf};
+  SoftmaxRef(y, 1, 3, 2.0f, mask, 0);
+  EXPECT_FLOAT_EQ(y[0], 0.5f);
+  EXPECT_FLOAT_EQ(y[1], 0.5f);
+  EXPECT_EQ(y[2], 0.0f);
+}
+
+TEST(SoftmaxTest, PathsMatchReference) {
+  constexpr int64_t kRows = 6;
+  for (const Path& p : Paths()) {
+    ErrorStat stat;
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(p.name + " n=" + std::to_string(n));
+      const std::vector<float> x = Random(kRows * n, -40.0f, 40.0f, 3 + n);
+      // Causal-style mask rows (row r sees the first r * n / kRows + 1 entries) and a shared
+      // row with a few -inf holes.
+      std::vector<float> causal(kRows * n, 0.0f);
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t j = r * n / kRows + 1; j < n; ++j) causal[r * n + j] = -kInf;
+      }
+      std::vector<float> shared = Random(n, -1.0f, 1.0f, 4 + n);
+      for (int64_t j = 1; j < n; j += 3) shared[j] = -kInf;
+      struct Case {
+        const float* mask;
+        int64_t stride;
+        float scale;
+      };
+      for (const Case& c : {Case{nullptr, 0, 1.0f}, Case{causal.data(), n, 0.125f},
+                            Case{shared.data(), 0, 2.0f}}) {
+        std::vector<float> want = x, got = x;
+        SoftmaxRef(want.data(), kRows, n, c.scale, c.mask, c.stride);
+        p.softmax(got.data(), kRows, n, c.scale, c.mask, c.stride);
+        for (size_t i = 0; i < x.size(); ++i) stat.Add(got[i], want[i], 1e-6, 1e-12);
+        for (int64_t r = 0; r < kRows; ++r) {
+          double sum = 0.0;
+          for (int64_t j = 0; j < n; ++j) sum += got[r * n + j];
+          EXPECT_NEAR(sum, 1.0, 2e-6);
+        }
+      }
+    }
+    Report(p.name + " softmax", stat);
+    EXPECT_LE(stat.worst_ratio, 1.0);
+  }
+}
+
+TEST(SoftmaxTest, FullyMaskedRowIsZeroAndHugeLogitsStayFinite) {
+  for (const Path& p : Paths()) {
+    SCOPED_TRACE(p.name);
+    std::vector<float> x = {1.0f, 2.0f, 3.0f, 1e30f, -1e30f, 5.0f, 3e38f, 3e38f, -3e38f};
+    const std::vector<float> mask = {-kInf, -kInf, -kInf, 0, 0, 0, 0, 0, 0};
+    p.softmax(x.data(), 3, 3, 1.0f, mask.data(), 3);
+    EXPECT_EQ(x[0], 0.0f);
+    EXPECT_EQ(x[1], 0.0f);
+    EXPECT_EQ(x[2], 0.0f);
+    EXPECT_FLOAT_EQ(x[3], 1.0f);
+    EXPECT_EQ(x[4], 0.0f);
+    EXPECT_EQ(x[5], 0.0f);
+    EXPECT_FLOAT_EQ(x[6], 0.5f);
+    EXPECT_FLOAT_EQ(x[7], 0.5f);
+    EXPECT_EQ(x[8], 0.0f);
+  }
+}
+
+TEST(ActivationTest, PathsMatchReference) {
+  for (const Path& p : Paths()) {
+    ErrorStat silu_stat, gelu_stat, swiglu_stat;
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(p.name + " n=" + std::to_string(n));
+      const std::vector<float> x = Random(n, -20.0f, 20.0f, 5 + n);
+      const std::vector<float> up = Random(n, -4.0f, 4.0f, 6 + n);
+      std::vector<float> want(n), got(n);
+      SiluRef(x.data(), want.data(), n);
+      p.silu(x.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) silu_stat.Add(got[i], want[i], 5e-7, 1e-30);
+      GeluTanhRef(x.data(), want.data(), n);
+      p.gelu_tanh(x.data(), got.data(), n);
+      // exp(-2u) turns the float rounding of u into a relative error ~|2u| ulp, which only
+      // matters for large negative x where the result is tiny: hence the absolute 1e-11.
+      for (int64_t i = 0; i < n; ++i) gelu_stat.Add(got[i], want[i], 1e-6, 1e-11);
+      SwiGluRef(x.data(), up.data(), want.data(), n);
+      p.swiglu(x.data(), up.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) swiglu_stat.Add(got[i], want[i], 6e-7, 1e-30);
+    }
+    Report(p.name + " silu", silu_stat);
+    Report(p.name + " gelu_tanh", gelu_stat);
+    Report(p.name + " swiglu", swiglu_stat);
+    EXPECT_LE(silu_stat.worst_ratio, 1.0);
+    EXPECT_LE(gelu_stat.worst_ratio, 1.0);
+    EXPECT_LE(swiglu_stat.worst_ratio, 1.0);
+  }
+}
+
+TEST(ActivationTest, ReferenceHandValues) {
+  const float x[3] = {0.0f, 1.0f, -1.0f};
+  float y[3];
+  SiluRef(x, y, 3);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_NEAR(y[1], 1.0 / (1.0 + std::exp(-1.0)), 1e-7);
+  EXPECT_NEAR(y[2], -1.0 / (1.0 + std::exp(1.0)), 1e-7);
+  // GELU(1) = Phi(1) = 0.841344746..., GELU(-1) = -(1 - Phi(1)).
+  GeluErf(x, y, 3);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_NEAR(y[1], 0.8413447460685429, 1e-7);
+  EXPECT_NEAR(y[2], -0.15865525393145707, 1e-7);
+  // The tanh form approximates the erf form to within 1e-3 everywhere.
+  const std::vector<float> v = Random(4001, -6.0f, 6.0f, 7);
+  std::vector<float> a(v.size()), b(v.size());
+  GeluTanhRef(v.data(), a.data(), 4001);
+  GeluErfRef(v.data(), b.data(), 4001);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3) << v[i];
+}
+
+TEST(ActivationTest, FusedSwiGluSplitsGateThenUp) {
+  for (int64_t ff : kSizes) {
+    SCOPED_TRACE("ff=" + std::to_string(ff));
+    constexpr int64_t kRows = 4;
+    const std::vector<float> gate_up = Random(kRows * 2 * ff, -6.0f, 6.0f, 8 + ff);
+    std::vector<float> want(kRows * ff), got(kRows * ff);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float* row = gate_up.data() + r * 2 * ff;
+      SwiGluRef(row, row + ff, want.data() + r * ff, ff);
+    }
+    std::vector<float> ref_fused(kRows * ff);
+    SwiGluFusedRef(gate_up.data(), ref_fused.data(), kRows, ff);
+    EXPECT_EQ(ref_fused, want);
+    SwiGluFused(gate_up.data(), got.data(), kRows, ff);
+    for (int64_t i = 0; i < kRows * ff; ++i) {
+      EXPECT_NEAR(got[i], want[i], 6e-7 * std::fabs(want[i]));
+    }
+    std::vector<float> in_place = gate_up;
+    SwiGluFused(in_place.data(), in_place.data(), kRows, ff);
+    for (int64_t i = 0; i < kRows * ff; ++i) EXPECT_EQ(in_place[i], got[i]);
+  }
+}
+
+// ---- RoPE ----
+
+TEST(RopeTest, HandComputedNormalAndNeox) {
+  // head_dim 4, pos 1, base 1e4: theta_0 = 1, theta_1 = 1e4^(-1/2) = 0.01.
+  const double c0 = std::cos(1.0), s0 = std::sin(1.0), c1 = std::cos(0.01), s1 = std::sin(0.01);
+  RopeParams p;
+  p.head_dim = 4;
+  p.n_rot = 4;
+  p.freq_base = 10000.0f;
+  const int64_t pos = 1;
+  for (bool ref : {false, true}) {
+    SCOPED_TRACE(ref ? "ref" : "fast");
+    p.mode = RopeMode::kNormal;  // pairs (0, 1) and (2, 3).
+    float x[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    ref ? RopeBatchRef(x, 1, 1, p, &pos) : Rope(x, 1, p, pos);
+    EXPECT_NEAR(x[0], 1 * c0 - 2 * s0, 1e-6);
+    EXPECT_NEAR(x[1], 1 * s0 + 2 * c0, 1e-6);
+    EXPECT_NEAR(x[2], 3 * c1 - 4 * s1, 1e-6);
+    EXPECT_NEAR(x[3], 3 * s1 + 4 * c1, 1e-6);
+    p.mode = RopeMode::kNeox;  // pairs (0, 2) and (1, 3).
+    float y[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    ref ? RopeBatchRef(y, 1, 1, p, &pos) : Rope(y, 1, p, pos);
+    EXPECT_NEAR(y[0], 1 * c0 - 3 * s0, 1e-6);
+    EXPECT_NEAR(y[2], 1 * s0 + 3 * c0, 1e-6);
+    EXPECT_NEAR(y[1], 2 * c1 - 4 * s1, 1e-6);
+    EXPECT_NEAR(y[3], 2 * s1 + 4 * c1, 1e-6);
+  }
+}
+
+// ggml's rope_f32 for ext_factor 0, attn_factor 1, freq_scale 1: theta built by repeated
+// float products (theta *= base^(-2/n_rot)), divided by the frequency factor, float cos/sin.
+void GgmlStyleRope(float* x, int num_heads, const RopeParams& p, int64_t pos) {
+  const float theta_scale = std::pow(p.freq_base, -2.0f / p.n_rot);
+  std::vector<float> cache(p.n_rot);
+  float theta = static_cast<float>(pos);
+  for (int i0 = 0; i0 < p.n_rot; i0 += 2) {
+    const float ff = p.freq_factors != nullptr ? p.freq_factors[i0 / 2] : 1.0f;
+    cache[i0] = std::cos(theta / ff);
+    cache[i0 + 1] = std::sin(theta / ff);
+    theta *= theta_scale;
+  }
+  for (int h = 0; h < num_heads; ++h) {
+    float* v = x + h * p.head_dim;
+    for (int i0 = 0; i0 < p.n_rot; i0 += 2) {
+      const int ic = p.mode == RopeMode::kNormal ? i0 : i0 / 2;
+      const int off = p.mode == RopeMode::kNormal ? 1 : p.n_rot / 2;
+      const float x0 = v[ic], x1 = v[ic + off];
+      v[ic] = x0 * cache[i0] - x1 * cache[i0 + 1];
+      v[ic + off] = x0 * cache[i0 + 1] + x1 * cache[i0];
+    }
+  }
+}
+
+TEST(RopeTest, PartialRotaryWithFreqFactorsMatchesReferenceAndGgml) {
+  constexpr int kHeads = 3;
+  const float freq_factors[4] = {1.0f, 2.0f, 8.0f, 32.0f};
+  for (RopeMode mode : {RopeMode::kNormal, RopeMode::kNeox}) {
+    for (const float* ff : {static_cast<const float*>(nullptr), freq_factors}) {
+      RopeParams p;
+      p.head_dim = 12;
+      p.n_rot = 8;  // dims 8..11 pass through.
+      p.freq_base = 500000.0f;
+      p.mode = mode;
+      p.freq_factors = ff;
+      const std::vector<int64_t> pos = {0, 1, 2, 17, 63, 1000, 4095, 131071};
+      const int64_t n_tok = static_cast<int64_t>(pos.size());
+      const std::vector<float> x = Random(n_tok * kHeads * p.head_dim, -2.0f, 2.0f, 9);
+      std::vector<float> want = x, got = x;
+      RopeBatchRef(want.data(), n_tok, kHeads, p, pos.data());
+      RopeBatch(got.data(), n_tok, kHeads, p, pos.data());
+      ErrorStat stat;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (static_cast<int>(i % p.head_dim) >= p.n_rot) {
+          EXPECT_EQ(got[i], x[i]);
+          EXPECT_EQ(want[i], x[i]);
+        }
+        stat.Add(got[i], want[i], 0.0, 1e-6);  // |x| <= 2: a few ulp of the magnitude.
+      }
+      Report(std::string(mode == RopeMode::kNeox ? "neox" : "normal") + (ff ? "+ff" : ""), stat);
+      EXPECT_LE(stat.worst_ratio, 1.0);
+      // ggml agrees while its float theta recurrence has not drifted (small positions).
+      for (int64_t t = 0; t < 5; ++t) {
+        std::vector<float> g(x.begin() + t * kHeads * p.head_dim,
+                             x.begin() + (t + 1) * kHeads * p.head_dim);
+        GgmlStyleRope(g.data(), kHeads, p, pos[t]);
+        for (size_t i = 0; i < g.size(); ++i) {
+          EXPECT_NEAR(g[i], want[t * kHeads * p.head_dim + i], 1e-5) << "t=" << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(RopeTest, SharedTableEqualsPerCallAndKeepsRelativePositions) {
+  RopeParams p;
+  p.head_dim = 64;
+  p.n_rot = 64;
+  p.mode = RopeMode::kNeox;
+  const std::vector<int64_t> pos = {5, 3, 102, 100};
+  const std::vector<float> x = Random(4 * p.head_dim, -1.0f, 1.0f, 10);
+  std::vector<float> batch = x, table_applied = x, single = x;
+  RopeBatch(batch.data(), 4, 1, p, pos.data());
+  RopeTable table;
+  table.Build(p, pos.data(), 4);
+  ApplyRope(table, table_applied.data(), 4, 1);
+  for (int t = 0; t < 4; ++t) Rope(single.data() + t * p.head_dim, 1, p, pos[t]);
+  EXPECT_EQ(batch, table_applied);
+  EXPECT_EQ(batch, single);
+  // Rows 0/2 hold the same q and rows 1/3 the same k at positions shifted by 97: the rotated
+  // dot product depends only on the position difference (2 in both cases).
+  std::vector<float> y = x;
+  std::copy(y.begin(), y.begin() + p.head_dim, y.begin() + 2 * p.head_dim);
+  std::copy(y.begin() + p.head_dim, y.begin() + 2 * p.head_dim, y.begin() + 3 * p.head_dim);
+  RopeBatch(y.data(), 4, 1, p, pos.data());
+  double d0 = 0, d1 = 0;
+  for (int i = 0; i < p.head_dim; ++i) {
+    d0 += y[i] * y[p.head_dim + i];
+    d1 += y[2 * p.head_dim + i] * y[3 * p.head_dim + i];
+  }
+  EXPECT_NEAR(d0, d1, 1e-5);
+}
+
+}  // namespace
+}  // namespace fucina
