@@ -9,22 +9,27 @@
 
 namespace fucina {
 
+// These helpers are `static inline` on purpose: headers included by kernels/cpu/avx2/ and
+// avx512/ files are compiled there with ISA flags, and an ordinary inline function is one
+// COMDAT symbol the linker may take from an AVX-512 object for use on any CPU. Internal
+// linkage gives each object its own copy. (The same holds for any inline code those files use.)
+
 using f16_t = uint16_t;   // IEEE 754 binary16 bits.
 using bf16_t = uint16_t;  // bfloat16 bits (upper half of an f32).
 
-inline float BitsToFloat(uint32_t u) {
+static inline float BitsToFloat(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline uint32_t FloatToBits(float f) {
+static inline uint32_t FloatToBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
 
 // Half -> float, exact for every input (including subnormals, inf, NaN).
-inline float Fp16ToFp32(f16_t h) {
+static inline float Fp16ToFp32(f16_t h) {
   // Maxim Kapustin's branch-light method, as in ggml (fp16 to fp32 via exponent rebias).
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
@@ -42,7 +47,7 @@ inline float Fp16ToFp32(f16_t h) {
 }
 
 // Float -> half with round-to-nearest-even; overflow -> inf, NaN -> NaN.
-inline f16_t Fp32ToFp16(float f) {
+static inline f16_t Fp32ToFp16(float f) {
   const float scale_to_inf = BitsToFloat(0x77800000u);   // 2^112
   const float scale_to_zero = BitsToFloat(0x08800000u);  // 2^-110
   float abs_f = BitsToFloat(FloatToBits(f) & 0x7FFFFFFFu);
@@ -60,10 +65,10 @@ inline f16_t Fp32ToFp16(float f) {
   return static_cast<f16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
 
-inline float Bf16ToFp32(bf16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+static inline float Bf16ToFp32(bf16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
 
 // Float -> bfloat16 with round-to-nearest-even; NaN is kept quiet (ggml's rule).
-inline bf16_t Fp32ToBf16(float f) {
+static inline bf16_t Fp32ToBf16(float f) {
   uint32_t u = FloatToBits(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<bf16_t>((u >> 16) | 64);
   return static_cast<bf16_t>((u + (0x7FFFu + ((u >> 16) & 1))) >> 16);

@@ -61,13 +61,14 @@ std::optional<GgmlTypeInfo> LookupGgmlType(uint32_t id);
 // Info for a valid enum value. Precondition: `type` is one of the enumerators above.
 const GgmlTypeInfo& TypeInfo(GgmlType type);
 
-inline std::string_view TypeName(GgmlType type) { return TypeInfo(type).name; }
+static inline std::string_view TypeName(GgmlType type) { return TypeInfo(type).name; }
 
 // Parses ggml's lower-case name ("q8_0"); nullopt if unknown.
 std::optional<GgmlType> ParseGgmlType(std::string_view name);
 
+// (static inline: see kernels/fp16.h on ISA-compiled objects.)
 // Bytes needed for one row of `n` elements. Precondition: n % block_size == 0.
-inline int64_t RowBytes(GgmlType type, int64_t n) {
+static inline int64_t RowBytes(GgmlType type, int64_t n) {
   const GgmlTypeInfo& info = TypeInfo(type);
   return n / info.block_size * info.type_size;
 }
