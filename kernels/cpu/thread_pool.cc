@@ -8,9 +8,10 @@
 namespace fucina {
 namespace {
 
-// ~50-100 us of spinning: longer than the gap between the matvecs of one decode step, much
-// shorter than the gap between tokens, so idle pools go to sleep quickly.
-constexpr int kSpinIterations = 20000;
+// Spin before sleeping: ~2000 pauses is 10-300 us depending on the CPU's pause latency,
+// longer than the gap between the matvecs of one decode step, short enough that an
+// oversubscribed machine (more threads than free cores) falls back to futex waits quickly.
+constexpr int kSpinIterations = 2000;
 
 inline void CpuRelax() { _mm_pause(); }
 
@@ -39,7 +40,16 @@ void ThreadPool::RunErased(JobFn fn, void* ctx) {
   generation_.fetch_add(1, std::memory_order_release);  // publishes job_fn_/job_ctx_.
   generation_.notify_all();
   fn(ctx, 0);
-  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+  // Wait for the workers: spin briefly, then sleep until the last one notifies.
+  int pending = pending_.load(std::memory_order_acquire);
+  for (int spin = 0; pending != 0 && spin < kSpinIterations; ++spin) {
+    CpuRelax();
+    pending = pending_.load(std::memory_order_acquire);
+  }
+  while (pending != 0) {
+    pending_.wait(pending, std::memory_order_acquire);
+    pending = pending_.load(std::memory_order_acquire);
+  }
 }
 
 void ThreadPool::WorkerLoop(int thread) {
@@ -57,7 +67,7 @@ void ThreadPool::WorkerLoop(int thread) {
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
     job_fn_(job_ctx_, thread);
-    pending_.fetch_sub(1, std::memory_order_release);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 
