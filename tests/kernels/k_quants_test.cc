@@ -8,10 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +16,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
+#include "tests/kernels/python_ref.h"
 
 namespace fucina {
 namespace {
@@ -84,40 +82,6 @@ std::vector<KIsa> SimdPaths() {
   return paths;
 }
 
-// Runs tests/kernels/gguf_dequant_ref.py (ggml's numpy dequantizer) on raw blocks. Returns
-// false (with a gtest failure) if the script fails.
-bool PythonDequantize(const char* type_name, const void* blocks, size_t bytes,
-                      std::vector<float>* out) {
-  const char* python = std::getenv("FUCINA_PYTHON");
-  const std::string dir = testing::TempDir();
-  const std::string in = dir + "/k_quants_test_" + type_name + ".bin";
-  const std::string dst = dir + "/k_quants_test_" + type_name + ".f32";
-  {
-    std::ofstream f(in, std::ios::binary);
-    f.write(static_cast<const char*>(blocks), static_cast<std::streamsize>(bytes));
-  }
-  // Lexically, FUCINA_TEST_DATA_DIR "/../kernels": the data directory need not exist.
-  const std::string script =
-      (std::filesystem::path(FUCINA_TEST_DATA_DIR).parent_path() / "kernels" / "gguf_dequant_ref.py")
-          .string();
-  const std::string cmd =
-      std::string("\"") + python + "\" \"" + script + "\" " + type_name + " \"" + in + "\" \"" +
-      dst + "\"";
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    ADD_FAILURE() << "reference script failed (" << rc << "): " << cmd;
-    return false;
-  }
-  std::ifstream f(dst, std::ios::binary | std::ios::ate);
-  const std::streamsize size = f.tellg();
-  f.seekg(0);
-  out->resize(static_cast<size_t>(size) / sizeof(float));
-  f.read(reinterpret_cast<char*>(out->data()), size);
-  std::remove(in.c_str());
-  std::remove(dst.c_str());
-  return true;
-}
-
 // Number of elements whose f32 bit patterns differ (dequantization is exact in f32, so the
 // two implementations must agree bit for bit).
 int64_t CountBitMismatches(const std::vector<float>& a, const std::vector<float>& b) {
@@ -126,12 +90,6 @@ int64_t CountBitMismatches(const std::vector<float>& a, const std::vector<float>
   for (size_t i = 0; i < a.size(); ++i) bad += FloatToBits(a[i]) != FloatToBits(b[i]);
   return bad;
 }
-
-#define SKIP_WITHOUT_PYTHON()                                                          \
-  if (std::getenv("FUCINA_PYTHON") == nullptr) {                                       \
-    GTEST_SKIP() << "FUCINA_PYTHON is unset: set it to a python with numpy and gguf "  \
-                    "(pip install gguf) to compare against ggml's numpy reference";    \
-  }
 
 // ---------------------------------------------------------------------------------------------
 // Block sets for the dequantization comparison: quantizer output, random bytes, and edge cases.
@@ -232,14 +190,15 @@ void ExpectDequantMatchesPython(const char* type_name, std::vector<Block> blocks
   const int64_t n = static_cast<int64_t>(blocks.size()) * kQK_K;
   std::vector<float> ours(n);
   dequantize(blocks.data(), ours.data(), n);
-  std::vector<float> ref;
-  ASSERT_TRUE(PythonDequantize(type_name, blocks.data(), blocks.size() * sizeof(Block), &ref));
+  const std::vector<float> ref =
+      testing_ref::Dequantize(type_name, blocks.data(), blocks.size() * sizeof(Block));
+  ASSERT_FALSE(ref.empty()) << type_name << ": no output from the reference script";
   EXPECT_EQ(CountBitMismatches(ours, ref), 0) << type_name << " over " << blocks.size()
                                               << " blocks";
 }
 
 TEST(KQuantsDequantTest, Q4_KMatchesGgmlNumpy) {
-  SKIP_WITHOUT_PYTHON();
+  FUCINA_SKIP_WITHOUT_PYTHON();
   const std::vector<float> x = MixedRows(4 * kQK_K);
   std::vector<BlockQ4_K> blocks(x.size() / kQK_K);
   QuantizeRowQ4_K(x.data(), blocks.data(), static_cast<int64_t>(x.size()));
@@ -249,7 +208,7 @@ TEST(KQuantsDequantTest, Q4_KMatchesGgmlNumpy) {
 }
 
 TEST(KQuantsDequantTest, Q5_KMatchesGgmlNumpy) {
-  SKIP_WITHOUT_PYTHON();
+  FUCINA_SKIP_WITHOUT_PYTHON();
   const std::vector<float> x = MixedRows(4 * kQK_K);
   std::vector<BlockQ5_K> blocks(x.size() / kQK_K);
   QuantizeRowQ5_K(x.data(), blocks.data(), static_cast<int64_t>(x.size()));
@@ -259,7 +218,7 @@ TEST(KQuantsDequantTest, Q5_KMatchesGgmlNumpy) {
 }
 
 TEST(KQuantsDequantTest, Q6_KMatchesGgmlNumpy) {
-  SKIP_WITHOUT_PYTHON();
+  FUCINA_SKIP_WITHOUT_PYTHON();
   const std::vector<float> x = MixedRows(4 * kQK_K);
   std::vector<BlockQ6_K> blocks(x.size() / kQK_K);
   QuantizeRowQ6_K(x.data(), blocks.data(), static_cast<int64_t>(x.size()));

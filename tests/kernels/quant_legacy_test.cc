@@ -11,18 +11,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include <unistd.h>
-
 #include "kernels/cpu/isa.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
+#include "tests/kernels/python_ref.h"
 
 namespace fucina {
 namespace {
@@ -124,48 +122,7 @@ std::vector<Block> ExtremeBlocks(uint32_t seed) {
   return blocks;
 }
 
-// ---- Python reference helpers (FUCINA_PYTHON; tests skip without it). ----
-
-const char* Python() { return std::getenv("FUCINA_PYTHON"); }
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "fucina_legacy_" + std::to_string(::getpid()) + "_" + name;
-}
-
-template <typename T>
-void WriteFile(const std::string& path, const std::vector<T>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-  ASSERT_TRUE(f.good()) << path;
-}
-
-std::vector<uint8_t> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
-// Runs tests/kernels/<script> TYPE IN OUT and returns OUT's bytes (empty on failure).
-std::vector<uint8_t> RunReference(const std::string& script, const std::string& type,
-                                  const std::string& in) {
-  const std::string out = in + ".out";
-  // The scripts live next to this test: tests/kernels, a sibling of FUCINA_TEST_DATA_DIR
-  // (which need not exist, so no "data/.." path).
-  const std::string data_dir = FUCINA_TEST_DATA_DIR;
-  const std::string script_path = data_dir.substr(0, data_dir.rfind('/')) + "/kernels/" + script;
-  const std::string cmd = std::string("'") + Python() + "' '" + script_path + "' " + type + " '" +
-                          in + "' '" + out + "'";
-  if (std::system(cmd.c_str()) != 0) {
-    ADD_FAILURE() << "failed: " << cmd;
-    return {};
-  }
-  std::vector<uint8_t> bytes = ReadFile(out);
-  std::remove(out.c_str());
-  std::remove(in.c_str());
-  return bytes;
-}
-
-#define SKIP_WITHOUT_PYTHON()                                                            \
-  if (Python() == nullptr) GTEST_SKIP() << "FUCINA_PYTHON (python with numpy + gguf) unset"
+// ---- Comparison helpers. ----
 
 // Element i of two f32 arrays must have identical bits (NaNs: both NaN).
 void ExpectSameFloats(const float* a, const float* b, int64_t n, const std::string& what) {
@@ -216,7 +173,7 @@ TYPED_TEST_SUITE(WeightFormatTest, WeightFormats, FormatName);
 // Dequantization is exact in f32, so ours and numpy's must agree bit for bit, on blocks from
 // our quantizer and on hand-built extreme blocks.
 TYPED_TEST(WeightFormatTest, DequantizeMatchesPythonReference) {
-  SKIP_WITHOUT_PYTHON();
+  FUCINA_SKIP_WITHOUT_PYTHON();
   using Block = typename TypeParam::Block;
   const int64_t n = 32 * 64;
   std::vector<Block> blocks(n / 32);
@@ -225,9 +182,8 @@ TYPED_TEST(WeightFormatTest, DequantizeMatchesPythonReference) {
   blocks.insert(blocks.end(), extreme.begin(), extreme.end());
   const int64_t total = static_cast<int64_t>(blocks.size()) * 32;
 
-  const std::string in = TempPath(std::string(TypeParam::kName) + ".blocks");
-  WriteFile(in, blocks);
-  const std::vector<uint8_t> ref = RunReference("gguf_dequant_ref.py", TypeParam::kName, in);
+  const std::vector<uint8_t> ref =
+      testing_ref::RunScript("gguf_dequant_ref.py", TypeParam::kName, blocks);
   ASSERT_EQ(ref.size(), static_cast<size_t>(total) * sizeof(float));
   std::vector<float> ours(total);
   TypeParam::kDequantize(blocks.data(), ours.data(), total);
@@ -236,15 +192,14 @@ TYPED_TEST(WeightFormatTest, DequantizeMatchesPythonReference) {
 
 // ggml's reference quantizers are deterministic; gguf's numpy port must produce our bytes.
 TYPED_TEST(WeightFormatTest, QuantizeMatchesPythonReference) {
-  SKIP_WITHOUT_PYTHON();
+  FUCINA_SKIP_WITHOUT_PYTHON();
   using Block = typename TypeParam::Block;
   const int64_t n = 32 * 512;
   const std::vector<float> x = RandomRow(n, 21);
   std::vector<Block> ours(n / 32);
   TypeParam::kQuantize(x.data(), ours.data(), n);
-  const std::string in = TempPath(std::string(TypeParam::kName) + ".f32");
-  WriteFile(in, x);
-  const std::vector<uint8_t> ref = RunReference("gguf_quantize_ref.py", TypeParam::kName, in);
+  const std::vector<uint8_t> ref =
+      testing_ref::RunScript("gguf_quantize_ref.py", TypeParam::kName, x);
   ASSERT_EQ(ref.size(), ours.size() * sizeof(Block));
   int64_t bad_blocks = 0;
   for (size_t b = 0; b < ours.size(); ++b) {
@@ -675,22 +630,18 @@ TEST(LegacyScalar, HalfRoundTripIsIdentity) {
 // F16 and BF16 conversions against numpy, both directions (NaN payloads aside for F16, where
 // numpy keeps them and ggml canonicalizes).
 TEST(LegacyScalar, FloatConversionsMatchPythonReference) {
-  SKIP_WITHOUT_PYTHON();
+  FUCINA_SKIP_WITHOUT_PYTHON();
   const std::vector<uint16_t> halves = AllHalves();
   std::vector<float> ours(halves.size());
   for (const char* type : {"F16", "BF16"}) {
     const bool f16 = std::string(type) == "F16";
-    const std::string in = TempPath(std::string(type) + ".all");
-    WriteFile(in, halves);
-    const std::vector<uint8_t> ref = RunReference("gguf_dequant_ref.py", type, in);
+    const std::vector<uint8_t> ref = testing_ref::RunScript("gguf_dequant_ref.py", type, halves);
     ASSERT_EQ(ref.size(), halves.size() * 4);
     (f16 ? ConvertF16ToF32 : ConvertBf16ToF32)(halves.data(), ours.data(), 1 << 16);
     ExpectSameFloats(ours.data(), reinterpret_cast<const float*>(ref.data()), 1 << 16, type);
 
     const std::vector<float> f = SpecialFloats();
-    const std::string fin = TempPath(std::string(type) + ".f32");
-    WriteFile(fin, f);
-    const std::vector<uint8_t> qref = RunReference("gguf_quantize_ref.py", type, fin);
+    const std::vector<uint8_t> qref = testing_ref::RunScript("gguf_quantize_ref.py", type, f);
     ASSERT_EQ(qref.size(), f.size() * 2);
     std::vector<uint16_t> q(f.size());
     (f16 ? ConvertF32ToF16 : ConvertF32ToBf16)(f.data(), q.data(), static_cast<int64_t>(f.size()));
