@@ -162,7 +162,7 @@ uint64_t Interesting(FieldKind kind, size_t width, uint64_t v, uint64_t size, Rn
                               rng.Below(size + 1),
                               rng.Next(),
                               0x7FFFFFFFFFFFFFC0ull,
-                              static_cast<uint64_t>(-static_cast<int64_t>(v))};
+                              0 - v};  // Two's-complement negation.
   return choices[rng.Below(std::size(choices))] & mask;
 }
 
