@@ -64,7 +64,8 @@ class LayoutParser {
       for (uint64_t d = 0; d < n_dims; ++d) {
         if (!Take(FieldKind::kDim, 8, nullptr)) return out_;
       }
-      if (!Take(FieldKind::kTensorType, 4, nullptr) || !Take(FieldKind::kTensorOffset, 8, nullptr)) {
+      if (!Take(FieldKind::kTensorType, 4, nullptr) ||
+          !Take(FieldKind::kTensorOffset, 8, nullptr)) {
         return out_;
       }
       out_.tensor_infos.push_back({begin, pos_});
@@ -230,7 +231,8 @@ void MutateOnce(std::vector<uint8_t>& b, Rng& rng, size_t max_size) {
   const int n = 1 + static_cast<int>(rng.Below(4));
   for (int i = 0; i < n && limit > 0; ++i) {
     uint8_t& x = b[rng.Below(limit)];
-    x = rng.OneIn(2) ? static_cast<uint8_t>(x ^ (1u << rng.Below(8))) : static_cast<uint8_t>(rng.Next());
+    x = rng.OneIn(2) ? static_cast<uint8_t>(x ^ (1u << rng.Below(8)))
+                     : static_cast<uint8_t>(rng.Next());
   }
 }
 

@@ -155,7 +155,9 @@ void RoundTripAllTypes(uint32_t alignment, uint32_t seed) {
   auto f = File::Open(path);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ((*f)->alignment(), alignment);
-  if (alignment != 32) EXPECT_EQ(*(*f)->Find("general.alignment")->AsUint(), alignment);
+  if (alignment != 32) {
+    EXPECT_EQ(*(*f)->Find("general.alignment")->AsUint(), alignment);
+  }
   EXPECT_EQ((*f)->data_offset() % alignment, 0u);
   ASSERT_EQ((*f)->tensors().size(), declared.size());
   for (size_t i = 0; i < declared.size(); ++i) {
@@ -262,7 +264,8 @@ class GgufSplitTest : public ::testing::Test {
       auto w = Writer::Create(SplitPath(dir_.File("model"), k + 1, n));
       ASSERT_TRUE(w.ok());
       (*w)->SetValue("split.no", Value::U16(static_cast<uint16_t>(k)));
-      (*w)->SetValue("split.count", Value::U16(static_cast<uint16_t>(k == bad_count_part ? n + 1 : n)));
+      const int count = k == bad_count_part ? n + 1 : n;
+      (*w)->SetValue("split.count", Value::U16(static_cast<uint16_t>(count)));
       (*w)->SetValue("split.tensors.count", Value::I32(tensors_count_key));
       if (k == 0) (*w)->SetValue("general.architecture", Value::Str("llama"));
       for (int j = 0; j < 2; ++j) {

@@ -48,7 +48,8 @@ TEST(GgufSmolLm2, ReadsRealFile) {
   uint64_t total = 0;
   const uint8_t* base = embd->data - embd->offset;
   for (const TensorInfo& t : file.tensors()) {
-    EXPECT_EQ(static_cast<int64_t>(t.nbytes), RowBytes(t.type, t.dims[0]) * (t.num_elements() / t.dims[0]));
+    const int64_t rows = t.num_elements() / t.dims[0];
+    EXPECT_EQ(static_cast<int64_t>(t.nbytes), RowBytes(t.type, t.dims[0]) * rows);
     EXPECT_EQ(t.data, base + t.offset);
     EXPECT_LE(file.data_offset() + t.offset + t.nbytes, file.file_size());
     total += t.nbytes;
