@@ -87,7 +87,7 @@ class Cursor {
 absl::Status Cursor::ReadValue(ValueType type, int depth, std::string_view key, Value* out) {
   const uint64_t at = pos_;
   auto read_scalar = [&](auto tag, auto make) -> absl::Status {
-    decltype(tag) v;
+    decltype(tag) v{};
     if (absl::Status s = Read(&v, absl::StrFormat("value of key '%s'", key)); !s.ok()) return s;
     *out = make(v);
     return absl::OkStatus();
@@ -127,17 +127,15 @@ absl::Status Cursor::ReadValue(ValueType type, int depth, std::string_view key, 
       }
       uint32_t elem_id = 0;
       uint64_t count = 0;
-      if (absl::Status s = Read(&elem_id, absl::StrFormat("array type of key '%s'", key)); !s.ok()) {
-        return s;
-      }
+      const std::string type_what = absl::StrFormat("array type of key '%s'", key);
+      if (absl::Status s = Read(&elem_id, type_what); !s.ok()) return s;
       if (!IsValidValueType(elem_id)) {
         return Error(at, absl::StrFormat("key '%s': invalid array element type %d", key, elem_id));
       }
       const ValueType elem = static_cast<ValueType>(elem_id);
       const uint64_t count_at = pos_;
-      if (absl::Status s = Read(&count, absl::StrFormat("array length of key '%s'", key)); !s.ok()) {
-        return s;
-      }
+      const std::string count_what = absl::StrFormat("array length of key '%s'", key);
+      if (absl::Status s = Read(&count, count_what); !s.ok()) return s;
       if (count > remaining() / MinElementBytes(elem)) {
         return Error(count_at,
                      absl::StrFormat("key '%s': array of %d %s elements cannot fit in the %d "
@@ -315,10 +313,10 @@ absl::Status File::ParseLast(uint32_t split) {
   char magic[4];
   if (absl::Status s = c.Read(&magic, "magic"); !s.ok()) return s;
   if (std::memcmp(magic, "GGUF", 4) != 0) {
+    const auto* m = reinterpret_cast<const uint8_t*>(magic);
     return c.Error(0, absl::StrFormat("bad magic %02x %02x %02x %02x (expected \"GGUF\"): not a "
                                       "GGUF file",
-                                      static_cast<uint8_t>(magic[0]), static_cast<uint8_t>(magic[1]),
-                                      static_cast<uint8_t>(magic[2]), static_cast<uint8_t>(magic[3])));
+                                      m[0], m[1], m[2], m[3]));
   }
   uint32_t version = 0;
   if (absl::Status s = c.Read(&version, "version"); !s.ok()) return s;
@@ -328,7 +326,8 @@ absl::Status File::ParseLast(uint32_t split) {
   if ((version & 0xFFFF) == 0 && version != 0) {
     const uint32_t swapped = __builtin_bswap32(version);
     if (swapped >= 1 && swapped <= 3) {
-      return c.Error(4, absl::StrFormat("big-endian GGUF (version %d byte-swapped) is not supported",
+      return c.Error(4, absl::StrFormat("big-endian GGUF (version %d byte-swapped) is not "
+                                        "supported",
                                         swapped));
     }
   }
@@ -417,7 +416,8 @@ absl::Status File::ParseLast(uint32_t split) {
     const uint64_t dims_at = c.pos();
     if (absl::Status s = c.Read(&n_dims, absl::StrCat(ctx, " n_dims")); !s.ok()) return s;
     if (n_dims == 0 || n_dims > kMaxDims) {
-      return c.Error(dims_at, absl::StrFormat("%s: n_dims %d outside 1..%d", ctx, n_dims, kMaxDims));
+      return c.Error(dims_at,
+                     absl::StrFormat("%s: n_dims %d outside 1..%d", ctx, n_dims, kMaxDims));
     }
     int64_t ne = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
@@ -539,7 +539,8 @@ absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string& path) {
   }
   if (count != name_count) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: split.count is %d but the file name says %d parts", path, count, name_count));
+        "%s: split.count is %s but the file name says %d parts", path,
+        meta_count->has_value() ? absl::StrCat(count) : "missing", name_count));
   }
   if (name_part != 1) {
     // Metadata lives in the first part: start there whichever part was named.

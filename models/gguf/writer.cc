@@ -87,9 +87,8 @@ absl::Status Writer::AddTensorBytes(std::string name, std::vector<int64_t> dims,
   };
   // Check the size now too, so a mismatch is reported where the tensor is declared.
   const size_t before = tensors_.size();
-  if (absl::Status s = AddTensor(std::move(name), std::move(dims), type, std::move(fill)); !s.ok()) {
-    return s;
-  }
+  absl::Status added = AddTensor(std::move(name), std::move(dims), type, std::move(fill));
+  if (!added.ok()) return added;
   if (tensors_[before].nbytes != bytes.size()) {
     const Tensor t = std::move(tensors_.back());
     tensors_.pop_back();
