@@ -166,4 +166,9 @@ absl::StatusOr<std::vector<std::string>> Meta::StringArray(std::string_view full
   return out;
 }
 
+ZeroPolicy ZeroPolicyForArch(std::string_view arch) {
+  return arch.starts_with("gemma") || arch == "diffusion-gemma" ? ZeroPolicy::kAcceptZero
+                                                                : ZeroPolicy::kRejectZero;
+}
+
 }  // namespace fucina::gguf

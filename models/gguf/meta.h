@@ -21,6 +21,10 @@ namespace fucina::gguf {
 
 enum class ZeroPolicy { kRejectZero, kAcceptZero };
 
+// The policy each family declares: gemma-like families (gemma*, diffusion-gemma) accept
+// zeros; qwen3, qwen3moe, qwen35, llama and every other family reject them.
+ZeroPolicy ZeroPolicyForArch(std::string_view arch);
+
 class Meta {
  public:
   // `file` must outlive the Meta.

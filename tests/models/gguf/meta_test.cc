@@ -122,3 +122,18 @@ TEST(Meta, ForFileNeedsArchitecture) {
 
 }  // namespace
 }  // namespace fucina::gguf
+
+namespace fucina::gguf {
+namespace {
+
+TEST(Meta, EachFamilyDeclaresItsZeroPolicy) {
+  for (const char* arch : {"qwen3", "qwen3moe", "qwen35", "llama"}) {
+    EXPECT_EQ(ZeroPolicyForArch(arch), ZeroPolicy::kRejectZero) << arch;
+  }
+  for (const char* arch : {"gemma3", "gemma4", "diffusion-gemma"}) {
+    EXPECT_EQ(ZeroPolicyForArch(arch), ZeroPolicy::kAcceptZero) << arch;
+  }
+}
+
+}  // namespace
+}  // namespace fucina::gguf
