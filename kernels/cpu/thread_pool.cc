@@ -3,14 +3,13 @@
 #include <immintrin.h>
 
 #include <cstdlib>
-#include <string>
 
 namespace fucina {
 namespace {
 
 // Spin before sleeping: ~2000 pauses is 10-300 us depending on the CPU's pause latency,
 // longer than the gap between the matvecs of one decode step, short enough that an
-// oversubscribed machine (more threads than free cores) falls back to futex waits quickly.
+// oversubscribed machine falls back to futex waits quickly.
 constexpr int kSpinIterations = 2000;
 
 inline void CpuRelax() { _mm_pause(); }
@@ -23,32 +22,32 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num
 }
 
 ThreadPool::~ThreadPool() {
-  stop_.store(true, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
+  stop_.store(true, std::memory_order_seq_cst);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
   generation_.notify_all();
   for (std::thread& w : workers_) w.join();
 }
 
+// Joining protocol (all seq_cst, a Dekker-style handshake): a worker increments active_ and
+// then reads open_; the caller clears open_ and then reads active_. Either the worker sees
+// open_ == false and backs off without touching the job, or the caller sees its increment and
+// waits for it. job_fn_/job_ctx_ are written only while open_ is false and active_ is 0.
 void ThreadPool::RunErased(JobFn fn, void* ctx) {
-  if (num_threads_ == 1) {
-    fn(ctx, 0);
-    return;
-  }
   job_fn_ = fn;
   job_ctx_ = ctx;
-  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);  // publishes job_fn_/job_ctx_.
+  open_.store(true, std::memory_order_seq_cst);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
   generation_.notify_all();
   fn(ctx, 0);
-  // Wait for the workers: spin briefly, then sleep until the last one notifies.
-  int pending = pending_.load(std::memory_order_acquire);
-  for (int spin = 0; pending != 0 && spin < kSpinIterations; ++spin) {
+  open_.store(false, std::memory_order_seq_cst);
+  int active = active_.load(std::memory_order_seq_cst);
+  for (int spin = 0; active != 0 && spin < kSpinIterations; ++spin) {
     CpuRelax();
-    pending = pending_.load(std::memory_order_acquire);
+    active = active_.load(std::memory_order_seq_cst);
   }
-  while (pending != 0) {
-    pending_.wait(pending, std::memory_order_acquire);
-    pending = pending_.load(std::memory_order_acquire);
+  while (active != 0) {
+    active_.wait(active, std::memory_order_seq_cst);
+    active = active_.load(std::memory_order_seq_cst);
   }
 }
 
@@ -65,9 +64,10 @@ void ThreadPool::WorkerLoop(int thread) {
       gen = generation_.load(std::memory_order_acquire);
     }
     seen = gen;
-    if (stop_.load(std::memory_order_acquire)) return;
-    job_fn_(job_ctx_, thread);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    if (stop_.load(std::memory_order_seq_cst)) return;
+    active_.fetch_add(1, std::memory_order_seq_cst);
+    if (open_.load(std::memory_order_seq_cst)) job_fn_(job_ctx_, thread);
+    if (active_.fetch_sub(1, std::memory_order_seq_cst) == 1) active_.notify_all();
   }
 }
 

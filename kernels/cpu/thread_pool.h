@@ -1,9 +1,11 @@
 // A persistent fork-join thread pool for kernels.
 //
 // Decode calls a few hundred small matvecs per token, so dispatch latency matters more than
-// generality: workers spin briefly on a generation counter before sleeping on it (futex via
-// std::atomic::wait), and the calling thread takes a share of every job. Work is handed out in
-// chunks from an atomic counter so a core stolen by another process does not stall the job.
+// generality. Work is handed out in chunks from an atomic counter and workers join a job
+// opportunistically: the caller never waits for a worker that has not started (a descheduled
+// worker on a busy machine would otherwise stall every job for a time slice), only for those
+// already running a chunk. Idle workers spin briefly on a generation counter, then sleep on it
+// (futex via std::atomic::wait).
 //
 // Thread safety: one job at a time. Run/ParallelFor must not be called concurrently or from
 // inside a job (callers own a pool per executor).
@@ -28,16 +30,10 @@ class ThreadPool {
 
   int num_threads() const { return num_threads_; }
 
-  // Calls fn(thread) once on each of the num_threads() threads (thread 0 is the caller) and
-  // returns when all have finished.
-  template <typename Fn>
-  void Run(Fn&& fn) {
-    using F = std::remove_reference_t<Fn>;
-    RunErased([](void* ctx, int thread) { (*static_cast<F*>(ctx))(thread); }, &fn);
-  }
-
   // Calls fn(begin, end, thread) over disjoint ranges covering [0, n), each at most `grain`
-  // long, handed out dynamically. Returns when all ranges are done.
+  // long, handed out dynamically to the caller and whichever workers join. `thread` is in
+  // [0, num_threads()) and unique among concurrently running calls (per-thread scratch).
+  // Returns when all ranges are done.
   template <typename Fn>
   void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
     if (n <= 0) return;
@@ -47,12 +43,22 @@ class ThreadPool {
       return;
     }
     std::atomic<int64_t> next{0};
-    Run([&](int thread) {
+    auto body = [&](int thread) {
       for (;;) {
         const int64_t begin = next.fetch_add(grain, std::memory_order_relaxed);
         if (begin >= n) break;
         fn(begin, begin + grain < n ? begin + grain : n, thread);
       }
+    };
+    using F = decltype(body);
+    RunErased([](void* ctx, int thread) { (*static_cast<F*>(ctx))(thread); }, &body);
+  }
+
+  // Calls fn(part) for every part in [0, num_threads()), in parallel where workers are free.
+  template <typename Fn>
+  void Run(Fn&& fn) {
+    ParallelFor(num_threads_, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t p = b; p < e; ++p) fn(static_cast<int>(p));
     });
   }
 
@@ -61,6 +67,8 @@ class ThreadPool {
 
  private:
   using JobFn = void (*)(void* ctx, int thread);
+  // Publishes the job, runs it on the caller, then waits for the workers that joined.
+  // `fn` must return only when no work is left to claim.
   void RunErased(JobFn fn, void* ctx);
   void WorkerLoop(int thread);
 
@@ -69,7 +77,8 @@ class ThreadPool {
   JobFn job_fn_ = nullptr;
   void* job_ctx_ = nullptr;
   std::atomic<uint32_t> generation_{0};  // bumped to publish a job; workers wait on it.
-  std::atomic<int> pending_{0};          // workers still running the current job.
+  std::atomic<bool> open_{false};        // whether workers may still join the current job.
+  std::atomic<int> active_{0};           // workers inside (or checking) the current job.
   std::atomic<bool> stop_{false};
 };
 

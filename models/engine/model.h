@@ -119,11 +119,11 @@ class Model {
   void SetExpertFfn(ExpertFfn* experts) { experts_ = experts; }
   // The local experts of an absolute MoE layer (for serving them to other processes).
   const ExpertStacks* LocalExperts(int64_t layer) const;
-  ExpertFfn& LocalExpertFfn() { return *local_experts_; }
+  ExpertFfn& LocalExpertFfn();
 
  private:
   struct Layer;
-  class LocalExperts;
+  class LocalExpertsFfn;
   struct Scratch;
 
   Model();
@@ -145,7 +145,7 @@ class Model {
   const float* rope_freqs_ = nullptr;  // [rope_dims / 2] or null
   std::vector<Layer> layers_;        // layers [first_, last_)
   std::vector<std::unique_ptr<uint8_t[]>> fused_;  // owned storage of fused matrices
-  std::unique_ptr<LocalExperts> local_experts_;
+  std::unique_ptr<LocalExpertsFfn> local_experts_;
   ExpertFfn* experts_ = nullptr;
   std::unique_ptr<Scratch> scratch_;
 };

@@ -8,12 +8,12 @@
 namespace fucina {
 namespace {
 
-TEST(ThreadPoolTest, RunCallsEveryThreadOnce) {
+TEST(ThreadPoolTest, RunCallsEveryPartOnce) {
   for (int n : {1, 2, 5}) {
     ThreadPool pool(n);
     std::vector<std::atomic<int>> calls(n);
     for (int rep = 0; rep < 100; ++rep) pool.Run([&](int t) { calls[t]++; });
-    for (int t = 0; t < n; ++t) EXPECT_EQ(calls[t].load(), 100) << "thread " << t;
+    for (int t = 0; t < n; ++t) EXPECT_EQ(calls[t].load(), 100) << "part " << t;
   }
 }
 
