@@ -330,6 +330,14 @@ TEST(ChatTemplateEngine, MatchesJinja2OnFeaturesTemplatesUse) {
       "{% set ns = namespace(n=0) %}\n  {% for m in messages[::-1] %}\n"
       "    {% if loop.index0 == 1 %}{% continue %}{% endif %}\n{{ m.role }}\n"
       "    {% set ns.n = ns.n + 1 %}\n  {% endfor %}\ncount={{ ns.n }}\n",
+      // Filters and tests common in Llama/Mistral/Gemma/Phi templates.
+      "{{ ('  a  ' | trim) ~ '|' ~ (['x', 'code_interpreter', 'y'] | reject('equalto', "
+      "'code_interpreter') | join(', ')) }}|{{ messages | selectattr('role', 'equalto', 'user') "
+      "| list | length }}|{{ extra_obj | dictsort | first | first }}|{{ '%s-%d' | format('a', "
+      "3) }}|{{ 3 | string + '1' }}|{{ '42' | int + 1 }}|{{ 'n' in extra_obj }}|"
+      "{{ messages[1:] | map(attribute='role') | join }}|{{ messages[0]['content'] | upper }}|"
+      "{% if undefined_var is not defined %}U{% endif %}{{ (messages | last).role }}|"
+      "{{ loop_var | default('dflt') }}|{{ 7 % 3 }}{{ 7 // 2 }}{{ 2 ** 3 }}",
       // strftime_now (local time; both read the clock within the same second, barring a
       // midnight crossing).
       "{{ strftime_now('%Y-%m-%d') }} {{ strftime_now('%d %B %Y') }}",
