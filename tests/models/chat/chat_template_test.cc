@@ -4,6 +4,7 @@
 // and SmolLM2's from the GGUF at $FUCINA_DEFAULT_MODEL. Tests needing a missing one skip.
 #include "models/chat/chat_template.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -11,6 +12,7 @@
 #include <sstream>
 #include <unistd.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -354,6 +356,35 @@ TEST(ChatTemplateEngine, MatchesJinja2OnFeaturesTemplatesUse) {
     ASSERT_TRUE(t.status().ok()) << t.status();
     ExpectSameAsReference(t, msgs, opts);
   }
+}
+
+TEST(ChatTemplateErrors, RunawayTemplateFailsInsteadOfHanging) {
+  ChatTemplate t = ChatTemplate::FromSource(
+      "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+  ASSERT_TRUE(t.status().ok()) << t.status();
+  absl::StatusOr<std::string> r = t.Render({}, ChatRenderOptions());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("fuel"));
+}
+
+// One compiled template rendered from several threads at once gives identical text.
+TEST(ChatTemplateEngine, ConcurrentRendersAgree) {
+  ChatTemplate t = ChatTemplate::ChatMl();
+  const std::vector<ChatMessage> msgs = MultiTurn();
+  absl::StatusOr<std::string> want = t.Render(msgs, ChatRenderOptions());
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      for (int j = 0; j < 200; ++j) {
+        absl::StatusOr<std::string> got = t.Render(msgs, ChatRenderOptions());
+        if (!got.ok() || *got != *want) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(ChatTemplateEngine, StrftimeNowIsLocalTime) {

@@ -11,7 +11,8 @@
 //!   * `strftime_now(fmt)` formats the local time with the C library's strftime;
 //!   * Python string/dict/list methods (`.strip()`, `.split()`, `.items()`, ...) via
 //!     minijinja-contrib's pycompat callback;
-//!   * `{{ x }}` prints None/True/False and lists/dicts the way Python's str() does.
+//!   * `{{ x }}` prints None/True/False and lists/dicts the way Python's str() does;
+//!   * a render is bounded by RENDER_FUEL (jinja2 has no such bound; no real template nears it).
 //!
 //! Ownership: every `char*` handed out (rendered text, error messages) is allocated here and must
 //! be released with `fucina_jinja_free`. No pointer passed in is retained after a call returns.
@@ -28,6 +29,12 @@ use minijinja::{Environment, Error, ErrorKind, Output, State, UndefinedBehavior}
 /// Name under which the template is registered; it appears in error messages.
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Bound on the work one render may do (roughly one unit per engine instruction), so a hostile
+/// template shipped in a model file fails fast instead of looping for minutes. Real chat
+/// templates spend on the order of hundreds of units per message, so this leaves room for tens
+/// of thousands of messages while a runaway loop fails within about half a second.
+const RENDER_FUEL: u64 = 10_000_000;
+
 /// A compiled template together with the environment it was compiled in.
 pub struct FucinaJinjaTemplate {
     env: Environment<'static>,
@@ -43,6 +50,7 @@ fn make_environment() -> Result<Environment<'static>, Error> {
             .build()?,
     );
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    env.set_fuel(Some(RENDER_FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(python_formatter);
     env.add_filter("tojson", tojson_filter);
@@ -471,7 +479,7 @@ fn guarded(err: *mut *mut c_char, f: impl FnOnce() -> Result<(), String>) -> c_i
 fn compile(source: &str) -> Result<FucinaJinjaTemplate, String> {
     let mut env = make_environment().map_err(|e| describe_error(&e))?;
     env.add_template_owned(TEMPLATE_NAME, source.to_string())
-        .map_err(|e| format!("template syntax error: {}", describe_error(&e)))?;
+        .map_err(|e| describe_error(&e))?;
     Ok(FucinaJinjaTemplate { env })
 }
 
