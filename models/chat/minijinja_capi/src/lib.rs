@@ -1,0 +1,592 @@
+//! C ABI over minijinja for rendering the Jinja chat templates that GGUF files carry
+//! (`tokenizer.chat_template`).
+//!
+//! The environment mirrors how Hugging Face transformers' `apply_chat_template` sets up jinja2,
+//! so a template renders to the same bytes here as it does there:
+//!   * `trim_blocks` and `lstrip_blocks` on, `keep_trailing_newline` off (jinja2's default);
+//!   * lenient undefined values (an undefined attribute is falsy and prints as "");
+//!   * `raise_exception(msg)` fails the render with `msg`;
+//!   * `tojson` is Python's `json.dumps(x, ensure_ascii=False)` (separators ", " and ": ",
+//!     optional `indent` and `sort_keys`), not minijinja's HTML-safe compact JSON;
+//!   * `strftime_now(fmt)` formats the local time with the C library's strftime;
+//!   * Python string/dict/list methods (`.strip()`, `.split()`, `.items()`, ...) via
+//!     minijinja-contrib's pycompat callback;
+//!   * `{{ x }}` prints None/True/False and lists/dicts the way Python's str() does;
+//!   * a render is bounded by RENDER_FUEL (jinja2 has no such bound; no real template nears it).
+//!
+//! Ownership: every `char*` handed out (rendered text, error messages) is allocated here and must
+//! be released with `fucina_jinja_free`. No pointer passed in is retained after a call returns.
+//! Panics never cross the ABI: they are caught and reported as errors.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::fmt::Write as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Serde, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Output, State, UndefinedBehavior};
+
+/// Name under which the template is registered; it appears in error messages.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// Bound on the work one render may do (roughly one unit per engine instruction), so a hostile
+/// template shipped in a model file fails fast instead of looping for minutes. Real chat
+/// templates spend on the order of hundreds of units per message, so this leaves room for tens
+/// of thousands of messages while a runaway loop fails within about half a second.
+const RENDER_FUEL: u64 = 10_000_000;
+
+/// A compiled template together with the environment it was compiled in.
+pub struct FucinaJinjaTemplate {
+    env: Environment<'static>,
+}
+
+fn make_environment() -> Result<Environment<'static>, Error> {
+    let mut env = Environment::new();
+    env.set_syntax(
+        SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()?,
+    );
+    env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    env.set_fuel(Some(RENDER_FUEL));
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_formatter(python_formatter);
+    env.add_filter("tojson", tojson_filter);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    Ok(env)
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+// ---------------------------------------------------------------------------------------------
+// strftime_now: datetime.now().strftime(fmt). CPython hands most directives to the C library's
+// strftime, so calling it directly gives the same text for the directives templates use.
+
+#[repr(C)]
+struct Tm {
+    tm_sec: c_int,
+    tm_min: c_int,
+    tm_hour: c_int,
+    tm_mday: c_int,
+    tm_mon: c_int,
+    tm_year: c_int,
+    tm_wday: c_int,
+    tm_yday: c_int,
+    tm_isdst: c_int,
+    tm_gmtoff: std::ffi::c_long,
+    tm_zone: *const c_char,
+}
+
+extern "C" {
+    fn time(t: *mut std::ffi::c_long) -> std::ffi::c_long;
+    fn localtime_r(t: *const std::ffi::c_long, out: *mut Tm) -> *mut Tm;
+    fn strftime(s: *mut c_char, max: usize, format: *const c_char, tm: *const Tm) -> usize;
+}
+
+fn strftime_now(format: String) -> Result<Value, Error> {
+    let bad = |what: &str| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {what}"));
+    if format.is_empty() {
+        return Ok(Value::from(""));
+    }
+    let cfmt = CString::new(format.as_str()).map_err(|_| bad("format contains a NUL byte"))?;
+    // SAFETY: plain libc calls on stack values; strftime writes at most `buf.len()` bytes.
+    unsafe {
+        let now = time(std::ptr::null_mut());
+        let mut tm: Tm = std::mem::zeroed();
+        if localtime_r(&now, &mut tm).is_null() {
+            return Err(bad("localtime_r failed"));
+        }
+        // strftime returns 0 both for "too small" and for an empty result; grow a few times.
+        let mut cap = 256usize;
+        while cap <= 1 << 16 {
+            let mut buf = vec![0u8; cap];
+            let n = strftime(buf.as_mut_ptr() as *mut c_char, cap, cfmt.as_ptr(), &tm);
+            if n > 0 {
+                buf.truncate(n);
+                return String::from_utf8(buf)
+                    .map(Value::from)
+                    .map_err(|_| bad("result is not UTF-8"));
+            }
+            cap *= 4;
+        }
+    }
+    Ok(Value::from(""))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python-compatible JSON (json.dumps with ensure_ascii=False) and str()/repr() of values.
+
+/// Python's float repr: the shortest round-trip digits, fixed notation when the decimal exponent
+/// is in [-4, 16), otherwise d.ddde+XX with at least two exponent digits; integral values keep
+/// a ".0".
+fn py_float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+    }
+    if f == 0.0 {
+        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+    }
+    // Rust's {:e} gives the shortest round-trip digits as "d.ddde<exp>".
+    let sci = format!("{:e}", f);
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} always has an exponent");
+    let exp: i32 = exp.parse().expect("{:e} exponent is an integer");
+    let negative = mantissa.starts_with('-');
+    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
+    let mut out = String::new();
+    if negative {
+        out.push('-');
+    }
+    if (-4..16).contains(&exp) {
+        if exp < 0 {
+            out.push_str("0.");
+            for _ in 0..(-exp - 1) {
+                out.push('0');
+            }
+            out.push_str(&digits);
+        } else {
+            let int_len = exp as usize + 1;
+            if digits.len() <= int_len {
+                out.push_str(&digits);
+                for _ in digits.len()..int_len {
+                    out.push('0');
+                }
+                out.push_str(".0");
+            } else {
+                out.push_str(&digits[..int_len]);
+                out.push('.');
+                out.push_str(&digits[int_len..]);
+            }
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let _ = write!(out, "e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+    }
+    out
+}
+
+fn number_repr(v: &Value) -> Result<String, Error> {
+    if v.is_integer() {
+        let i = i128::try_from(v.clone())?;
+        Ok(i.to_string())
+    } else {
+        Ok(py_float_repr(f64::try_from(v.clone())?))
+    }
+}
+
+/// Python json's string encoder with ensure_ascii=False: escapes '"', '\\' and the C0 controls
+/// (\n \r \t \b \f by name, the rest as \u00XX); everything else is written as is.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+struct JsonStyle {
+    indent: Option<String>,
+    sort_keys: bool,
+    item_sep: String,
+    key_sep: String,
+}
+
+fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) {
+    if let Some(ind) = &style.indent {
+        out.push('\n');
+        for _ in 0..depth {
+            out.push_str(ind);
+        }
+    }
+}
+
+/// Python converts non-string dict keys: numbers by repr, bools/None as JSON literals.
+fn json_key(k: &Value) -> Result<String, Error> {
+    match k.kind() {
+        ValueKind::String => Ok(k.as_str().unwrap_or_default().to_string()),
+        ValueKind::Number => number_repr(k),
+        ValueKind::Bool => Ok(if k.is_true() { "true" } else { "false" }.into()),
+        ValueKind::None => Ok("null".into()),
+        kind => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: keys must be str, int, float, bool or None, not {kind}"),
+        )),
+    }
+}
+
+fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
+    if depth > 256 {
+        return Err(Error::new(ErrorKind::InvalidOperation, "tojson: nesting too deep"));
+    }
+    match v.kind() {
+        ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => out.push_str(&number_repr(v)?),
+        ValueKind::String => json_string(out, v.as_str().unwrap_or_default()),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&style.item_sep);
+                }
+                json_newline(out, style, depth + 1);
+                write_json(out, item, style, depth + 1)?;
+            }
+            json_newline(out, style, depth);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut entries = Vec::new();
+            for k in v.try_iter()? {
+                let item = v.get_item(&k)?;
+                entries.push((json_key(&k)?, item));
+            }
+            if entries.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            if style.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&style.item_sep);
+                }
+                json_newline(out, style, depth + 1);
+                json_string(out, k);
+                out.push_str(&style.key_sep);
+                write_json(out, item, style, depth + 1)?;
+            }
+            json_newline(out, style, depth);
+            out.push('}');
+        }
+        kind => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: object of kind {kind} is not JSON serializable"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// `x | tojson(indent=None, separators=None, sort_keys=False)` as HF defines it.
+fn tojson_filter(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
+        Some(v) => Some(" ".repeat(i64::try_from(v)?.max(0) as usize)),
+    };
+    // Python's defaults: (", ", ": ") without indent, (",", ": ") with one.
+    let (mut item_sep, mut key_sep) =
+        (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string());
+    if let Some(seps) = separators.filter(|s| !s.is_none()) {
+        let parts: Vec<Value> = seps.try_iter()?.collect();
+        if parts.len() != 2 {
+            return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators needs 2 items"));
+        }
+        item_sep = parts[0].to_string();
+        key_sep = parts[1].to_string();
+    }
+    let style = JsonStyle { indent, sort_keys: sort_keys.unwrap_or(false), item_sep, key_sep };
+    let mut out = String::new();
+    write_json(&mut out, &value, &style, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+/// Python's repr() of a str: single quotes unless the text has ' and no ", backslash escapes for
+/// the quote, '\\', \n \r \t and \xNN for other ASCII controls.
+fn py_str_repr(out: &mut String, s: &str) {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// Python's str() (top level) / repr() (inside containers) of a value.
+fn py_str(out: &mut String, v: &Value, nested: bool, depth: usize) -> Result<(), Error> {
+    if depth > 256 {
+        return Err(Error::new(ErrorKind::InvalidOperation, "value nesting too deep to print"));
+    }
+    match v.kind() {
+        ValueKind::Undefined => {}
+        ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number => {
+            if v.is_integer() {
+                out.push_str(&number_repr(v)?);
+            } else {
+                let f = f64::try_from(v.clone())?;
+                out.push_str(&match py_float_repr(f).as_str() {
+                    "NaN" => "nan".to_string(),
+                    "Infinity" => "inf".to_string(),
+                    "-Infinity" => "-inf".to_string(),
+                    s => s.to_string(),
+                });
+            }
+        }
+        ValueKind::String if nested => py_str_repr(out, v.as_str().unwrap_or_default()),
+        ValueKind::Seq => {
+            out.push('[');
+            for (i, item) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_str(out, &item, true, depth + 1)?;
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            out.push('{');
+            for (i, k) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_str(out, &k, true, depth + 1)?;
+                out.push_str(": ");
+                py_str(out, &v.get_item(&k)?, true, depth + 1)?;
+            }
+            out.push('}');
+        }
+        // Strings at top level, bytes, iterables and objects: the engine's own text.
+        _ => {
+            let _ = write!(out, "{v}");
+        }
+    }
+    Ok(())
+}
+
+fn python_formatter(out: &mut Output, _state: &mut State, value: &Value) -> Result<(), Error> {
+    let io_err = |_| Error::new(ErrorKind::WriteFailure, "formatter write failed");
+    match value.kind() {
+        ValueKind::String => out.write_str(value.as_str().unwrap_or_default()).map_err(io_err),
+        _ => {
+            let mut s = String::new();
+            py_str(&mut s, value, false, 0)?;
+            out.write_str(&s).map_err(io_err)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// C ABI.
+
+/// "<kind>: <detail> (line N)" plus the engine's chained causes; the line is the template line
+/// the error was raised on, when the engine knows it.
+fn describe_error(err: &Error) -> String {
+    let mut msg = match err.detail() {
+        Some(detail) if err.kind() == ErrorKind::InvalidOperation => detail.to_string(),
+        Some(detail) => format!("{}: {}", err.kind(), detail),
+        None => err.kind().to_string(),
+    };
+    if let Some(line) = err.line() {
+        let _ = write!(msg, " (line {line})");
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        let _ = write!(msg, "; caused by: {cause}");
+        source = cause.source();
+    }
+    msg
+}
+
+fn to_c_string(s: String) -> *mut c_char {
+    // Interior NULs cannot cross a C string boundary; replace rather than truncate silently.
+    let s = if s.contains('\0') { s.replace('\0', "\u{fffd}") } else { s };
+    CString::new(s).expect("NULs were replaced").into_raw()
+}
+
+fn set_out(slot: *mut *mut c_char, s: String) {
+    if !slot.is_null() {
+        // SAFETY: the caller passes a writable pointer slot (checked non-null above).
+        unsafe { *slot = to_c_string(s) };
+    }
+}
+
+/// Reads a NUL-terminated UTF-8 argument.
+fn read_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, String> {
+    if p.is_null() {
+        return Err(format!("{what} is null"));
+    }
+    // SAFETY: the caller guarantees a valid NUL-terminated string that outlives the call.
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| format!("{what} is not valid UTF-8"))
+}
+
+fn guarded(err: *mut *mut c_char, f: impl FnOnce() -> Result<(), String>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(msg)) => {
+            set_out(err, msg);
+            1
+        }
+        Err(_) => {
+            set_out(err, "internal error: the template engine panicked".into());
+            2
+        }
+    }
+}
+
+fn compile(source: &str) -> Result<FucinaJinjaTemplate, String> {
+    let mut env = make_environment().map_err(|e| describe_error(&e))?;
+    env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        .map_err(|e| describe_error(&e))?;
+    Ok(FucinaJinjaTemplate { env })
+}
+
+fn render(tmpl: &FucinaJinjaTemplate, context_json: &str) -> Result<String, String> {
+    let ctx: serde_json::Value = serde_json::from_str(context_json)
+        .map_err(|e| format!("context is not valid JSON: {e}"))?;
+    if !ctx.is_object() {
+        return Err("context must be a JSON object".into());
+    }
+    let t = tmpl.env.get_template(TEMPLATE_NAME).map_err(|e| describe_error(&e))?;
+    t.render(Value::from(Serde(&ctx))).map_err(|e| describe_error(&e))
+}
+
+/// Compiles `source`. On success stores a handle in `*out` (release with
+/// `fucina_jinja_template_free`) and returns 0; otherwise stores a message in `*err` (release
+/// with `fucina_jinja_free`) and returns non-zero. A compiled template may be rendered from
+/// several threads at once.
+#[no_mangle]
+pub extern "C" fn fucina_jinja_compile(
+    source: *const c_char,
+    out: *mut *mut FucinaJinjaTemplate,
+    err: *mut *mut c_char,
+) -> c_int {
+    guarded(err, || {
+        let source = read_arg(source, "template")?;
+        let t = compile(source)?;
+        if out.is_null() {
+            return Err("output slot is null".into());
+        }
+        // SAFETY: `out` is a writable slot (checked non-null).
+        unsafe { *out = Box::into_raw(Box::new(t)) };
+        Ok(())
+    })
+}
+
+/// Renders a compiled template with the variables of the JSON object `context_json`.
+#[no_mangle]
+pub extern "C" fn fucina_jinja_render_compiled(
+    tmpl: *const FucinaJinjaTemplate,
+    context_json: *const c_char,
+    out: *mut *mut c_char,
+    err: *mut *mut c_char,
+) -> c_int {
+    guarded(err, || {
+        if tmpl.is_null() {
+            return Err("template handle is null".into());
+        }
+        // SAFETY: a live handle from fucina_jinja_compile; rendering only borrows it.
+        let tmpl = unsafe { &*tmpl };
+        let text = render(tmpl, read_arg(context_json, "context")?)?;
+        set_out(out, text);
+        Ok(())
+    })
+}
+
+/// One-shot compile + render; same conventions as above.
+#[no_mangle]
+pub extern "C" fn fucina_jinja_render(
+    template: *const c_char,
+    context_json: *const c_char,
+    out: *mut *mut c_char,
+    err: *mut *mut c_char,
+) -> c_int {
+    guarded(err, || {
+        let t = compile(read_arg(template, "template")?)?;
+        let text = render(&t, read_arg(context_json, "context")?)?;
+        set_out(out, text);
+        Ok(())
+    })
+}
+
+/// Releases a string returned by this library (null is ignored).
+#[no_mangle]
+pub extern "C" fn fucina_jinja_free(s: *mut c_char) {
+    if !s.is_null() {
+        // SAFETY: `s` came from CString::into_raw in this library.
+        drop(unsafe { CString::from_raw(s) });
+    }
+}
+
+/// Releases a compiled template (null is ignored).
+#[no_mangle]
+pub extern "C" fn fucina_jinja_template_free(tmpl: *mut FucinaJinjaTemplate) {
+    if !tmpl.is_null() {
+        // SAFETY: `tmpl` came from Box::into_raw in fucina_jinja_compile.
+        drop(unsafe { Box::from_raw(tmpl) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::py_float_repr;
+
+    #[test]
+    fn float_repr_matches_python() {
+        for (f, want) in [
+            (1.0, "1.0"),
+            (0.5, "0.5"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (-2.5e-7, "-2.5e-07"),
+            (123.456, "123.456"),
+            (1.5e300, "1.5e+300"),
+        ] {
+            assert_eq!(py_float_repr(f), want, "{f}");
+        }
+    }
+}

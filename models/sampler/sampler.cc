@@ -1,0 +1,196 @@
+#include "models/sampler/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <utility>
+
+namespace fucina {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The one candidate order used everywhere: logit descending, then id ascending. Total on
+// non-NaN logits (NaN never reaches it: Sample maps NaN to -inf).
+bool Before(const Candidate& a, const Candidate& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+// exp(logit - max) of each candidate into `weights`; returns their sum. `candidates` sorted,
+// so candidates[0] holds the max.
+double SoftmaxWeights(const std::vector<Candidate>& candidates, std::vector<double>& weights) {
+  weights.resize(candidates.size());
+  const double max_logit = candidates[0].logit;
+  double total = 0.0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    // A -inf max (every candidate masked) gives weight 1 to all rather than NaN.
+    const double w = std::isinf(max_logit) ? 1.0 : std::exp(candidates[i].logit - max_logit);
+    weights[i] = w;
+    total += w;
+  }
+  return total;
+}
+
+}  // namespace
+
+void ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
+                    const SamplingParams& params) {
+  if (params.penalty_last_n == 0 ||
+      (params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
+       params.presence_penalty == 0.0f)) {
+    return;
+  }
+  size_t window = history.size();
+  if (params.penalty_last_n > 0) window = std::min(window, size_t(params.penalty_last_n));
+  std::vector<int32_t> recent(history.end() - window, history.end());
+  std::sort(recent.begin(), recent.end());
+  const int64_t n = static_cast<int64_t>(logits.size());
+  for (size_t i = 0; i < recent.size();) {
+    size_t j = i;
+    while (j < recent.size() && recent[j] == recent[i]) ++j;
+    const int32_t id = recent[i];
+    const float count = static_cast<float>(j - i);
+    i = j;
+    if (id < 0 || id >= n) continue;
+    float& logit = logits[id];
+    logit = logit <= 0.0f ? logit * params.repetition_penalty : logit / params.repetition_penalty;
+    logit -= count * params.frequency_penalty + params.presence_penalty;
+  }
+}
+
+void ApplyTopK(std::vector<Candidate>& candidates, int32_t k) {
+  if (k <= 0 || size_t(k) >= candidates.size()) {
+    std::sort(candidates.begin(), candidates.end(), Before);
+    return;
+  }
+  // O(n) selection of the k best, then sort only those.
+  std::nth_element(candidates.begin(), candidates.begin() + k, candidates.end(), Before);
+  candidates.resize(k);
+  std::sort(candidates.begin(), candidates.end(), Before);
+}
+
+void ApplyTopP(std::vector<Candidate>& candidates, float p) {
+  if (p >= 1.0f || candidates.empty()) return;
+  std::vector<double> weights;
+  const double total = SoftmaxWeights(candidates, weights);
+  const double target = double(p) * total;
+  double cum = 0.0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    cum += weights[i];
+    if (cum >= target) {
+      candidates.resize(i + 1);
+      return;
+    }
+  }
+}
+
+void ApplyMinP(std::vector<Candidate>& candidates, float p) {
+  if (p <= 0.0f || candidates.empty()) return;
+  // p_i >= p * p_max  <=>  logit_i >= logit_max + ln(p).
+  const float threshold = candidates[0].logit + std::log(p);
+  size_t keep = 1;  // The most likely token always passes.
+  while (keep < candidates.size() && candidates[keep].logit >= threshold) ++keep;
+  candidates.resize(keep);
+}
+
+Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
+
+void Sampler::Reset(uint64_t seed) {
+  params_.seed = seed;
+  rng_ = Rng(seed);
+}
+
+void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> history) {
+  work_.assign(logits.begin(), logits.end());
+  for (float& x : work_) {
+    if (std::isnan(x)) x = kNegInf;
+  }
+  ApplyPenalties(work_, history, params_);
+  candidates_.clear();
+  if (work_.empty()) return;
+
+  if (params_.temperature <= 0.0f) {
+    int32_t best = 0;
+    for (size_t i = 1; i < work_.size(); ++i) {
+      if (work_[i] > work_[best]) best = static_cast<int32_t>(i);
+    }
+    candidates_.push_back({best, work_[best]});
+    return;
+  }
+
+  candidates_.resize(work_.size());
+  for (size_t i = 0; i < work_.size(); ++i) candidates_[i] = {static_cast<int32_t>(i), work_[i]};
+  ApplyTopK(candidates_, params_.top_k);
+  ApplyTopP(candidates_, params_.top_p);
+  ApplyMinP(candidates_, params_.min_p);
+  for (Candidate& c : candidates_) c.logit /= params_.temperature;
+}
+
+std::vector<Candidate> Sampler::Candidates(std::span<const float> logits,
+                                           std::span<const int32_t> history) {
+  Filter(logits, history);
+  return candidates_;
+}
+
+SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+  SampleResult result{-1, kNegInf, {}};
+  if (logits.empty()) return result;
+  Filter(logits, history);
+
+  if (candidates_.size() == 1 || params_.temperature <= 0.0f) {
+    result.id = candidates_[0].id;
+  } else {
+    std::vector<double> weights;
+    const double total = SoftmaxWeights(candidates_, weights);
+    const double target = double(rng_.NextFloat()) * total;
+    // Last candidate as the fallback when rounding leaves target >= the final sum.
+    result.id = candidates_.back().id;
+    double cum = 0.0;
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      cum += weights[i];
+      if (target < cum) {
+        result.id = candidates_[i].id;
+        break;
+      }
+    }
+  }
+
+  // Raw distribution: log-softmax of the logits as given (NaN as -inf).
+  auto raw = [&](size_t i) { return std::isnan(logits[i]) ? kNegInf : logits[i]; };
+  float max_logit = kNegInf;
+  for (size_t i = 0; i < logits.size(); ++i) max_logit = std::max(max_logit, raw(i));
+  double log_z = max_logit;
+  if (!std::isinf(max_logit)) {
+    double sum = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(double(raw(i)) - max_logit);
+    log_z = max_logit + std::log(sum);
+  }
+  result.logprob = static_cast<float>(double(raw(result.id)) - log_z);
+
+  const size_t k = std::min(size_t(std::max(params_.top_logprobs, 0)), logits.size());
+  if (k > 0) {
+    // Bounded heap of the k best raw candidates: the heap top is the worst kept one.
+    std::vector<Candidate> heap;
+    heap.reserve(k + 1);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const Candidate c{static_cast<int32_t>(i), raw(i)};
+      if (heap.size() < k) {
+        heap.push_back(c);
+        std::push_heap(heap.begin(), heap.end(), Before);
+      } else if (Before(c, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), Before);
+        heap.back() = c;
+        std::push_heap(heap.begin(), heap.end(), Before);
+      }
+    }
+    std::sort(heap.begin(), heap.end(), Before);
+    result.top.reserve(k);
+    for (const Candidate& c : heap) {
+      result.top.push_back({c.id, static_cast<float>(double(c.logit) - log_z)});
+    }
+  }
+  return result;
+}
+
+}  // namespace fucina

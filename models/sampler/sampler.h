@@ -1,0 +1,112 @@
+// Token sampler: picks the next token from a row of logits the way llama.cpp's default sampler
+// chain does, restricted to the stages Fucina exposes:
+//
+//   penalties -> top_k -> top_p -> min_p -> temperature -> dist
+//
+// (llama.cpp common/common.h's default order is penalties, dry, top_n_sigma, top_k, typical_p,
+// top_p, min_p, xtc, temperature; the stages not listed here are off by default there.) So
+// top_p and min_p judge the untempered probabilities, and temperature only reshapes the
+// survivors. temperature <= 0 is greedy: the argmax of the penalized logits, ties to the
+// lowest id.
+//
+// Determinism: candidates are ordered by (logit descending, id ascending) everywhere, the draw
+// uses fucina::Rng (fully specified), and sums run in double in a fixed order, so a seed gives
+// the same tokens on every machine for the same logits.
+//
+// Logprobs are reported under the model's raw distribution (log-softmax of the logits as given,
+// before penalties, filters and temperature), as OpenAI's API reports them.
+#ifndef FUCINA_MODELS_SAMPLER_SAMPLER_H_
+#define FUCINA_MODELS_SAMPLER_SAMPLER_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/sampler/rng.h"
+
+namespace fucina {
+
+// Defaults are llama.cpp's (common_params_sampling).
+struct SamplingParams {
+  float temperature = 0.8f;        // <= 0: greedy.
+  int32_t top_k = 40;              // <= 0: off.
+  float top_p = 0.95f;             // >= 1: off.
+  float min_p = 0.05f;             // <= 0: off.
+  float repetition_penalty = 1.0f; // 1: off. Divides positive logits, multiplies negative ones.
+  float presence_penalty = 0.0f;   // Subtracted once from every token seen in the window.
+  float frequency_penalty = 0.0f;  // Subtracted once per occurrence in the window.
+  int32_t penalty_last_n = 64;     // Window: the last N history tokens; 0: off; -1: all.
+  uint64_t seed = 0;
+  int32_t top_logprobs = 0;        // Entries in SampleResult::top (clamped to the vocabulary).
+};
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+};
+
+struct SampleResult {
+  int32_t id;
+  // Of the chosen token under the raw distribution: log-softmax of the raw logits.
+  float logprob;
+  // The top_logprobs most likely tokens under the raw distribution, descending (ties: lower id
+  // first).
+  std::vector<TokenLogprob> top;
+};
+
+// A token still in the running, with its (penalized, possibly tempered) logit.
+struct Candidate {
+  int32_t id;
+  float logit;
+};
+
+// The stages, exposed for tests and for callers composing their own chains. Each keeps
+// `candidates` ordered by (logit descending, id ascending) on return.
+//
+// llama.cpp's penalties: for each token with count c > 0 in the last `penalty_last_n` entries
+// of `history`: logit = logit <= 0 ? logit * repetition_penalty : logit / repetition_penalty;
+// then logit -= c * frequency_penalty + presence_penalty. History ids outside [0, n) are
+// ignored.
+void ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
+                    const SamplingParams& params);
+// Keeps the k highest (k <= 0 or k >= size: keeps all, but still sorts).
+void ApplyTopK(std::vector<Candidate>& candidates, int32_t k);
+// Keeps the shortest prefix whose softmax probability mass reaches p (p >= 1: all).
+void ApplyTopP(std::vector<Candidate>& candidates, float p);
+// Keeps tokens whose probability is at least p times the most likely one's, i.e. logit >=
+// max_logit + ln(p) (p <= 0: all).
+void ApplyMinP(std::vector<Candidate>& candidates, float p);
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params);
+
+  // `logits`: one row over the vocabulary (NaN is treated as -inf; at least one entry must be
+  // finite for the result to be meaningful). `history`: prompt + generated tokens, for the
+  // penalties. Advances the RNG by one draw unless greedy. An empty row yields id -1.
+  SampleResult Sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // The candidates the final draw chooses from, with their tempered logits (temperature > 0),
+  // or the single greedy choice; does not touch the RNG.
+  std::vector<Candidate> Candidates(std::span<const float> logits,
+                                    std::span<const int32_t> history);
+
+  // Restarts the random sequence as if constructed with `seed`.
+  void Reset(uint64_t seed);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  // Fills candidates_ (penalties + filters + temperature) from `logits`.
+  void Filter(std::span<const float> logits, std::span<const int32_t> history);
+
+  SamplingParams params_;
+  Rng rng_;
+  // Scratch reused across calls so a sample over a 150k vocabulary does not allocate.
+  std::vector<float> work_;
+  std::vector<Candidate> candidates_;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_MODELS_SAMPLER_SAMPLER_H_

@@ -1,0 +1,353 @@
+// Sampler and Rng. Expected values are derived independently of the code under test: the RNG
+// against a Python re-implementation (rng_ref.py, run with $FUCINA_PYTHON) and values pinned
+// from it, filters and penalties against sets/numbers worked out by hand from the formulas,
+// and sampling frequencies against softmax(logits / T) computed here in double.
+#include "models/sampler/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/sampler/rng.h"
+
+namespace fucina {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::vector<int32_t> Ids(const std::vector<Candidate>& c) {
+  std::vector<int32_t> ids;
+  for (const Candidate& x : c) ids.push_back(x.id);
+  return ids;
+}
+
+std::vector<Candidate> FromLogits(const std::vector<float>& logits) {
+  std::vector<Candidate> c;
+  for (size_t i = 0; i < logits.size(); ++i) c.push_back({int32_t(i), logits[i]});
+  return c;
+}
+
+// Softmax in double.
+std::vector<double> Softmax(const std::vector<float>& logits, double temperature = 1.0) {
+  double max = -INFINITY;
+  for (float x : logits) max = std::max(max, double(x) / temperature);
+  std::vector<double> p;
+  double sum = 0;
+  for (float x : logits) {
+    p.push_back(std::exp(double(x) / temperature - max));
+    sum += p.back();
+  }
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+SamplingParams NoFilters(float temperature) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  return p;
+}
+
+// ----- Rng ---------------------------------------------------------------------------------
+
+TEST(Rng, SplitMix64PublishedVector) {
+  // SplitMix64 from state 0: the reference outputs published with the algorithm.
+  uint64_t state = 0;
+  EXPECT_EQ(SplitMix64Next(&state), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(SplitMix64Next(&state), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(SplitMix64Next(&state), 0x06C45D188009454Full);
+}
+
+TEST(Rng, PinnedGoldenSequence) {
+  // From tests/models/sampler/rng_ref.py (independent Python implementation of rng.h).
+  Rng a(0);
+  EXPECT_EQ(a.NextU64(), 0x99ec5f36cb75f2b4ull);
+  EXPECT_EQ(a.NextU64(), 0xbf6e1f784956452aull);
+  EXPECT_EQ(a.NextU64(), 0x1a5f849d4933e6e0ull);
+  EXPECT_EQ(a.NextU64(), 0x6aa594f1262d2d2cull);
+  Rng b(42);
+  EXPECT_EQ(b.NextFloat(), 1406987 * 0x1.0p-24f);
+  EXPECT_EQ(b.NextFloat(), 6358233 * 0x1.0p-24f);
+  EXPECT_EQ(b.NextFloat(), 11409235 * 0x1.0p-24f);
+  EXPECT_EQ(b.NextFloat(), 15513773 * 0x1.0p-24f);
+}
+
+TEST(Rng, NextFloatInUnitIntervalAndReproducible) {
+  Rng a(7), b(7), c(8);
+  bool differs = false;
+  for (int i = 0; i < 100000; ++i) {
+    const float x = a.NextFloat();
+    ASSERT_GE(x, 0.0f);
+    ASSERT_LT(x, 1.0f);
+    ASSERT_EQ(x, b.NextFloat());
+    differs |= (x != c.NextFloat());
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST(Rng, MatchesPythonReference) {
+  const char* python = std::getenv("FUCINA_PYTHON");
+  if (python == nullptr) GTEST_SKIP() << "FUCINA_PYTHON is not set (scripts/test.sh sets it)";
+  std::string script = __FILE__;
+  script = script.substr(0, script.rfind('/') + 1) + "rng_ref.py";
+  constexpr int kCount = 2000;
+  for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{42}, uint64_t{0xDEADBEEF},
+                        std::numeric_limits<uint64_t>::max()}) {
+    SCOPED_TRACE(seed);
+    const std::string cmd = std::string("'") + python + "' '" + script + "' " +
+                            std::to_string(seed) + " " + std::to_string(kCount);
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+    ASSERT_EQ(pclose(pipe), 0) << cmd;
+    std::istringstream lines(out);
+    Rng u(seed), f(seed);
+    int count = 0;
+    std::string hex;
+    uint64_t top24;
+    while (lines >> hex >> top24) {
+      ASSERT_EQ(u.NextU64(), std::stoull(hex, nullptr, 16)) << "value " << count;
+      ASSERT_EQ(f.NextFloat(), float(top24) * 0x1.0p-24f) << "value " << count;
+      ++count;
+    }
+    EXPECT_EQ(count, kCount);
+  }
+}
+
+// ----- Filters and penalties ---------------------------------------------------------------
+
+TEST(Filters, TopKKeepsTheKHighestTiesByLowerId) {
+  std::vector<Candidate> c = FromLogits({1.0f, 3.0f, 2.0f, 3.0f, 0.5f, -1.0f});
+  ApplyTopK(c, 3);
+  EXPECT_THAT(Ids(c), ElementsAre(1, 3, 2));
+  c = FromLogits({1.0f, 3.0f, 2.0f});
+  ApplyTopK(c, 0);  // Off: all kept, sorted.
+  EXPECT_THAT(Ids(c), ElementsAre(1, 2, 0));
+  c = FromLogits({1.0f, 3.0f});
+  ApplyTopK(c, 5);
+  EXPECT_THAT(Ids(c), ElementsAre(1, 0));
+}
+
+// Probabilities 0.1, 0.5, 0.15, 0.25 on ids 0..3 (given as log-probabilities).
+std::vector<float> FourWay() {
+  return {std::log(0.10f), std::log(0.50f), std::log(0.15f), std::log(0.25f)};
+}
+
+TEST(Filters, TopPKeepsTheSmallestPrefixReachingP) {
+  auto run = [](float p) {
+    std::vector<Candidate> c = FromLogits(FourWay());
+    ApplyTopK(c, 0);
+    ApplyTopP(c, p);
+    return Ids(c);
+  };
+  // Sorted masses 0.5, 0.25, 0.15, 0.1 -> cumulative 0.5, 0.75, 0.9, 1.0.
+  EXPECT_THAT(run(0.45f), ElementsAre(1));
+  EXPECT_THAT(run(0.70f), ElementsAre(1, 3));
+  EXPECT_THAT(run(0.80f), ElementsAre(1, 3, 2));
+  EXPECT_THAT(run(0.95f), ElementsAre(1, 3, 2, 0));
+  EXPECT_THAT(run(1.00f), ElementsAre(1, 3, 2, 0));
+}
+
+TEST(Filters, MinPKeepsTokensAtLeastPTimesTheBest) {
+  auto run = [](float p) {
+    std::vector<Candidate> c = FromLogits(FourWay());
+    ApplyTopK(c, 0);
+    ApplyMinP(c, p);
+    return Ids(c);
+  };
+  // Best 0.5: min_p 0.35 -> >= 0.175; 0.28 -> >= 0.14; 0.19 -> >= 0.095.
+  EXPECT_THAT(run(0.35f), ElementsAre(1, 3));
+  EXPECT_THAT(run(0.28f), ElementsAre(1, 3, 2));
+  EXPECT_THAT(run(0.19f), ElementsAre(1, 3, 2, 0));
+  EXPECT_THAT(run(0.9f), ElementsAre(1));
+  EXPECT_THAT(run(0.0f), ElementsAre(1, 3, 2, 0));
+}
+
+TEST(Filters, PenaltiesFollowTheFormulas) {
+  std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  // Window of the last 6: {1, 1, 2, 0, 1, 7}; the leading 3 and 4 fall outside it, 7 and -2
+  // are outside the vocabulary and ignored.
+  const std::vector<int32_t> history = {3, 4, -2, 1, 1, 2, 0, 1, 7};
+  SamplingParams p;
+  p.penalty_last_n = 6;
+  p.repetition_penalty = 1.25f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  ApplyPenalties(logits, history, p);
+  EXPECT_FLOAT_EQ(logits[0], 2.0f / 1.25f - (1 * 0.5f + 0.25f));   // count 1, positive.
+  EXPECT_FLOAT_EQ(logits[1], -1.0f * 1.25f - (3 * 0.5f + 0.25f));  // count 3, negative.
+  EXPECT_FLOAT_EQ(logits[2], 0.5f / 1.25f - (1 * 0.5f + 0.25f));
+  EXPECT_FLOAT_EQ(logits[3], 3.0f);  // Outside the window.
+  EXPECT_FLOAT_EQ(logits[4], 1.0f);  // Never seen.
+
+  // penalty_last_n = -1: the whole history; 0: off.
+  std::vector<float> all = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  p.penalty_last_n = -1;
+  ApplyPenalties(all, history, p);
+  EXPECT_FLOAT_EQ(all[3], 3.0f / 1.25f - 0.75f);
+  EXPECT_FLOAT_EQ(all[4], 1.0f / 1.25f - 0.75f);
+  std::vector<float> off = {2.0f, -1.0f};
+  p.penalty_last_n = 0;
+  ApplyPenalties(off, history, p);
+  EXPECT_THAT(off, ElementsAre(2.0f, -1.0f));
+}
+
+TEST(Sampler, ChainOrderTopKThenTopPThenMinPThenTemperature) {
+  // Raw probabilities 0.4 0.3 0.1 0.1 0.05 0.05 on ids 5,4,3,2,1,0.
+  const std::vector<float> logits = {std::log(0.05f), std::log(0.05f), std::log(0.1f),
+                                     std::log(0.1f), std::log(0.3f), std::log(0.4f)};
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.top_k = 4;       // ids 5 4 2 3 (tie 0.1: lower id first) -> renormalized over 0.9.
+  p.top_p = 0.85f;   // masses 0.444 0.333 0.111 0.111: cumulative 0.444 0.778 0.889 -> 3 kept.
+  p.min_p = 0.3f;    // >= 0.3 * 0.444 = 0.133 of the renormalized mass -> ids 5 4.
+  Sampler s(p);
+  std::vector<Candidate> c = s.Candidates(logits, {});
+  ASSERT_THAT(Ids(c), ElementsAre(5, 4));
+  EXPECT_FLOAT_EQ(c[0].logit, std::log(0.4f) / 0.5f);  // Tempered last.
+  EXPECT_FLOAT_EQ(c[1].logit, std::log(0.3f) / 0.5f);
+  p.min_p = 0.0f;
+  EXPECT_THAT(Ids(Sampler(p).Candidates(logits, {})), ElementsAre(5, 4, 2));
+}
+
+// ----- Sampling ----------------------------------------------------------------------------
+
+TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
+  Sampler s(NoFilters(0.0f));
+  EXPECT_EQ(s.Sample(std::vector<float>{0.1f, 2.0f, -1.0f, 1.9f}, {}).id, 1);
+  EXPECT_EQ(s.Sample(std::vector<float>{0.1f, 2.0f, -1.0f, 2.0f}, {}).id, 1);
+  SamplingParams neg = NoFilters(-1.0f);
+  EXPECT_EQ(Sampler(neg).Sample(std::vector<float>{3.0f, 3.0f}, {}).id, 0);
+  // Penalties apply before the argmax: repeating token 1 hands the pick to token 3.
+  SamplingParams pen = NoFilters(0.0f);
+  pen.repetition_penalty = 1.1f;
+  const std::vector<int32_t> history = {1};
+  EXPECT_EQ(Sampler(pen).Sample(std::vector<float>{0.1f, 2.0f, -1.0f, 1.9f}, history).id, 3);
+}
+
+TEST(Sampler, SeededSequenceIsReproducible) {
+  std::vector<float> logits(50);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(float(i)) * 2.0f;
+  SamplingParams p;
+  p.seed = 1234;
+  Sampler a(p), b(p);
+  p.seed = 1235;
+  Sampler c(p);
+  std::vector<int32_t> first, history;
+  bool differs = false;
+  for (int i = 0; i < 200; ++i) {
+    const int32_t x = a.Sample(logits, history).id;
+    ASSERT_EQ(x, b.Sample(logits, history).id);
+    differs |= (x != c.Sample(logits, history).id);
+    first.push_back(x);
+  }
+  EXPECT_TRUE(differs);
+  a.Reset(1234);
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(a.Sample(logits, history).id, first[i]);
+}
+
+// Counts over `draws` samples must be within 3 sigma of draws * expected (binomial).
+void ExpectFrequencies(Sampler& s, const std::vector<float>& logits,
+                       const std::vector<double>& expected, int draws) {
+  std::vector<int> counts(logits.size());
+  for (int i = 0; i < draws; ++i) ++counts[s.Sample(logits, {}).id];
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double mean = draws * expected[i];
+    const double sigma = std::sqrt(draws * expected[i] * (1 - expected[i]));
+    EXPECT_LE(std::abs(counts[i] - mean), 3 * sigma + 1e-9)
+        << "token " << i << ": " << counts[i] << " vs " << mean << " +- " << sigma;
+  }
+}
+
+TEST(Sampler, FrequenciesMatchSoftmaxOverTemperature) {
+  const std::vector<float> logits = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, -3.0f};
+  for (float t : {0.7f, 1.0f, 1.6f}) {
+    SCOPED_TRACE(t);
+    SamplingParams p = NoFilters(t);
+    p.seed = 99;
+    Sampler s(p);
+    ExpectFrequencies(s, logits, Softmax(logits, t), 20000);
+  }
+}
+
+TEST(Sampler, FrequenciesAfterTopKAreRenormalized) {
+  const std::vector<float> logits = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, -3.0f};
+  SamplingParams p = NoFilters(1.5f);
+  p.top_k = 3;  // Keeps ids 4, 0, 1.
+  p.seed = 7;
+  Sampler s(p);
+  std::vector<double> expected = Softmax({2.0f, 1.0f, 0.5f}, 1.5);
+  ExpectFrequencies(s, logits, {expected[1], expected[2], 0, 0, expected[0], 0}, 20000);
+}
+
+TEST(Sampler, LogprobsAreLogSoftmaxOfRawLogits) {
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 4.0f * std::cos(0.37f * float(i));
+  std::vector<double> ref = Softmax(logits);
+  SamplingParams p;  // llama.cpp defaults, plus penalties: none of it changes the logprobs.
+  p.repetition_penalty = 1.3f;
+  p.top_logprobs = 5;
+  p.seed = 3;
+  Sampler s(p);
+  const std::vector<int32_t> history = {0, 17, 17, 500};
+  for (int i = 0; i < 50; ++i) {
+    SampleResult r = s.Sample(logits, history);
+    ASSERT_GE(r.id, 0);
+    EXPECT_NEAR(r.logprob, std::log(ref[r.id]), 1e-5);
+    ASSERT_EQ(r.top.size(), 5u);
+    std::vector<int32_t> order(logits.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = int32_t(j);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    for (size_t j = 0; j < r.top.size(); ++j) {
+      EXPECT_EQ(r.top[j].id, order[j]);
+      EXPECT_NEAR(r.top[j].logprob, std::log(ref[order[j]]), 1e-5);
+      if (j > 0) {
+        EXPECT_GE(r.top[j - 1].logprob, r.top[j].logprob);
+      }
+    }
+  }
+}
+
+TEST(Sampler, TopLogprobsClampedAndTiesByLowerId) {
+  SamplingParams p = NoFilters(0.0f);
+  p.top_logprobs = 10;
+  SampleResult r = Sampler(p).Sample(std::vector<float>{0.0f, 1.0f, 0.0f}, {});
+  ASSERT_EQ(r.top.size(), 3u);
+  EXPECT_EQ(r.top[0].id, 1);
+  EXPECT_EQ(r.top[1].id, 0);
+  EXPECT_EQ(r.top[2].id, 2);
+  const double z = std::log(2.0 + std::exp(1.0));
+  EXPECT_NEAR(r.top[0].logprob, 1.0 - z, 1e-6);
+  EXPECT_NEAR(r.top[1].logprob, -z, 1e-6);
+  EXPECT_NEAR(r.logprob, 1.0 - z, 1e-6);
+}
+
+TEST(Sampler, MaskedAndNanLogitsAreNeverDrawn) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> logits = {-inf, 0.0f, std::nanf(""), 0.0f, -inf};
+  SamplingParams p = NoFilters(1.0f);
+  p.seed = 5;
+  Sampler s(p);
+  for (int i = 0; i < 1000; ++i) {
+    SampleResult r = s.Sample(logits, {});
+    ASSERT_TRUE(r.id == 1 || r.id == 3) << r.id;
+    ASSERT_NEAR(r.logprob, std::log(0.5), 1e-6);
+  }
+  EXPECT_EQ(s.Sample(std::vector<float>{}, {}).id, -1);
+}
+
+}  // namespace
+}  // namespace fucina
