@@ -64,8 +64,18 @@ void ApplyTopK(std::vector<Candidate>& candidates, int32_t k) {
     std::sort(candidates.begin(), candidates.end(), Before);
     return;
   }
-  // O(n) selection of the k best, then sort only those.
-  std::nth_element(candidates.begin(), candidates.begin() + k, candidates.end(), Before);
+  // One pass with a bounded heap whose top is the worst kept candidate: for k << n nearly
+  // every element is rejected by a single comparison (several times faster than nth_element
+  // over a 150k vocabulary). Kept candidates are compacted into the front of the vector.
+  auto heap_end = candidates.begin() + k;
+  std::make_heap(candidates.begin(), heap_end, Before);
+  for (auto it = heap_end; it != candidates.end(); ++it) {
+    if (Before(*it, candidates.front())) {
+      std::pop_heap(candidates.begin(), heap_end, Before);
+      *(heap_end - 1) = *it;
+      std::push_heap(candidates.begin(), heap_end, Before);
+    }
+  }
   candidates.resize(k);
   std::sort(candidates.begin(), candidates.end(), Before);
 }
@@ -138,12 +148,15 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
   if (logits.empty()) return result;
   Filter(logits, history);
 
-  if (candidates_.size() == 1 || params_.temperature <= 0.0f) {
+  if (params_.temperature <= 0.0f) {
     result.id = candidates_[0].id;
   } else {
+    // Always one draw, even with a single survivor, so the stream position depends only on
+    // the number of non-greedy samples, not on how the filters fell.
+    const double u = rng_.NextFloat();
     std::vector<double> weights;
     const double total = SoftmaxWeights(candidates_, weights);
-    const double target = double(rng_.NextFloat()) * total;
+    const double target = u * total;
     // Last candidate as the fallback when rounding leaves target >= the final sum.
     result.id = candidates_.back().id;
     double cum = 0.0;
@@ -163,7 +176,8 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
   double log_z = max_logit;
   if (!std::isinf(max_logit)) {
     double sum = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(double(raw(i)) - max_logit);
+    // Float exp (relative error ~1e-7) summed in double: logprobs stay well within 1e-5.
+    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(raw(i) - max_logit);
     log_z = max_logit + std::log(sum);
   }
   result.logprob = static_cast<float>(double(raw(result.id)) - log_z);

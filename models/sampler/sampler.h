@@ -83,7 +83,8 @@ class Sampler {
 
   // `logits`: one row over the vocabulary (NaN is treated as -inf; at least one entry must be
   // finite for the result to be meaningful). `history`: prompt + generated tokens, for the
-  // penalties. Advances the RNG by one draw unless greedy. An empty row yields id -1.
+  // penalties. Advances the RNG by exactly one draw unless greedy (temperature <= 0).
+  // An empty row yields id -1 and draws nothing.
   SampleResult Sample(std::span<const float> logits, std::span<const int32_t> history);
 
   // The candidates the final draw chooses from, with their tempered logits (temperature > 0),

@@ -258,6 +258,24 @@ TEST(Sampler, SeededSequenceIsReproducible) {
   for (int i = 0; i < 200; ++i) ASSERT_EQ(a.Sample(logits, history).id, first[i]);
 }
 
+TEST(Sampler, EachNonGreedySampleConsumesExactlyOneDraw) {
+  // min_p leaves a single survivor for `peaked` and all three for `flat`; the flat draws must
+  // follow the stream as if every peaked sample consumed one value: with equal weights the
+  // pick is floor(3 u) for the stream's next u.
+  const std::vector<float> peaked = {10.0f, 0.0f, 0.0f}, flat = {0.0f, 0.0f, 0.0f};
+  SamplingParams p = NoFilters(1.0f);
+  p.min_p = 0.5f;
+  p.seed = 11;
+  Sampler s(p);
+  Rng ref(11);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(s.Sample(peaked, {}).id, 0);
+    ref.NextFloat();
+    const int32_t want = static_cast<int32_t>(3.0 * double(ref.NextFloat()));
+    ASSERT_EQ(s.Sample(flat, {}).id, want) << "round " << i;
+  }
+}
+
 // Counts over `draws` samples must be within 3 sigma of draws * expected (binomial).
 void ExpectFrequencies(Sampler& s, const std::vector<float>& logits,
                        const std::vector<double>& expected, int draws) {
