@@ -37,6 +37,20 @@ apt_install_missing() {
 
 ensure_apt_packages() { apt_install_missing "${FUCINA_APT_PACKAGES[@]}"; }
 
+# Rust (cargo) builds the kept Rust libraries with C APIs (minijinja for chat templates).
+# Debian's rustc is too old for their crates: use rustup's toolchain, never install one here.
+FUCINA_MIN_RUST="1.85"
+ensure_rust() {
+  [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  command -v cargo >/dev/null \
+    || die "cargo not found: Rust >= $FUCINA_MIN_RUST is required (install it with rustup)"
+  local v
+  v="$(cargo --version | awk '{print $2}')"
+  if [ "$(printf '%s\n%s\n' "$FUCINA_MIN_RUST" "$v" | sort -V | head -n1)" != "$FUCINA_MIN_RUST" ]; then
+    die "cargo $v is too old: Rust >= $FUCINA_MIN_RUST is required (rustup update)"
+  fi
+}
+
 # Python for tests: a venv in the cache with the independent references (ggml's `gguf` package).
 # Debian's python3 (not a pyenv shim) so python3-venv applies.
 FUCINA_VENV="$FUCINA_CACHE/venv"
@@ -47,7 +61,7 @@ ensure_python_venv() {
     say "creating Python venv at $FUCINA_VENV"
     "$py" -m venv "$FUCINA_VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
   fi
-  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy" 2>/dev/null; then
+  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy, jinja2" 2>/dev/null; then
     "$FUCINA_VENV/bin/pip" install -q --disable-pip-version-check -r "$FUCINA_ROOT/scripts/requirements-test.txt" \
       || die "pip install of scripts/requirements-test.txt failed (needs PyPI)"
   fi
@@ -102,5 +116,5 @@ build_tree() {
   local dir="$1"; shift
   cmake -S "$FUCINA_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null \
     || die "cmake configure failed for $dir"
-  cmake --build "$dir" || die "build failed in $dir"
+  cmake --build "$dir" >&2 || die "build failed in $dir"
 }

@@ -11,6 +11,7 @@ namespace fucina::cli {
 
 void RegisterGgufCommands(CLI::App& app, int* exit_code);
 void RegisterBenchCommands(CLI::App& app, int* exit_code);
+void RegisterRunCommand(CLI::App& app, int* exit_code);
 
 }  // namespace fucina::cli
 

@@ -1,0 +1,259 @@
+// `fucina run MODEL`: one process, one model: completion, chat, REPL, tokenization, benchmark.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "models/chat/chat_template.h"
+#include "models/engine/model.h"
+#include "models/engine/session.h"
+#include "models/tokenizer/tokenizer.h"
+#include "tools/commands.h"
+
+namespace fucina::cli {
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::string ids;  // positional comma-separated token ids
+  std::string prompt;
+  std::string chat;
+  // Small chat models answer far better with a plain system prompt than with the long default
+  // some templates insert (SmolLM2-135M's makes it miss "capital of France"); --system ""
+  // restores the template's own default.
+  std::string system = "You are a helpful assistant.";
+  bool no_think = false;
+  bool repl = false;
+  int64_t gen = 128;
+  int64_t ctx = 4096;
+  std::string cache_type = "f16";
+  int threads = 0;
+  std::string tokenize_file;
+  bool print_ids = false;
+  bool info = false;
+  int bench = 0;
+  int streams = 1;
+  SamplingParams sampling;
+};
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(text, ','))) {
+    int32_t id;
+    if (!absl::SimpleAtoi(std::string(absl::StripAsciiWhitespace(part)), &id)) {
+      return absl::InvalidArgumentError("token ids must be comma-separated integers, got '" +
+                                        part + "'");
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Prefill of `prompt`, then `gen` greedy decode steps on `streams` lockstep streams, repeated
+// `repeats` times; prints the median throughputs.
+int RunBench(Model& model, const std::vector<int32_t>& prompt, const RunArgs& args,
+             GgmlType cache_type) {
+  std::vector<double> prefill, decode;
+  for (int rep = 0; rep < args.bench; ++rep) {
+    std::vector<std::unique_ptr<KvCache>> caches;
+    std::vector<KvCache*> ptrs;
+    std::vector<int32_t> next;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < args.streams; ++s) {
+      auto kv = model.NewKvCache(static_cast<int64_t>(prompt.size()) + args.gen, cache_type);
+      if (!kv.ok()) return Fail(kv.status());
+      auto logits = model.ForwardStep(**kv, prompt, 0);
+      if (!logits.ok()) return Fail(logits.status());
+      next.push_back(static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) -
+                                          logits->begin()));
+      ptrs.push_back(kv->get());
+      caches.push_back(*std::move(kv));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < args.gen; ++i) {
+      auto logits = args.streams == 1 ? model.ForwardStep(*ptrs[0], {next.data(), 1},
+                                                          ptrs[0]->len())
+                                      : model.ForwardStepBatch(ptrs, next);
+      if (!logits.ok()) return Fail(logits.status());
+      const int64_t vocab = model.config().vocab_size;
+      for (int s = 0; s < args.streams; ++s) {
+        const float* row = logits->data() + s * vocab;
+        next[s] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      }
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    prefill.push_back(args.streams * prompt.size() /
+                      std::chrono::duration<double>(t1 - t0).count());
+    decode.push_back(args.streams * args.gen / std::chrono::duration<double>(t2 - t1).count());
+  }
+  std::printf("prefill: %.2f t/s\n", Median(prefill));
+  std::printf("decode: %.2f t/s\n", Median(decode));
+  return 0;
+}
+
+int RunModel(RunArgs args) {
+  auto cache_type = ParseKvCacheType(args.cache_type);
+  if (!cache_type.ok()) return Fail(cache_type.status());
+  if (args.streams < 1) return Fail(absl::InvalidArgumentError("--streams must be >= 1"));
+  ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());
+  auto model = Model::Load(args.model, {}, pool);
+  if (!model.ok()) return Fail(model.status());
+  auto tokenizer = Tokenizer::FromGguf((*model)->file());
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  const ModelConfig& c = (*model)->config();
+
+  if (args.info) {
+    std::printf("arch: %s  name: %s\nlayers: %lld  hidden: %lld  heads: %lld/%lld  head_dim: %lld"
+                "  ffn: %lld  vocab: %lld  experts: %lld (used %lld)\n",
+                c.arch.c_str(), c.name.c_str(), (long long)c.num_layers, (long long)c.hidden,
+                (long long)c.num_heads, (long long)c.num_heads_kv, (long long)c.head_dim,
+                (long long)c.ffn, (long long)c.vocab_size, (long long)c.num_experts,
+                (long long)c.num_experts_used);
+    return 0;
+  }
+  if (!args.tokenize_file.empty()) {
+    std::ifstream in(args.tokenize_file, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError("cannot open " + args.tokenize_file));
+    std::stringstream buf;
+    buf << in.rdbuf();
+    std::printf("%s\n", absl::StrJoin((*tokenizer)->Encode(buf.str(), true, true), ",").c_str());
+    return 0;
+  }
+
+  std::vector<int32_t> prompt;
+  if (!args.ids.empty()) {
+    auto ids = ParseIds(args.ids);
+    if (!ids.ok()) return Fail(ids.status());
+    prompt = *ids;
+  } else if (!args.prompt.empty()) {
+    prompt = (*tokenizer)->Encode(args.prompt, true, true);
+  }
+  if (args.bench > 0) {
+    if (prompt.empty()) return Fail(absl::InvalidArgumentError("--bench needs a prompt"));
+    return RunBench(**model, prompt, args, *cache_type);
+  }
+
+  auto kv = (*model)->NewKvCache(args.ctx, *cache_type);
+  if (!kv.ok()) return Fail(kv.status());
+  Session session(**model, **tokenizer, *std::move(kv));
+  GenerationOptions options;
+  options.max_tokens = args.gen;
+  options.sampling = args.sampling;
+  const bool tty = isatty(STDOUT_FILENO);
+  auto print = [](int32_t, std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  auto finish = [&](const GenerationResult& r) {
+    std::printf("\n");
+    if (args.print_ids) std::printf("ids: %s\n", absl::StrJoin(r.tokens, ",").c_str());
+    if (tty) {
+      std::fprintf(stderr, "[%lld prompt tokens (%lld reused), %zu generated, %.1f t/s]\n",
+                   (long long)r.prompt_tokens, (long long)r.reused_tokens, r.tokens.size(),
+                   r.tokens.size() / std::max(r.decode_seconds, 1e-9));
+    }
+  };
+
+  if (!prompt.empty() && args.chat.empty() && !args.repl) {
+    auto r = session.Generate(prompt, options, print);
+    if (!r.ok()) return Fail(r.status());
+    finish(*r);
+    return 0;
+  }
+  if (args.chat.empty() && !args.repl) {
+    return Fail(absl::InvalidArgumentError(
+        "nothing to do: give --prompt, token ids, --chat, --repl, --tokenize, --info or --bench"));
+  }
+  auto chat_template = ChatTemplate::FromGguf((*model)->file());
+  if (!chat_template.ok()) return Fail(chat_template.status());
+  std::vector<ChatMessage> messages;
+  if (!args.system.empty()) messages.push_back({.role = "system", .content = args.system});
+  ChatRenderOptions render;
+  if (args.no_think) render.enable_thinking = false;
+
+  auto turn = [&](const std::string& user) -> int {
+    messages.push_back({.role = "user", .content = user});
+    auto text = chat_template->Render(messages, render);
+    if (!text.ok()) return Fail(text.status());
+    const std::vector<int32_t> ids = (*tokenizer)->Encode(*text, true, true);
+    auto r = session.Generate(ids, options, print);
+    if (!r.ok()) return Fail(r.status());
+    finish(*r);
+    messages.push_back({.role = "assistant", .content = r->text});
+    return 0;
+  };
+  if (!args.chat.empty()) {
+    if (int rc = turn(args.chat); rc != 0) return rc;
+  }
+  if (args.repl) {
+    std::string line;
+    while (true) {
+      if (isatty(STDIN_FILENO)) std::fprintf(stderr, "> ");
+      if (!std::getline(std::cin, line)) break;
+      if (line.empty()) continue;
+      if (int rc = turn(line); rc != 0) return rc;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterRunCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* run = app.add_subcommand("run", "Run a model in this process: complete, chat, bench");
+  run->add_option("MODEL", a->model, "GGUF model file")->required();
+  run->add_option("IDS", a->ids, "Prompt as comma-separated token ids");
+  run->add_option("--prompt", a->prompt, "Prompt text (raw completion)");
+  run->add_option("--chat", a->chat, "One chat turn, rendered with the model's chat template");
+  run->add_option("--system", a->system, "System prompt for --chat / --repl ('' = template default)")
+      ->capture_default_str();
+  run->add_flag("--no-think", a->no_think, "Qwen3: render the empty think block");
+  run->add_flag("--repl", a->repl, "Chat turns read from standard input, one per line");
+  run->add_option("--gen", a->gen, "Maximum new tokens")->capture_default_str();
+  run->add_option("--ctx", a->ctx, "Context (KV cache) length")->capture_default_str();
+  run->add_option("--cache-type", a->cache_type, "KV cache type: f32 | f16 | q8_0")
+      ->capture_default_str();
+  run->add_option("--threads", a->threads, "Threads (default: all)");
+  run->add_option("--temp", a->sampling.temperature, "Temperature (0: greedy)")
+      ->capture_default_str();
+  run->add_option("--top-k", a->sampling.top_k)->capture_default_str();
+  run->add_option("--top-p", a->sampling.top_p)->capture_default_str();
+  run->add_option("--min-p", a->sampling.min_p)->capture_default_str();
+  run->add_option("--repeat-penalty", a->sampling.repetition_penalty)->capture_default_str();
+  run->add_option("--presence-penalty", a->sampling.presence_penalty)->capture_default_str();
+  run->add_option("--frequency-penalty", a->sampling.frequency_penalty)->capture_default_str();
+  run->add_option("--seed", a->sampling.seed)->capture_default_str();
+  run->add_option("--tokenize", a->tokenize_file,
+                  "Print the token ids of FILE's whole content, comma-separated");
+  run->add_flag("--print-ids", a->print_ids, "Print generated ids as 'ids: a,b,c'");
+  run->add_flag("--info", a->info, "Print the model's configuration");
+  run->add_option("--bench", a->bench, "Repeat prefill + --gen decode N times; print medians");
+  run->add_option("--streams", a->streams, "Lockstep streams for --bench")->capture_default_str();
+  run->callback([a, exit_code] { *exit_code = RunModel(*a); });
+}
+
+}  // namespace fucina::cli
