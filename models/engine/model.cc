@@ -504,28 +504,27 @@ absl::StatusOr<std::vector<float>> Model::RunFull(std::span<KvCache* const> cach
   return logits;
 }
 
-absl::StatusOr<std::vector<float>> Model::ForwardStep(KvCache& kv,
-                                                      std::span<const int32_t> tokens,
-                                                      int64_t pos0) {
+absl::StatusOr<std::vector<float>> Model::RunOne(KvCache& kv, std::span<const int32_t> tokens,
+                                                 int64_t pos0, bool all_logits) {
   if (pos0 != kv.len()) {
     return absl::InvalidArgumentError(
         absl::StrCat("forward step at position ", pos0, " but the KV cache holds ", kv.len()));
   }
   KvCache* caches[] = {&kv};
   const int64_t counts[] = {static_cast<int64_t>(tokens.size())};
-  return RunFull(caches, tokens, counts, false);
+  return RunFull(caches, tokens, counts, all_logits);
+}
+
+absl::StatusOr<std::vector<float>> Model::ForwardStep(KvCache& kv,
+                                                      std::span<const int32_t> tokens,
+                                                      int64_t pos0) {
+  return RunOne(kv, tokens, pos0, /*all_logits=*/false);
 }
 
 absl::StatusOr<std::vector<float>> Model::ForwardStepAllLogits(KvCache& kv,
                                                                std::span<const int32_t> tokens,
                                                                int64_t pos0) {
-  if (pos0 != kv.len()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("forward step at position ", pos0, " but the KV cache holds ", kv.len()));
-  }
-  KvCache* caches[] = {&kv};
-  const int64_t counts[] = {static_cast<int64_t>(tokens.size())};
-  return RunFull(caches, tokens, counts, true);
+  return RunOne(kv, tokens, pos0, /*all_logits=*/true);
 }
 
 absl::StatusOr<std::vector<float>> Model::ForwardStepBatch(std::span<KvCache* const> caches,

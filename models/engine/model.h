@@ -131,6 +131,8 @@ class Model {
   absl::StatusOr<std::vector<float>> RunFull(std::span<KvCache* const> caches,
                                              std::span<const int32_t> tokens,
                                              std::span<const int64_t> counts, bool all_logits);
+  absl::StatusOr<std::vector<float>> RunOne(KvCache& kv, std::span<const int32_t> tokens,
+                                            int64_t pos0, bool all_logits);
   void AttentionBlock(const Layer& layer, int64_t li, float* x, int64_t rows,
                       std::span<const Segment> segments);
   absl::Status FfnBlock(const Layer& layer, int64_t li, float* x, int64_t rows);

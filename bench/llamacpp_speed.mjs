@@ -1,0 +1,49 @@
+// Speed reference: llama.cpp (node-llama-cpp's prebuilt CPU build) on the same GGUF and thread
+// count as `fucina run --bench`. Plain evaluate loop, no probabilities (asking for the full
+// distribution every token costs ~30% and is not what a user measures).
+//
+// Usage: node llamacpp_speed.mjs MODEL.gguf THREADS PROMPT_TOKENS GEN REPEATS
+// Prints "prefill: X t/s" and "decode: Y t/s" (medians), like `fucina run --bench`.
+// The package is found through FUCINA_NPM_DIR (the npm prefix or its node_modules folder).
+import path from "node:path";
+import {createRequire} from "node:module";
+import {pathToFileURL} from "node:url";
+
+const [modelPath, threadsArg, promptArg, genArg, repeatsArg] = process.argv.slice(2);
+let npmDir = process.env.FUCINA_NPM_DIR;
+if (!modelPath || !npmDir) {
+  console.error("usage: FUCINA_NPM_DIR=... node llamacpp_speed.mjs MODEL THREADS PROMPT GEN REPEATS");
+  process.exit(2);
+}
+if (path.basename(npmDir) === "node_modules") npmDir = path.dirname(npmDir);
+const require = createRequire(path.join(npmDir, "package.json"));
+const {getLlama} = await import(pathToFileURL(require.resolve("node-llama-cpp")).href);
+
+const threads = Number(threadsArg), promptLen = Number(promptArg), gen = Number(genArg);
+const repeats = Number(repeatsArg);
+const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+const model = await llama.loadModel({modelPath});
+const median = (v) => v.slice().sort((a, b) => a - b)[Math.floor(v.length / 2)];
+// A fixed prompt of ordinary token ids (the same ids `fucina run --bench` gets).
+const prompt = Array.from({length: promptLen}, (_, i) => 1000 + ((i * 7919) % 5000));
+
+const prefill = [], decode = [];
+for (let r = 0; r < repeats; ++r) {
+  const context = await model.createContext({
+    contextSize: promptLen + gen + 8, batchSize: Math.max(promptLen, 1), threads,
+    flashAttention: false,
+  });
+  const sequence = context.getSequence();
+  const t0 = performance.now();
+  let t1 = 0, n = 0;
+  for await (const token of sequence.evaluate(prompt, {temperature: 0})) {
+    if (n === 0) t1 = performance.now();
+    if (++n > gen) break;
+  }
+  const t2 = performance.now();
+  prefill.push(promptLen / ((t1 - t0) / 1000));
+  decode.push(gen / ((t2 - t1) / 1000));
+  await context.dispose();
+}
+console.log(`prefill: ${median(prefill).toFixed(2)} t/s`);
+console.log(`decode: ${median(decode).toFixed(2)} t/s`);
