@@ -1,0 +1,81 @@
+"""End-to-end tests of `fucina run` on the real SmolLM2-135M-Instruct model.
+
+Environment: FUCINA_BIN (the fucina binary), FUCINA_DEFAULT_MODEL (the SmolLM2 GGUF).
+"""
+import os
+import re
+import subprocess
+import tempfile
+import unittest
+
+BIN = os.environ.get("FUCINA_BIN", "")
+MODEL = os.environ.get("FUCINA_DEFAULT_MODEL", "")
+
+
+def run(*args, stdin=None, check=True):
+    proc = subprocess.run([BIN, "run", MODEL, *map(str, args)], capture_output=True, text=True,
+                          input=stdin, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fucina run {' '.join(map(str, args))} failed:\n{proc.stderr}")
+    return proc
+
+
+@unittest.skipUnless(BIN and MODEL and os.path.exists(MODEL), "FUCINA_BIN / SmolLM2 not available")
+class RunTest(unittest.TestCase):
+    def test_chat_names_paris(self):
+        out = run("--chat", "What is the capital of France?", "--temp", "0", "--gen", "32",
+                  "--threads", "2").stdout
+        self.assertIn("Paris", out)
+
+    def test_tokenize_prints_ids_of_the_whole_file(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("Hello world\n<|im_start|>user")
+        try:
+            out = run("--tokenize", f.name).stdout.strip()
+        finally:
+            os.unlink(f.name)
+        ids = [int(x) for x in out.split(",")]
+        self.assertEqual(ids[-2], 1)   # <|im_start|> matched as a special token
+        self.assertGreaterEqual(len(ids), 5)
+
+    def test_token_ids_in_ids_out_and_greedy_is_deterministic(self):
+        a = run("1,504,3575,282", "--gen", "12", "--temp", "0", "--print-ids").stdout
+        b = run("1,504,3575,282", "--gen", "12", "--temp", "0", "--print-ids").stdout
+        ids = re.search(r"^ids: ([0-9,]+)$", a, re.M)
+        self.assertIsNotNone(ids, a)
+        self.assertEqual(len(ids.group(1).split(",")), 12)
+        self.assertEqual(a, b)
+
+    def test_seeded_sampling_repeats_and_seeds_differ(self):
+        args = ("--prompt", "Once upon a time", "--gen", "24", "--temp", "1.0", "--print-ids")
+        a = run(*args, "--seed", "7").stdout
+        b = run(*args, "--seed", "7").stdout
+        c = run(*args, "--seed", "8").stdout
+        self.assertEqual(a, b)
+        self.assertNotEqual(a, c)
+
+    def test_repl_keeps_the_conversation(self):
+        out = run("--repl", "--temp", "0", "--gen", "24",
+                  stdin="What is the capital of France?\nAnd of Italy?\n").stdout
+        self.assertIn("Paris", out)
+        self.assertIn("Rome", out)
+
+    def test_bench_prints_both_rates(self):
+        out = run("1,504,3575,282,4649", "--gen", "4", "--bench", "1").stdout
+        self.assertRegex(out, r"(?m)^prefill: [0-9.]+ t/s$")
+        self.assertRegex(out, r"(?m)^decode: [0-9.]+ t/s$")
+
+    def test_errors_are_clear(self):
+        p = run("--prompt", "hi", "--cache-type", "q4", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("q4", p.stderr)
+        p = run("1,99999999", "--gen", "2", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("99999999", p.stderr)
+        p = run("--prompt", "hi", "--ctx", "8", "--gen", "64", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--ctx", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
