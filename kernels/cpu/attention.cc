@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include "kernels/type_traits.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "kernels/fp16.h"
 #include "kernels/ggml_type.h"
 #include "kernels/quant/blocks.h"
+#include "kernels/type_traits.h"
 
 namespace fucina {
 namespace {
@@ -22,17 +25,6 @@ namespace {
 // Keys per tile of the streaming softmax: scores for a tile live on the stack, and a tile of
 // K and V rows of one kv head stays in L1 while every query head of its GQA group uses it.
 constexpr int kTile = 32;
-
-// ggml's quantize_row_q8_0_ref for one block (the cache's own copy, so this file does not
-// depend on the quant library; bit-exact with it).
-void QuantizeBlockQ8_0(const float* x, BlockQ8_0* y) {
-  float amax = 0.0f;
-  for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = Fp32ToFp16(d);
-  for (int j = 0; j < kQK8_0; ++j) y->qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
-}
 
 const uint8_t* HeadRow(const KvLayout& l, const void* cache, int64_t pos, int kvh) {
   return static_cast<const uint8_t*>(cache) + pos * l.PositionBytes() + kvh * l.HeadBytes();
@@ -122,27 +114,15 @@ absl::Status ValidateKvLayout(const KvLayout& layout) {
 }
 
 void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, const float* src) {
+  // The dtype table's converters: plain copy, f16 rounding or ggml's q8_0 rule (bit-exact
+  // with the scalar references on every ISA).
+  const FromFloatFn convert = GetCpuTraits(layout.type)->from_float;
   const int hd = layout.head_dim;
   for (int64_t r = 0; r < n; ++r) {
     for (int h = 0; h < layout.num_heads_kv; ++h) {
-      const float* x = src + (r * layout.num_heads_kv + h) * hd;
       uint8_t* dst = static_cast<uint8_t*>(cache) + (pos + r) * layout.PositionBytes() +
                      h * layout.HeadBytes();
-      switch (layout.type) {
-        case GgmlType::kF16: {
-          f16_t* y = reinterpret_cast<f16_t*>(dst);
-          for (int d = 0; d < hd; ++d) y[d] = Fp32ToFp16(x[d]);
-          break;
-        }
-        case GgmlType::kQ8_0: {
-          BlockQ8_0* y = reinterpret_cast<BlockQ8_0*>(dst);
-          for (int b = 0; b < hd / kQK8_0; ++b) QuantizeBlockQ8_0(x + b * kQK8_0, y + b);
-          break;
-        }
-        default:
-          std::memcpy(dst, x, sizeof(float) * hd);
-          break;
-      }
+      convert(src + (r * layout.num_heads_kv + h) * hd, dst, hd);
     }
   }
 }
