@@ -1,6 +1,10 @@
 #include "models/engine/model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -160,6 +164,28 @@ absl::StatusOr<WeightView> Matrix(const gguf::File& f, const std::string& name, 
   return WeightView::Dense(t->data, t->type, rows, cols);
 }
 
+// Runs the load-time copies on the pool; on a terminal, a progress bar on stderr.
+template <typename Copy>
+void CopyWithProgress(const std::vector<Copy>& copies, ThreadPool& pool) {
+  const bool tty = isatty(STDERR_FILENO);
+  size_t total = 0;
+  for (const Copy& c : copies) total += c.bytes;
+  std::atomic<size_t> done{0};
+  std::atomic<int> shown{-1};
+  pool.ParallelFor(static_cast<int64_t>(copies.size()), 1, [&](int64_t b, int64_t e, int thread) {
+    for (int64_t i = b; i < e; ++i) {
+      std::memcpy(copies[i].dst, copies[i].src, copies[i].bytes);
+      const size_t now = done.fetch_add(copies[i].bytes) + copies[i].bytes;
+      const int percent = total == 0 ? 100 : static_cast<int>(100 * now / total);
+      if (tty && thread == 0 && percent != shown.exchange(percent)) {
+        std::fprintf(stderr, "\rloading [%-40.*s] %3d%%", percent * 40 / 100,
+                     "########################################", percent);
+      }
+    }
+  });
+  if (tty && !copies.empty()) std::fprintf(stderr, "\r%*s\r", 60, "");
+}
+
 absl::StatusOr<const float*> Vector(const gguf::File& f, const std::string& name, int64_t n) {
   const gguf::TensorInfo* t = f.FindTensor(name);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("tensor ", name, " is missing"));
@@ -202,7 +228,15 @@ absl::Status Model::Bind(const LoadOptions& options) {
   }
 
   // Fuses row blocks of same-typed matrices into one owned matrix (rows concatenated).
-  auto fuse = [this](std::initializer_list<WeightView> parts) -> std::optional<WeightView> {
+  // Fuses row blocks of same-typed matrices into one owned matrix (rows concatenated). The
+  // copies (which also fault the mapping in) run afterwards, in parallel.
+  struct Copy {
+    uint8_t* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;
+  auto fuse = [&](std::initializer_list<WeightView> parts) -> std::optional<WeightView> {
     const WeightView& p0 = *parts.begin();
     int64_t rows = 0;
     for (const WeightView& p : parts) {
@@ -212,7 +246,7 @@ absl::Status Model::Bind(const LoadOptions& options) {
     std::unique_ptr<uint8_t[]> buf(new uint8_t[rows * p0.row_stride]);
     size_t offset = 0;
     for (const WeightView& p : parts) {
-      std::memcpy(buf.get() + offset, p.data, p.rows * p.row_stride);
+      copies.push_back({buf.get() + offset, p.data, p.rows * p.row_stride});
       offset += p.rows * p.row_stride;
     }
     WeightView fused = WeightView::Dense(buf.get(), p0.type, rows, p0.cols);
@@ -263,6 +297,7 @@ absl::Status Model::Bind(const LoadOptions& options) {
     }
   }
 #undef FUCINA_BIND
+  CopyWithProgress(copies, *pool_);
   local_experts_ = std::make_unique<LocalExpertsFfn>(*this);
   experts_ = local_experts_.get();
   return absl::OkStatus();
