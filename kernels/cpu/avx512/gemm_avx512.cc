@@ -1,0 +1,275 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) tile kernels for kernels/cpu/gemm_isa.h.
+//
+// Legacy formats (32-element blocks): one 512-bit register holds two consecutive blocks of a
+// row, as in the vec_dot kernels (quant_legacy_avx512.cc). Per tile step the 4 weight rows are
+// unpacked once to unsigned bytes, then every activation row of the tile is loaded once and
+// meets each weight row with one vpdpbusd: the offset that made the weights unsigned
+// (sum((q + c) * y) - c * sum(y)) is folded in as the accumulator's starting value, computed
+// once per activation block. Each (row, column) pair then costs a convert, a scale product and
+// an FMA into its own float accumulator; the 16 accumulators are reduced together at the end.
+// The offset term m_w * s_y of Q4_1/Q5_1 is an outer product per block, kept in one more vector
+// (lane 4c + r) instead of one FMA per pair.
+// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
+// raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/gemm_isa.h"
+#include "kernels/fp16.h"
+#include "kernels/quant/blocks.h"
+
+namespace fucina::avx512 {
+namespace {
+
+#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
+
+constexpr int kRm = 4;  // weight rows per tile (fixed; short edges repeat the last row).
+constexpr int kMaxRn = 4;  // activation rows per tile (1..4 instantiated).
+
+// Sums of 4 vectors: lane i = horizontal sum of v[i].
+FUCINA_ALWAYS_INLINE __m128 Reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  // 128-bit chunks q0..q3: fold q2,q3 onto q0,q1 for two vectors at once.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
+  // Chunk i now holds 4 partial sums of v[i].
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0,
+                                                                        0, 0, 0, 0, 0, 0, 0, 0),
+                                                      t));
+}
+
+// Stores lanes r < rows of v (rows in 1..4).
+FUCINA_ALWAYS_INLINE void StoreRows(float* y, int rows, __m128 v) {
+  _mm_mask_storeu_ps(y, static_cast<__mmask8>((1u << rows) - 1), v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy formats.
+
+FUCINA_ALWAYS_INLINE __m512i LoadQs(const int8_t* a, const int8_t* b) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// Two blocks' 16 packed bytes each -> 64 bytes in element order (a's 32 elements, then b's).
+FUCINA_ALWAYS_INLINE __m512i UnpackNibbles(const uint8_t* a, const uint8_t* b) {
+  const __m256i packed = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed),
+                                          _mm256_srli_epi16(packed, 4), 1);  // [a, b, a>>4, b>>4]
+  return _mm512_and_si512(_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)),
+                          _mm512_set1_epi8(0x0F));
+}
+
+// Adds 16 to the bytes whose 5th bit (qh, bit j <-> element j) is set.
+FUCINA_ALWAYS_INLINE __m512i AddHighBits(__m512i q, const uint8_t* qh_a, const uint8_t* qh_b) {
+  uint32_t a, b;
+  std::memcpy(&a, qh_a, sizeof(a));
+  std::memcpy(&b, qh_b, sizeof(b));
+  const __mmask64 m = static_cast<__mmask64>(a) | (static_cast<__mmask64>(b) << 32);
+  return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(0x10));
+}
+
+// The f16 fields at the start of two blocks as floats [d_a, e_a, d_b, e_b], where e is the
+// second f16 field (m of Q4_1/Q5_1, s of Q8_1) when kTwo, else 0.
+template <bool kTwo>
+FUCINA_ALWAYS_INLINE __m128 HalfFields(const void* a, const void* b) {
+  uint32_t ua = 0, ub = 0;
+  std::memcpy(&ua, a, kTwo ? 4 : 2);
+  std::memcpy(&ub, b, kTwo ? 4 : 2);
+  const uint64_t both = static_cast<uint64_t>(ua) | (static_cast<uint64_t>(ub) << 32);
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(both)));
+}
+
+// Per weight format: the unsigned quants of two blocks, the offset c subtracted back
+// (as c * sum(y)), and whether the format has the m * s term.
+struct Q8_0Policy {
+  using W = BlockQ8_0;
+  using X = BlockQ8_0;
+  static constexpr char kOffset = static_cast<char>(0x80);  // x + 128 is x with its sign flipped.
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return _mm512_xor_si512(LoadQs(a.qs, b.qs), _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+struct Q4_0Policy {
+  using W = BlockQ4_0;
+  using X = BlockQ8_0;
+  static constexpr char kOffset = 8;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return UnpackNibbles(a.qs, b.qs);
+  }
+};
+struct Q4_1Policy {
+  using W = BlockQ4_1;
+  using X = BlockQ8_1;
+  static constexpr char kOffset = 0;
+  static constexpr bool kHasMin = true;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return UnpackNibbles(a.qs, b.qs);
+  }
+};
+struct Q5_0Policy {
+  using W = BlockQ5_0;
+  using X = BlockQ8_0;
+  static constexpr char kOffset = 16;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return AddHighBits(UnpackNibbles(a.qs, b.qs), a.qh, b.qh);
+  }
+};
+struct Q5_1Policy {
+  using W = BlockQ5_1;
+  using X = BlockQ8_1;
+  static constexpr char kOffset = 0;
+  static constexpr bool kHasMin = true;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return AddHighBits(UnpackNibbles(a.qs, b.qs), a.qh, b.qh);
+  }
+};
+
+template <typename P, int kRn>
+struct LegacyTile {
+  using W = typename P::W;
+  using X = typename P::X;
+
+  __m512 acc[kRm][kRn];
+  __m512 offs;  // kHasMin: lane 4c + r accumulates m_w * s_y of pair (r, c).
+
+  // Blocks (i, i + 1) of every row, or block i and an all-zero block (which adds nothing).
+  template <bool kPair>
+  FUCINA_ALWAYS_INLINE void Step(const W* const* wr, const X* const* xc, int64_t i) {
+    static constexpr W kZeroW{};
+    static constexpr X kZeroX{};
+    // Scale of lanes 0..7 from block a (field 0), of lanes 8..15 from block b (field 2).
+    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    __m512i q[kRm];
+    __m512 dw[kRm];
+    __m512 fields_w = _mm512_setzero_ps();  // row r's [d_a, m_a, d_b, m_b] in chunk r.
+    for (int r = 0; r < kRm; ++r) {
+      const W& a = wr[r][i];
+      const W& b = kPair ? wr[r][i + 1] : kZeroW;
+      q[r] = P::Quants(a, b);
+      const __m128 f = HalfFields<P::kHasMin>(&a, &b);
+      dw[r] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(f));
+      if constexpr (P::kHasMin) fields_w = _mm512_insertf32x4(fields_w, f, r);
+    }
+    __m512 fields_x = _mm512_setzero_ps();  // column c's [d_a, s_a, d_b, s_b] in chunk c.
+    for (int c = 0; c < kRn; ++c) {
+      const X& a = xc[c][i];
+      const X& b = kPair ? xc[c][i + 1] : kZeroX;
+      const __m512i yq = LoadQs(a.qs, b.qs);
+      __m512i init = _mm512_setzero_si512();
+      if constexpr (P::kOffset != 0) {
+        init = _mm512_sub_epi32(init, _mm512_dpbusd_epi32(init, _mm512_set1_epi8(P::kOffset), yq));
+      }
+      const __m128 f = HalfFields<P::kHasMin>(&a, &b);
+      const __m512 dx = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(f));
+      if constexpr (P::kHasMin) fields_x = _mm512_insertf32x4(fields_x, f, c);
+      for (int r = 0; r < kRm; ++r) {
+        const __m512i sum = _mm512_dpbusd_epi32(init, q[r], yq);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw[r], dx), acc[r][c]);
+      }
+    }
+    if constexpr (P::kHasMin) {
+      // Lane 4c + r: m_r (field 1 or 3 of chunk r) times s_c (field 1 or 3 of chunk c).
+      const __m512i m_a = _mm512_setr_epi32(1, 5, 9, 13, 1, 5, 9, 13, 1, 5, 9, 13, 1, 5, 9, 13);
+      const __m512i s_a = _mm512_setr_epi32(1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13);
+      const __m512i two = _mm512_set1_epi32(2);
+      offs = _mm512_fmadd_ps(_mm512_permutexvar_ps(m_a, fields_w),
+                             _mm512_permutexvar_ps(s_a, fields_x), offs);
+      if constexpr (kPair) {
+        offs = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(m_a, two), fields_w),
+                               _mm512_permutexvar_ps(_mm512_add_epi32(s_a, two), fields_x), offs);
+      }
+    }
+  }
+
+  void Run(int64_t nb, const uint8_t* w, size_t w_stride, int rows, const uint8_t* x,
+           size_t x_stride, float* y, size_t y_stride) {
+    const W* wr[kRm];
+    for (int r = 0; r < kRm; ++r) {
+      wr[r] = reinterpret_cast<const W*>(w + (r < rows ? r : rows - 1) * w_stride);
+    }
+    const X* xc[kRn];
+    for (int c = 0; c < kRn; ++c) xc[c] = reinterpret_cast<const X*>(x + c * x_stride);
+    for (int r = 0; r < kRm; ++r) {
+      for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    offs = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) Step<true>(wr, xc, i);
+    if (i < nb) Step<false>(wr, xc, i);
+    alignas(64) float o[16];
+    if constexpr (P::kHasMin) _mm512_store_ps(o, offs);
+    for (int c = 0; c < kRn; ++c) {
+      __m128 s = Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
+      if constexpr (P::kHasMin) s = _mm_add_ps(s, _mm_load_ps(o + 4 * c));
+      StoreRows(y + c * y_stride, rows, s);
+    }
+  }
+};
+
+template <typename P>
+void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / 32;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  for (int64_t c0 = 0; c0 < cols; c0 += kMaxRn) {
+    const int64_t nc = cols - c0 < kMaxRn ? cols - c0 : kMaxRn;
+    const uint8_t* xt = xb + c0 * x_stride;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRm) {
+      const int nr = static_cast<int>(rows - r0 < kRm ? rows - r0 : kRm);
+      const uint8_t* wt = wb + r0 * w_stride;
+      float* yt = y + c0 * y_stride + r0;
+      switch (nc) {
+        case 4: LegacyTile<P, 4>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+        case 3: LegacyTile<P, 3>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+        case 2: LegacyTile<P, 2>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+        default: LegacyTile<P, 1>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q8_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q4_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q4_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q5_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q5_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+
+}  // namespace fucina::avx512
