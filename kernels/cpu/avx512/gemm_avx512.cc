@@ -1,14 +1,14 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) tile kernels for kernels/cpu/gemm_isa.h.
 //
-// Legacy formats (32-element blocks): one 512-bit register holds two consecutive blocks of a
-// row, as in the vec_dot kernels (quant_legacy_avx512.cc). Per tile step the 4 weight rows are
-// unpacked once to unsigned bytes, then every activation row of the tile is loaded once and
-// meets each weight row with one vpdpbusd: the offset that made the weights unsigned
-// (sum((q + c) * y) - c * sum(y)) is folded in as the accumulator's starting value, computed
-// once per activation block. Each (row, column) pair then costs a convert, a scale product and
-// an FMA into its own float accumulator; the 16 accumulators are reduced together at the end.
-// The offset term m_w * s_y of Q4_1/Q5_1 is an outer product per block, kept in one more vector
-// (lane 4c + r) instead of one FMA per pair.
+// Two schemes. Q8_0, Q4_0 and Q4_1 (the common formats) use row-transposed tiles of 16
+// weight rows x 8 activation rows, described further down. Q5_0 and Q5_1 use pair tiles of
+// 4 x 4: one 512-bit register holds two consecutive blocks of a row, as in the vec_dot kernels
+// (quant_legacy_avx512.cc); per step the 4 weight rows are unpacked once to unsigned bytes and
+// every activation row meets each weight row with one vpdpbusd, whose starting value folds in
+// the offset that made the weights unsigned (sum((q + c) * y) - c * sum(y)). Each (row,
+// column) pair then costs a convert, a scale product and an FMA into its own accumulator; the
+// 16 accumulators are reduced together at the end, and the m_w * s_y term of Q5_1 is an outer
+// product per block kept in one more vector (lane 4c + r).
 // GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
 // raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -96,35 +96,8 @@ FUCINA_ALWAYS_INLINE __m128 HalfFields(const void* a, const void* b) {
   return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(both)));
 }
 
-// Per weight format: the unsigned quants of two blocks, the offset c subtracted back
+// Pair-tile formats: the unsigned quants of two blocks, the offset c subtracted back
 // (as c * sum(y)), and whether the format has the m * s term.
-struct Q8_0Policy {
-  using W = BlockQ8_0;
-  using X = BlockQ8_0;
-  static constexpr char kOffset = static_cast<char>(0x80);  // x + 128 is x with its sign flipped.
-  static constexpr bool kHasMin = false;
-  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
-    return _mm512_xor_si512(LoadQs(a.qs, b.qs), _mm512_set1_epi8(static_cast<char>(0x80)));
-  }
-};
-struct Q4_0Policy {
-  using W = BlockQ4_0;
-  using X = BlockQ8_0;
-  static constexpr char kOffset = 8;
-  static constexpr bool kHasMin = false;
-  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
-    return UnpackNibbles(a.qs, b.qs);
-  }
-};
-struct Q4_1Policy {
-  using W = BlockQ4_1;
-  using X = BlockQ8_1;
-  static constexpr char kOffset = 0;
-  static constexpr bool kHasMin = true;
-  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
-    return UnpackNibbles(a.qs, b.qs);
-  }
-};
 struct Q5_0Policy {
   using W = BlockQ5_0;
   using X = BlockQ8_0;
@@ -249,19 +222,235 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Row-transposed tiles for Q8_0, Q4_0, Q4_1: 16 weight rows, one per int32 lane.
+//
+// Per block, the quants of 16 rows are transposed in registers (4x4 dword transposes) so that
+// vector k holds dword k (4 consecutive quants) of every row. An activation block is then 8
+// broadcast dwords: 8 vpdpbusd give the 16 rows' integer block sums in lanes, and one convert,
+// one scale product and one FMA apply the 16 rows' scales at once. No pair needs its own
+// conversion or horizontal sum, so the work per activation block is ~11 instructions for 512
+// multiply-adds; the transposes are paid once per weight block and shared by up to 8
+// activation rows. Per-activation metadata (f32 scale, s of Q8_1, the offset correction
+// -c * sum(y)) is prepared once per group of activation rows and reused by every row tile.
+//
+// Lane order: lane 4l + i holds row 4i + l (a 4x4 transpose of the row index), undone by one
+// permute per output vector.
+
+constexpr int kTRows = 16;    // weight rows per transposed tile.
+constexpr int kTCols = 8;     // activation rows per transposed tile.
+constexpr int kTChunk = 128;  // blocks of activation metadata prepared at once (k = 4096).
+
+struct ActivationMeta {
+  float d[kTCols][kTChunk];
+  float s[kTCols][kTChunk];
+  int32_t corr[kTCols][kTChunk];
+};
+
+// Chunk l of the result = 16 bytes at r[l] (l < 4).
+FUCINA_ALWAYS_INLINE __m512i Load4x16(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2,
+                                      const uint8_t* r3) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r2)), 2);
+  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r3)), 3);
+}
+
+// The 16 bytes at rp[q] + off of the 16 rows -> t[k] whose lane 4l + i is dword k of row 4i + l.
+FUCINA_ALWAYS_INLINE void LoadTransposed(const uint8_t* const* rp, size_t off, __m512i t[4]) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
+  }
+  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]);  // per chunk: z0.d0 z1.d0 z0.d1 z1.d1
+  const __m512i b = _mm512_unpackhi_epi32(z[0], z[1]);  // z0.d2 z1.d2 z0.d3 z1.d3
+  const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);
+  const __m512i d = _mm512_unpackhi_epi32(z[2], z[3]);
+  t[0] = _mm512_unpacklo_epi64(a, c);
+  t[1] = _mm512_unpackhi_epi64(a, c);
+  t[2] = _mm512_unpacklo_epi64(b, d);
+  t[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+// Dword 0 of the 16 rows (the f16 d, and m for Q4_1), same lane order.
+FUCINA_ALWAYS_INLINE __m512i LoadHeaders(const uint8_t* const* rp, size_t off) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
+  }
+  return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(z[0], z[1]),
+                               _mm512_unpacklo_epi32(z[2], z[3]));
+}
+
+FUCINA_ALWAYS_INLINE __m512 LowHalves(__m512i v) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+// Weight side of one block for 16 rows: q[k] pairs with activation dword k (unsigned bytes),
+// d the rows' scales, m their offsets (kHasMin).
+struct T8_0 {
+  using W = BlockQ8_0;
+  using X = BlockQ8_0;
+  static constexpr int kOffset = 128;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512*) {
+    LoadTransposed(rp, off + offsetof(W, qs), q);
+    LoadTransposed(rp, off + offsetof(W, qs) + 16, q + 4);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(q[k], flip);
+    *d = LowHalves(LoadHeaders(rp, off));
+  }
+};
+
+// Nibble k-th dwords: the low nibbles are elements 4k..4k+3, the high ones 16 + 4k...
+FUCINA_ALWAYS_INLINE void SplitNibbles(const __m512i t[4], __m512i q[8]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int k = 0; k < 4; ++k) {
+    q[k] = _mm512_and_si512(t[k], low4);
+    q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(t[k], 4), low4);
+  }
+}
+
+struct T4_0 {
+  using W = BlockQ4_0;
+  using X = BlockQ8_0;
+  static constexpr int kOffset = 8;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512*) {
+    __m512i t[4];
+    LoadTransposed(rp, off + offsetof(W, qs), t);
+    SplitNibbles(t, q);
+    *d = LowHalves(LoadHeaders(rp, off));
+  }
+};
+
+struct T4_1 {
+  using W = BlockQ4_1;
+  using X = BlockQ8_1;
+  static constexpr int kOffset = 0;
+  static constexpr bool kHasMin = true;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512* m) {
+    __m512i t[4];
+    LoadTransposed(rp, off + offsetof(W, qs), t);
+    SplitNibbles(t, q);
+    const __m512i h = LoadHeaders(rp, off);
+    *d = LowHalves(h);
+    *m = LowHalves(_mm512_srli_epi32(h, 16));
+  }
+};
+
+// Metadata of activation rows xc[0..nc) for blocks [b0, b0 + n).
+template <typename P>
+void PrepareMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n, ActivationMeta* meta) {
+  using X = typename P::X;
+  for (int c = 0; c < nc; ++c) {
+    const X* x = reinterpret_cast<const X*>(xc[c]) + b0;
+    for (int64_t j = 0; j < n; ++j) {
+      meta->d[c][j] = _cvtsh_ss(x[j].d);
+      if constexpr (P::kHasMin) meta->s[c][j] = _cvtsh_ss(x[j].s);
+      if constexpr (P::kOffset != 0) {
+        // sum(y) from the sum of y + 128 (sign bit flipped), 32 bytes per block.
+        const __m256i u = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[j].qs)),
+            _mm256_set1_epi8(static_cast<char>(0x80)));
+        const __m256i s4 = _mm256_sad_epu8(u, _mm256_setzero_si256());
+        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+        const int sum = static_cast<int>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+        meta->corr[c][j] = -P::kOffset * sum;
+      }
+    }
+  }
+}
+
+template <typename P, int kRn>
+FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const uint8_t* const* xc,
+                                         int64_t b0, int64_t n, const ActivationMeta& meta,
+                                         int rows, float* y, size_t y_stride, bool accumulate) {
+  using W = typename P::W;
+  using X = typename P::X;
+  __m512 acc[kRn];
+  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t b = b0 + j;
+    __m512i q[8];
+    __m512 d, m = _mm512_setzero_ps();
+    P::Prep(rp, b * sizeof(W), q, &d, &m);
+    for (int c = 0; c < kRn; ++c) {
+      const uint8_t* yq = xc[c] + b * sizeof(X) + offsetof(X, qs);
+      __m512i sum = P::kOffset != 0 ? _mm512_set1_epi32(meta.corr[c][j]) : _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        int32_t dword;
+        std::memcpy(&dword, yq + 4 * k, sizeof(dword));
+        sum = _mm512_dpbusd_epi32(sum, q[k], _mm512_set1_epi32(dword));
+      }
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                               _mm512_mul_ps(d, _mm512_set1_ps(meta.d[c][j])), acc[c]);
+      if constexpr (P::kHasMin) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(meta.s[c][j]), acc[c]);
+    }
+  }
+  // Lane 4l + i holds row 4i + l: output row r reads lane 4 (r % 4) + r / 4.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+  for (int c = 0; c < kRn; ++c) {
+    __m512 v = _mm512_permutexvar_ps(order, acc[c]);
+    float* out = y + c * y_stride;
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+template <typename P>
+void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                    size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / 32;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  ActivationMeta meta;
+  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
+    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
+    const uint8_t* xc[kTCols];
+    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
+    for (int64_t b0 = 0; b0 < nb; b0 += kTChunk) {
+      const int64_t n = nb - b0 < kTChunk ? nb - b0 : kTChunk;
+      PrepareMeta<P>(xc, nc, b0, n, &meta);
+      for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
+        const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
+        const uint8_t* rp[kTRows];
+        for (int r = 0; r < kTRows; ++r) rp[r] = wb + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+        float* yt = y + c0 * y_stride + r0;
+        const bool acc = b0 > 0;
+        switch (nc) {
+          case 8: TransposedTile<P, 8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 7: TransposedTile<P, 7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 6: TransposedTile<P, 6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 5: TransposedTile<P, 5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 4: TransposedTile<P, 4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 3: TransposedTile<P, 3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 2: TransposedTile<P, 2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          default: TransposedTile<P, 1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q8_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+  GemmTransposed<T8_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q4_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+  GemmTransposed<T4_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q4_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+  GemmTransposed<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
