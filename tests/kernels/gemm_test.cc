@@ -91,12 +91,15 @@ std::vector<Shape> Shapes(int block) {
   return s;
 }
 
-TEST(GemmTest, LegacyAndKQuantTypesHaveTiledKernelsOnSimdIsas) {
+TEST(GemmTest, TiledKernelsArePresentWhereImplemented) {
   for (Isa isa : SimdIsas()) {
     for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                           GgmlType::kQ5_1}) {
       EXPECT_NE(GetCpuTraits(type, isa)->gemm, nullptr) << TypeName(type) << " " << IsaName(isa);
     }
+  }
+  if (DetectedIsa() >= Isa::kAvx512) {
+    EXPECT_NE(GetCpuTraits(GgmlType::kQ4_K, Isa::kAvx512)->gemm, nullptr);
   }
   // The scalar level is the reference: it never has a tiled kernel.
   for (GgmlType type : kTiledTypes) EXPECT_EQ(GetCpuTraits(type, Isa::kScalar)->gemm, nullptr);
