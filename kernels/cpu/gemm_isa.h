@@ -7,10 +7,10 @@
 // multiple of the block size; rows, cols >= 0. Results equal the per-type vec_dot up to float
 // summation order (same integer block sums, same per-block scales).
 //
-// The kernels compute tiles of up to 4 weight rows x 4 activation rows, so each loaded block
-// is used by every row or column of the tile and the horizontal sums happen once per tile.
-// Columns (activation rows) are the outer loop: a caller passing a block of weight rows keeps
-// those rows in L1/L2 while every activation tile streams past them.
+// The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
+// on AVX-512, 4 x 2 on AVX2; docs/kernels.md), so each loaded block serves every row or column
+// of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
+// rows keeps those rows in L2 while every activation tile streams past them.
 #ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
 #define FUCINA_KERNELS_CPU_GEMM_ISA_H_
 
