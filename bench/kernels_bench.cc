@@ -41,6 +41,7 @@ struct BenchArgs {
   int64_t rows = 4096;
   int64_t cols = 4096;
   int64_t batch = 128;
+  int64_t prefill_batch = 512;
   int threads = 0;
   double min_seconds = 1.0;
   std::string types = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k";
@@ -156,11 +157,11 @@ int RunKernels(const BenchArgs& args) {
   const size_t ws_bytes = static_cast<size_t>(args.working_set_mib) << 20;
 
   std::printf("isa: %s (detected %s)  threads: %d  working set: %lld MiB  matvec %lld x %lld"
-              "  matmul batch %lld\n",
+              "  matmul batch %lld and %lld\n",
               std::string(IsaName(ActiveIsa())).c_str(), std::string(IsaName(DetectedIsa())).c_str(),
               all_threads, static_cast<long long>(args.working_set_mib),
               static_cast<long long>(args.rows), static_cast<long long>(args.cols),
-              static_cast<long long>(args.batch));
+              static_cast<long long>(args.batch), static_cast<long long>(args.prefill_batch));
   double bw1, bwn;
   {
     std::vector<uint64_t> buf(ws_bytes / 8);
@@ -170,8 +171,8 @@ int RunKernels(const BenchArgs& args) {
   }
   std::printf("read bandwidth: %.2f GB/s (1 thread), %.2f GB/s (%d threads)\n\n", bw1, bwn,
               all_threads);
-  std::printf("%-6s | %9s %6s %8s | %9s %6s %8s | %12s\n", "type", "mv1 GB/s", "%bw1",
-              "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s");
+  std::printf("%-6s | %9s %6s %8s | %9s %6s %8s | %12s %12s\n", "type", "mv1 GB/s", "%bw1",
+              "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s", "mmP GFLOP/s");
 
   std::mt19937 rng(42);
   std::normal_distribution<float> nd;
@@ -206,9 +207,11 @@ int RunKernels(const BenchArgs& args) {
     const TypeResult r1 = MatVecThroughput(mats, x, y, one, args.min_seconds);
     const TypeResult rn = MatVecThroughput(mats, x, y, all, args.min_seconds);
     const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
-    std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f\n",
+    // Prefill-shaped: a whole prompt of activation rows against the same matrix.
+    const double mmp = MatMulGflops(mats.front(), args.prefill_batch, all, args.min_seconds);
+    std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f %12.1f\n",
                 name.c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
-                100 * rn.gbps / bwn, rn.gflops, mm);
+                100 * rn.gbps / bwn, rn.gflops, mm, mmp);
     std::fflush(stdout);
   }
   return 0;
@@ -228,6 +231,9 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code) {
   kernels->add_option("--rows", args->rows)->capture_default_str();
   kernels->add_option("--cols", args->cols)->capture_default_str();
   kernels->add_option("--batch", args->batch, "Activation rows for the matmul column")
+      ->capture_default_str();
+  kernels->add_option("--prefill-batch", args->prefill_batch,
+                      "Activation rows for the prefill-shaped matmul column (mmP)")
       ->capture_default_str();
   kernels->add_option("--threads", args->threads, "Threads for the N-thread columns (default: all)");
   kernels->add_option("--min-seconds", args->min_seconds, "Time per measurement")

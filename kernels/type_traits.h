@@ -6,6 +6,7 @@
 #ifndef FUCINA_KERNELS_TYPE_TRAITS_H_
 #define FUCINA_KERNELS_TYPE_TRAITS_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/isa.h"
@@ -18,6 +19,11 @@ using ToFloatFn = void (*)(const void* x, float* y, int64_t n);
 using FromFloatFn = void (*)(const float* x, void* y, int64_t n);
 // Dot of one row of this type (x) with one row of vec_dot_type (y), n elements.
 using VecDotFn = float (*)(int64_t n, const void* x, const void* y);
+// Many dots at once, register-tiled (kernels/cpu/gemm_isa.h): for r < rows, c < cols,
+//   y[c * y_stride + r] = vec_dot(k, w + r * w_stride, x + c * x_stride)
+// up to float summation order. Strides of w and x are in bytes, y_stride in floats.
+using GemmFn = void (*)(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                        size_t x_stride, int64_t cols, float* y, size_t y_stride);
 
 struct CpuTypeTraits {
   GgmlType type;
@@ -25,6 +31,7 @@ struct CpuTypeTraits {
   ToFloatFn to_float = nullptr;      // null: no dequantizer for this type.
   FromFloatFn from_float = nullptr;  // reference quantizer (weights and activations).
   VecDotFn vec_dot = nullptr;        // null: no matvec for this type.
+  GemmFn gemm = nullptr;             // optional tiled vec_dot; null: MatMul uses vec_dot.
 };
 
 // Kernels for `type` at the active ISA (kernels/cpu/isa.h). Null for types with no CPU

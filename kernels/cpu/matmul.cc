@@ -19,6 +19,9 @@ int64_t RowsPerItem(int64_t rows, size_t row_bytes, int threads) {
   return std::max<int64_t>(grain, 1);
 }
 
+// Tiled kernels compute up to 16 weight rows at a time: work items are multiples of 16 rows.
+int64_t RoundUp16(int64_t n) { return std::max<int64_t>(16, (n + 15) & ~int64_t{15}); }
+
 // Activation rows processed against one tile of weight rows while it is hot in L1/L2.
 constexpr int64_t kActivationTile = 64;
 
@@ -46,6 +49,27 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
   }
 
   const auto* wbase = static_cast<const uint8_t*>(w.data);
+  if (wt.gemm != nullptr) {
+    // Tiled kernels: a work item is a run of weight rows against every activation row. Within
+    // it, blocks of ~256 KiB of weights stay in L2 while all activation tiles pass over them
+    // (large enough that per-activation-tile setup is shared by many weight tiles).
+    const int64_t l2_rows =
+        RoundUp16(static_cast<int64_t>((256 << 10) / std::max<size_t>(w.row_stride, 1)));
+    auto tiles_job = [&](int64_t r0, int64_t r1, int) {
+      for (int64_t b0 = r0; b0 < r1; b0 += l2_rows) {
+        const int64_t b1 = std::min(r1, b0 + l2_rows);
+        wt.gemm(k, wbase + b0 * w.row_stride, w.row_stride, b1 - b0, xq, xq_row, m, y + b0,
+                static_cast<size_t>(w.rows));
+      }
+    };
+    if (pool != nullptr) {
+      const int64_t grain = RoundUp16(RowsPerItem(w.rows, w.row_stride, pool->num_threads()));
+      pool->ParallelFor(w.rows, grain, tiles_job);
+    } else {
+      tiles_job(0, w.rows, 0);
+    }
+    return;
+  }
   auto rows_job = [&](int64_t r0, int64_t r1, int) {
     for (int64_t i0 = 0; i0 < m; i0 += kActivationTile) {
       const int64_t i1 = std::min(m, i0 + kActivationTile);

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 
+#include "kernels/cpu/gemm_isa.h"
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/legacy.h"
 
@@ -31,7 +32,7 @@ void CopyF32From(const float* x, void* y, int64_t n) { std::memcpy(y, x, n * siz
 
 void Set(Table& t, GgmlType type, GgmlType dot_type, ToFloatFn to, FromFloatFn from,
          VecDotFn dot) {
-  t[static_cast<uint32_t>(type)] = CpuTypeTraits{type, dot_type, to, from, dot};
+  t[static_cast<uint32_t>(type)] = CpuTypeTraits{type, dot_type, to, from, dot, nullptr};
 }
 
 // The scalar table: every entry is a reference implementation.
@@ -96,10 +97,36 @@ FUCINA_APPLY_ISA(avx2)
 FUCINA_APPLY_ISA(avx512)
 #undef FUCINA_APPLY_ISA
 
+void SetGemm(Table& t, GgmlType type, GemmFn gemm) { t[static_cast<uint32_t>(type)].gemm = gemm; }
+
+// Tiled kernels, where an ISA has them (the scalar table has none: MatMulRef stays per-dot).
+Table Avx2TableWithGemm() {
+  using T = GgmlType;
+  Table t = avx2Table();
+  SetGemm(t, T::kQ8_0, avx2::GemmQ8_0Q8_0);
+  SetGemm(t, T::kQ4_0, avx2::GemmQ4_0Q8_0);
+  SetGemm(t, T::kQ4_1, avx2::GemmQ4_1Q8_1);
+  SetGemm(t, T::kQ5_0, avx2::GemmQ5_0Q8_0);
+  SetGemm(t, T::kQ5_1, avx2::GemmQ5_1Q8_1);
+  return t;
+}
+
+Table Avx512TableWithGemm() {
+  using T = GgmlType;
+  Table t = avx512Table();
+  SetGemm(t, T::kQ8_0, avx512::GemmQ8_0Q8_0);
+  SetGemm(t, T::kQ4_0, avx512::GemmQ4_0Q8_0);
+  SetGemm(t, T::kQ4_1, avx512::GemmQ4_1Q8_1);
+  SetGemm(t, T::kQ5_0, avx512::GemmQ5_0Q8_0);
+  SetGemm(t, T::kQ5_1, avx512::GemmQ5_1Q8_1);
+  SetGemm(t, T::kQ4_K, avx512::GemmQ4_KQ8_K);
+  return t;
+}
+
 const Table& TableFor(Isa isa) {
   static const Table scalar = ScalarTable();
-  static const Table avx2_table = avx2Table();
-  static const Table avx512_table = avx512Table();
+  static const Table avx2_table = Avx2TableWithGemm();
+  static const Table avx512_table = Avx512TableWithGemm();
   switch (isa) {
     case Isa::kAvx512: return avx512_table;
     case Isa::kAvx2: return avx2_table;

@@ -1,0 +1,626 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) tile kernels for kernels/cpu/gemm_isa.h.
+//
+// Two schemes. Q8_0, Q4_0 and Q4_1 (the common formats) use row-transposed tiles of 16
+// weight rows x 8 activation rows, described further down. Q5_0 and Q5_1 use pair tiles of
+// 4 x 4: one 512-bit register holds two consecutive blocks of a row, as in the vec_dot kernels
+// (quant_legacy_avx512.cc); per step the 4 weight rows are unpacked once to unsigned bytes and
+// every activation row meets each weight row with one vpdpbusd, whose starting value folds in
+// the offset that made the weights unsigned (sum((q + c) * y) - c * sum(y)). Each (row,
+// column) pair then costs a convert, a scale product and an FMA into its own accumulator; the
+// 16 accumulators are reduced together at the end, and the m_w * s_y term of Q5_1 is an outer
+// product per block kept in one more vector (lane 4c + r).
+// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
+// raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/gemm_isa.h"
+#include "kernels/fp16.h"
+#include "kernels/quant/blocks.h"
+
+namespace fucina::avx512 {
+namespace {
+
+#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
+
+constexpr int kRm = 4;  // weight rows per tile (fixed; short edges repeat the last row).
+constexpr int kMaxRn = 4;  // activation rows per tile (1..4 instantiated).
+
+// Sums of 4 vectors: lane i = horizontal sum of v[i].
+FUCINA_ALWAYS_INLINE __m128 Reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  // 128-bit chunks q0..q3: fold q2,q3 onto q0,q1 for two vectors at once.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
+  // Chunk i now holds 4 partial sums of v[i].
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0,
+                                                                        0, 0, 0, 0, 0, 0, 0, 0),
+                                                      t));
+}
+
+// Stores lanes r < rows of v (rows in 1..4).
+FUCINA_ALWAYS_INLINE void StoreRows(float* y, int rows, __m128 v) {
+  _mm_mask_storeu_ps(y, static_cast<__mmask8>((1u << rows) - 1), v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy formats.
+
+FUCINA_ALWAYS_INLINE __m512i LoadQs(const int8_t* a, const int8_t* b) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// Two blocks' 16 packed bytes each -> 64 bytes in element order (a's 32 elements, then b's).
+FUCINA_ALWAYS_INLINE __m512i UnpackNibbles(const uint8_t* a, const uint8_t* b) {
+  const __m256i packed = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed),
+                                          _mm256_srli_epi16(packed, 4), 1);  // [a, b, a>>4, b>>4]
+  return _mm512_and_si512(_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)),
+                          _mm512_set1_epi8(0x0F));
+}
+
+// Adds 16 to the bytes whose 5th bit (qh, bit j <-> element j) is set.
+FUCINA_ALWAYS_INLINE __m512i AddHighBits(__m512i q, const uint8_t* qh_a, const uint8_t* qh_b) {
+  uint32_t a, b;
+  std::memcpy(&a, qh_a, sizeof(a));
+  std::memcpy(&b, qh_b, sizeof(b));
+  const __mmask64 m = static_cast<__mmask64>(a) | (static_cast<__mmask64>(b) << 32);
+  return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(0x10));
+}
+
+// The f16 fields at the start of two blocks as floats [d_a, e_a, d_b, e_b], where e is the
+// second f16 field (m of Q4_1/Q5_1, s of Q8_1) when kTwo, else 0.
+template <bool kTwo>
+FUCINA_ALWAYS_INLINE __m128 HalfFields(const void* a, const void* b) {
+  uint32_t ua = 0, ub = 0;
+  std::memcpy(&ua, a, kTwo ? 4 : 2);
+  std::memcpy(&ub, b, kTwo ? 4 : 2);
+  const uint64_t both = static_cast<uint64_t>(ua) | (static_cast<uint64_t>(ub) << 32);
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(both)));
+}
+
+// Pair-tile formats: the unsigned quants of two blocks, the offset c subtracted back
+// (as c * sum(y)), and whether the format has the m * s term.
+struct Q5_0Policy {
+  using W = BlockQ5_0;
+  using X = BlockQ8_0;
+  static constexpr char kOffset = 16;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return AddHighBits(UnpackNibbles(a.qs, b.qs), a.qh, b.qh);
+  }
+};
+struct Q5_1Policy {
+  using W = BlockQ5_1;
+  using X = BlockQ8_1;
+  static constexpr char kOffset = 0;
+  static constexpr bool kHasMin = true;
+  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
+    return AddHighBits(UnpackNibbles(a.qs, b.qs), a.qh, b.qh);
+  }
+};
+
+template <typename P, int kRn>
+struct LegacyTile {
+  using W = typename P::W;
+  using X = typename P::X;
+
+  __m512 acc[kRm][kRn];
+  __m512 offs;  // kHasMin: lane 4c + r accumulates m_w * s_y of pair (r, c).
+
+  // Blocks (i, i + 1) of every row, or block i and an all-zero block (which adds nothing).
+  template <bool kPair>
+  FUCINA_ALWAYS_INLINE void Step(const W* const* wr, const X* const* xc, int64_t i) {
+    static constexpr W kZeroW{};
+    static constexpr X kZeroX{};
+    // Scale of lanes 0..7 from block a (field 0), of lanes 8..15 from block b (field 2).
+    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    __m512i q[kRm];
+    __m512 dw[kRm];
+    __m512 fields_w = _mm512_setzero_ps();  // row r's [d_a, m_a, d_b, m_b] in chunk r.
+    for (int r = 0; r < kRm; ++r) {
+      const W& a = wr[r][i];
+      const W& b = kPair ? wr[r][i + 1] : kZeroW;
+      q[r] = P::Quants(a, b);
+      const __m128 f = HalfFields<P::kHasMin>(&a, &b);
+      dw[r] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(f));
+      if constexpr (P::kHasMin) fields_w = _mm512_insertf32x4(fields_w, f, r);
+    }
+    __m512 fields_x = _mm512_setzero_ps();  // column c's [d_a, s_a, d_b, s_b] in chunk c.
+    for (int c = 0; c < kRn; ++c) {
+      const X& a = xc[c][i];
+      const X& b = kPair ? xc[c][i + 1] : kZeroX;
+      const __m512i yq = LoadQs(a.qs, b.qs);
+      __m512i init = _mm512_setzero_si512();
+      if constexpr (P::kOffset != 0) {
+        init = _mm512_sub_epi32(init, _mm512_dpbusd_epi32(init, _mm512_set1_epi8(P::kOffset), yq));
+      }
+      const __m128 f = HalfFields<P::kHasMin>(&a, &b);
+      const __m512 dx = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(f));
+      if constexpr (P::kHasMin) fields_x = _mm512_insertf32x4(fields_x, f, c);
+      for (int r = 0; r < kRm; ++r) {
+        const __m512i sum = _mm512_dpbusd_epi32(init, q[r], yq);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw[r], dx), acc[r][c]);
+      }
+    }
+    if constexpr (P::kHasMin) {
+      // Lane 4c + r: m_r (field 1 or 3 of chunk r) times s_c (field 1 or 3 of chunk c).
+      const __m512i m_a = _mm512_setr_epi32(1, 5, 9, 13, 1, 5, 9, 13, 1, 5, 9, 13, 1, 5, 9, 13);
+      const __m512i s_a = _mm512_setr_epi32(1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13);
+      const __m512i two = _mm512_set1_epi32(2);
+      offs = _mm512_fmadd_ps(_mm512_permutexvar_ps(m_a, fields_w),
+                             _mm512_permutexvar_ps(s_a, fields_x), offs);
+      if constexpr (kPair) {
+        offs = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(m_a, two), fields_w),
+                               _mm512_permutexvar_ps(_mm512_add_epi32(s_a, two), fields_x), offs);
+      }
+    }
+  }
+
+  void Run(int64_t nb, const uint8_t* w, size_t w_stride, int rows, const uint8_t* x,
+           size_t x_stride, float* y, size_t y_stride) {
+    const W* wr[kRm];
+    for (int r = 0; r < kRm; ++r) {
+      wr[r] = reinterpret_cast<const W*>(w + (r < rows ? r : rows - 1) * w_stride);
+    }
+    const X* xc[kRn];
+    for (int c = 0; c < kRn; ++c) xc[c] = reinterpret_cast<const X*>(x + c * x_stride);
+    for (int r = 0; r < kRm; ++r) {
+      for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    offs = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) Step<true>(wr, xc, i);
+    if (i < nb) Step<false>(wr, xc, i);
+    alignas(64) float o[16];
+    if constexpr (P::kHasMin) _mm512_store_ps(o, offs);
+    for (int c = 0; c < kRn; ++c) {
+      __m128 s = Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
+      if constexpr (P::kHasMin) s = _mm_add_ps(s, _mm_load_ps(o + 4 * c));
+      StoreRows(y + c * y_stride, rows, s);
+    }
+  }
+};
+
+template <typename P>
+void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / 32;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  for (int64_t c0 = 0; c0 < cols; c0 += kMaxRn) {
+    const int64_t nc = cols - c0 < kMaxRn ? cols - c0 : kMaxRn;
+    const uint8_t* xt = xb + c0 * x_stride;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRm) {
+      const int nr = static_cast<int>(rows - r0 < kRm ? rows - r0 : kRm);
+      const uint8_t* wt = wb + r0 * w_stride;
+      float* yt = y + c0 * y_stride + r0;
+      switch (nc) {
+        case 4: LegacyTile<P, 4>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+        case 3: LegacyTile<P, 3>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+        case 2: LegacyTile<P, 2>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+        default: LegacyTile<P, 1>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
+      }
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Row-transposed tiles for Q8_0, Q4_0, Q4_1: 16 weight rows, one per int32 lane.
+//
+// Per block, the quants of 16 rows are transposed in registers (4x4 dword transposes) so that
+// vector k holds dword k (4 consecutive quants) of every row. An activation block is then 8
+// broadcast dwords: 8 vpdpbusd give the 16 rows' integer block sums in lanes, and one convert,
+// one scale product and one FMA apply the 16 rows' scales at once. No pair needs its own
+// conversion or horizontal sum, so the work per activation block is ~11 instructions for 512
+// multiply-adds; the transposes are paid once per weight block and shared by up to 8
+// activation rows. Per-activation metadata (f32 scale, s of Q8_1, the offset correction
+// -c * sum(y)) is prepared once per group of activation rows and reused by every row tile.
+//
+// Lane order: lane 4l + i holds row 4i + l (a 4x4 transpose of the row index), undone by one
+// permute per output vector.
+
+constexpr int kTRows = 16;    // weight rows per transposed tile.
+constexpr int kTCols = 8;     // activation rows per transposed tile.
+constexpr int kTChunk = 128;  // blocks of activation metadata prepared at once (k = 4096).
+
+struct ActivationMeta {
+  float d[kTCols][kTChunk];
+  float s[kTCols][kTChunk];
+  int32_t corr[kTCols][kTChunk];
+};
+
+// Chunk l of the result = 16 bytes at r[l] (l < 4).
+FUCINA_ALWAYS_INLINE __m512i Load4x16(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2,
+                                      const uint8_t* r3) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r2)), 2);
+  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r3)), 3);
+}
+
+// The 16 bytes at rp[q] + off of the 16 rows -> t[k] whose lane 4l + i is dword k of row 4i + l.
+FUCINA_ALWAYS_INLINE void LoadTransposed(const uint8_t* const* rp, size_t off, __m512i t[4]) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
+  }
+  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]);  // per chunk: z0.d0 z1.d0 z0.d1 z1.d1
+  const __m512i b = _mm512_unpackhi_epi32(z[0], z[1]);  // z0.d2 z1.d2 z0.d3 z1.d3
+  const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);
+  const __m512i d = _mm512_unpackhi_epi32(z[2], z[3]);
+  t[0] = _mm512_unpacklo_epi64(a, c);
+  t[1] = _mm512_unpackhi_epi64(a, c);
+  t[2] = _mm512_unpacklo_epi64(b, d);
+  t[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+// Dword 0 of the 16 rows (the f16 d, and m for Q4_1), same lane order.
+FUCINA_ALWAYS_INLINE __m512i LoadHeaders(const uint8_t* const* rp, size_t off) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
+  }
+  return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(z[0], z[1]),
+                               _mm512_unpacklo_epi32(z[2], z[3]));
+}
+
+FUCINA_ALWAYS_INLINE __m512 LowHalves(__m512i v) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+// Weight side of one block for 16 rows: q[k] pairs with activation dword k (unsigned bytes),
+// d the rows' scales, m their offsets (kHasMin).
+struct T8_0 {
+  using W = BlockQ8_0;
+  using X = BlockQ8_0;
+  static constexpr int kOffset = 128;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512*) {
+    LoadTransposed(rp, off + offsetof(W, qs), q);
+    LoadTransposed(rp, off + offsetof(W, qs) + 16, q + 4);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(q[k], flip);
+    *d = LowHalves(LoadHeaders(rp, off));
+  }
+};
+
+// Nibble k-th dwords: the low nibbles are elements 4k..4k+3, the high ones 16 + 4k...
+FUCINA_ALWAYS_INLINE void SplitNibbles(const __m512i t[4], __m512i q[8]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int k = 0; k < 4; ++k) {
+    q[k] = _mm512_and_si512(t[k], low4);
+    q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(t[k], 4), low4);
+  }
+}
+
+struct T4_0 {
+  using W = BlockQ4_0;
+  using X = BlockQ8_0;
+  static constexpr int kOffset = 8;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512*) {
+    __m512i t[4];
+    LoadTransposed(rp, off + offsetof(W, qs), t);
+    SplitNibbles(t, q);
+    *d = LowHalves(LoadHeaders(rp, off));
+  }
+};
+
+struct T4_1 {
+  using W = BlockQ4_1;
+  using X = BlockQ8_1;
+  static constexpr int kOffset = 0;
+  static constexpr bool kHasMin = true;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512* m) {
+    __m512i t[4];
+    LoadTransposed(rp, off + offsetof(W, qs), t);
+    SplitNibbles(t, q);
+    const __m512i h = LoadHeaders(rp, off);
+    *d = LowHalves(h);
+    *m = LowHalves(_mm512_srli_epi32(h, 16));
+  }
+};
+
+// Metadata of activation rows xc[0..nc) for blocks [b0, b0 + n).
+template <typename P>
+void PrepareMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n, ActivationMeta* meta) {
+  using X = typename P::X;
+  for (int c = 0; c < nc; ++c) {
+    const X* x = reinterpret_cast<const X*>(xc[c]) + b0;
+    for (int64_t j = 0; j < n; ++j) {
+      meta->d[c][j] = _cvtsh_ss(x[j].d);
+      if constexpr (P::kHasMin) meta->s[c][j] = _cvtsh_ss(x[j].s);
+      if constexpr (P::kOffset != 0) {
+        // sum(y) from the sum of y + 128 (sign bit flipped), 32 bytes per block.
+        const __m256i u = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[j].qs)),
+            _mm256_set1_epi8(static_cast<char>(0x80)));
+        const __m256i s4 = _mm256_sad_epu8(u, _mm256_setzero_si256());
+        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+        const int sum = static_cast<int>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+        meta->corr[c][j] = -P::kOffset * sum;
+      }
+    }
+  }
+}
+
+template <typename P, int kRn>
+FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const uint8_t* const* xc,
+                                         int64_t b0, int64_t n, const ActivationMeta& meta,
+                                         int rows, float* y, size_t y_stride, bool accumulate) {
+  using W = typename P::W;
+  using X = typename P::X;
+  __m512 acc[kRn];
+  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t b = b0 + j;
+    __m512i q[8];
+    __m512 d, m = _mm512_setzero_ps();
+    P::Prep(rp, b * sizeof(W), q, &d, &m);
+    for (int c = 0; c < kRn; ++c) {
+      const uint8_t* yq = xc[c] + b * sizeof(X) + offsetof(X, qs);
+      __m512i sum = P::kOffset != 0 ? _mm512_set1_epi32(meta.corr[c][j]) : _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        int32_t dword;
+        std::memcpy(&dword, yq + 4 * k, sizeof(dword));
+        sum = _mm512_dpbusd_epi32(sum, q[k], _mm512_set1_epi32(dword));
+      }
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                               _mm512_mul_ps(d, _mm512_set1_ps(meta.d[c][j])), acc[c]);
+      if constexpr (P::kHasMin) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(meta.s[c][j]), acc[c]);
+    }
+  }
+  // Lane 4l + i holds row 4i + l: output row r reads lane 4 (r % 4) + r / 4.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+  for (int c = 0; c < kRn; ++c) {
+    __m512 v = _mm512_permutexvar_ps(order, acc[c]);
+    float* out = y + c * y_stride;
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+template <typename P>
+void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                    size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / 32;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  ActivationMeta meta;
+  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
+    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
+    const uint8_t* xc[kTCols];
+    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
+    for (int64_t b0 = 0; b0 < nb; b0 += kTChunk) {
+      const int64_t n = nb - b0 < kTChunk ? nb - b0 : kTChunk;
+      PrepareMeta<P>(xc, nc, b0, n, &meta);
+      for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
+        const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
+        const uint8_t* rp[kTRows];
+        for (int r = 0; r < kTRows; ++r) rp[r] = wb + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+        float* yt = y + c0 * y_stride + r0;
+        const bool acc = b0 > 0;
+        switch (nc) {
+          case 8: TransposedTile<P, 8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 7: TransposedTile<P, 7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 6: TransposedTile<P, 6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 5: TransposedTile<P, 5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 4: TransposedTile<P, 4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 3: TransposedTile<P, 3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 2: TransposedTile<P, 2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          default: TransposedTile<P, 1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+        }
+      }
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K in the same row-transposed scheme, per 256-element super-block: the header chunk of 16
+// rows transposes into d|dmin and the 12 packed scale bytes, unpacked to 6-bit scales and mins
+// lane-wise; each 32-element sub-block then costs 8 vpdpbusd per activation row, scaled by
+// (scale * d) of each row at once. The min term sum_j m_j * bsum_j is 4 vpdpwssd on int16 pairs
+// per activation row and super-block.
+
+constexpr int kKChunk = 16;  // super-blocks of activation metadata prepared at once (k = 4096).
+
+struct KActivationMeta {
+  float d[kTCols][kKChunk];
+  // (bsum32 of sub-block 2p, of 2p + 1) as int16 pairs, bsum32 = sum of its 32 quants.
+  int32_t bsum_pairs[kTCols][kKChunk][4];
+};
+
+void PrepareQ4KMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n,
+                    KActivationMeta* meta) {
+  for (int c = 0; c < nc; ++c) {
+    const BlockQ8_K* x = reinterpret_cast<const BlockQ8_K*>(xc[c]) + b0;
+    for (int64_t j = 0; j < n; ++j) {
+      meta->d[c][j] = x[j].d;
+      for (int p = 0; p < 4; ++p) {
+        const int16_t* bs = x[j].bsums + 4 * p;
+        const uint32_t lo = static_cast<uint16_t>(bs[0] + bs[1]);
+        const uint32_t hi = static_cast<uint16_t>(bs[2] + bs[3]);
+        meta->bsum_pairs[c][j][p] = static_cast<int32_t>(lo | (hi << 16));
+      }
+    }
+  }
+}
+
+// vpshufb patterns within each dword: byte b zero-extended to the dword; bytes (0, 1) and
+// (2, 3) zero-extended to int16 pairs.
+FUCINA_ALWAYS_INLINE __m512i DwordPattern(uint32_t base) {
+  const __m128i v = _mm_setr_epi32(static_cast<int>(base), static_cast<int>(base + 0x04040404u),
+                                   static_cast<int>(base + 0x08080808u),
+                                   static_cast<int>(base + 0x0C0C0C0Cu));
+  return _mm512_broadcast_i32x4(v);
+}
+
+template <int kRn>
+FUCINA_ALWAYS_INLINE void Q4KTile(const uint8_t* const* rp, const uint8_t* const* xc, int64_t b0,
+                                  int64_t n, const KActivationMeta& meta, int rows, float* y,
+                                  size_t y_stride, bool accumulate) {
+  // Bytes with the high bit set give 0; 0x80 in the other positions of each pattern.
+  const __m512i byte_pat[4] = {DwordPattern(0x80808000u), DwordPattern(0x80808001u),
+                               DwordPattern(0x80808002u), DwordPattern(0x80808003u)};
+  const __m512i pair01 = DwordPattern(0x80018000u);
+  const __m512i pair23 = DwordPattern(0x80038002u);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f);
+  const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i m2 = _mm512_set1_epi32(0x03030303);
+  __m512 acc[kRn];
+  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t b = b0 + j;
+    const size_t off = b * sizeof(BlockQ4_K);
+    __m512i h[4];  // d|dmin, then scale bytes 0-3, 4-7, 8-11 (kernels/quant/blocks.h).
+    LoadTransposed(rp, off, h);
+    const __m512 d = LowHalves(h[0]);
+    const __m512 dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
+    // As get_scale_min_k4: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes of one dword each.
+    __m512i sc[2], mn[2];
+    sc[0] = _mm512_and_si512(h[1], m6);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(h[3], m4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[1], 6), m2), 4));
+    mn[0] = _mm512_and_si512(h[2], m6);
+    mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[2], 6), m2), 4));
+    for (int t = 0; t < 4; ++t) {
+      // 32 bytes of qs: low nibbles are sub-block 2t, high nibbles 2t + 1.
+      __m512i tq[8];
+      LoadTransposed(rp, off + offsetof(BlockQ4_K, qs) + 32 * t, tq);
+      LoadTransposed(rp, off + offsetof(BlockQ4_K, qs) + 32 * t + 16, tq + 4);
+      __m512i lo[8], hi[8];
+      for (int k = 0; k < 8; ++k) {
+        lo[k] = _mm512_and_si512(tq[k], low4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(tq[k], 4), low4);
+      }
+      const int s_lo = 2 * t, s_hi = 2 * t + 1;
+      const __m512 sd_lo = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[s_lo / 4], byte_pat[s_lo % 4])), d);
+      const __m512 sd_hi = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[s_hi / 4], byte_pat[s_hi % 4])), d);
+      for (int c = 0; c < kRn; ++c) {
+        const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
+        __m512i sum_lo = _mm512_setzero_si512();
+        __m512i sum_hi = _mm512_setzero_si512();
+        for (int k = 0; k < 8; ++k) {
+          int32_t a, bb;
+          std::memcpy(&a, yq + 4 * k, sizeof(a));
+          std::memcpy(&bb, yq + 32 + 4 * k, sizeof(bb));
+          sum_lo = _mm512_dpbusd_epi32(sum_lo, lo[k], _mm512_set1_epi32(a));
+          sum_hi = _mm512_dpbusd_epi32(sum_hi, hi[k], _mm512_set1_epi32(bb));
+        }
+        const __m512 dx = _mm512_set1_ps(meta.d[c][j]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo), _mm512_mul_ps(sd_lo, dx), acc[c]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi), _mm512_mul_ps(sd_hi, dx), acc[c]);
+      }
+    }
+    const __m512i mins[4] = {_mm512_shuffle_epi8(mn[0], pair01), _mm512_shuffle_epi8(mn[0], pair23),
+                             _mm512_shuffle_epi8(mn[1], pair01), _mm512_shuffle_epi8(mn[1], pair23)};
+    for (int c = 0; c < kRn; ++c) {
+      __m512i ms = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) {
+        ms = _mm512_dpwssd_epi32(ms, mins[p], _mm512_set1_epi32(meta.bsum_pairs[c][j][p]));
+      }
+      acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms),
+                                _mm512_mul_ps(dmin, _mm512_set1_ps(meta.d[c][j])), acc[c]);
+    }
+  }
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+  for (int c = 0; c < kRn; ++c) {
+    __m512 v = _mm512_permutexvar_ps(order, acc[c]);
+    float* out = y + c * y_stride;
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+void GemmQ4K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / kQK_K;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  KActivationMeta meta;
+  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
+    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
+    const uint8_t* xc[kTCols];
+    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
+    for (int64_t b0 = 0; b0 < nb; b0 += kKChunk) {
+      const int64_t n = nb - b0 < kKChunk ? nb - b0 : kKChunk;
+      PrepareQ4KMeta(xc, nc, b0, n, &meta);
+      for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
+        const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
+        const uint8_t* rp[kTRows];
+        for (int r = 0; r < kTRows; ++r) rp[r] = wb + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+        float* yt = y + c0 * y_stride + r0;
+        const bool acc = b0 > 0;
+        switch (nc) {
+          case 8: Q4KTile<8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 7: Q4KTile<7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 6: Q4KTile<6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 5: Q4KTile<5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 4: Q4KTile<4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 3: Q4KTile<3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          case 2: Q4KTile<2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          default: Q4KTile<1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmTransposed<T8_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmTransposed<T4_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmTransposed<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q5_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmLegacy<Q5_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+
+void GemmQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQ4K(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+
+}  // namespace fucina::avx512

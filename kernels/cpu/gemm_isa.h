@@ -1,0 +1,42 @@
+// Private: register-tiled matrix kernels (the GemmFn entries of kernels/type_traits.h).
+//
+// Contract of every Gemm* below (GemmFn): for r < rows, c < cols
+//   y[c * y_stride + r] = dot(weight row r, activation row c) over k elements,
+// where weight row r starts at w + r * w_stride (bytes, blocks of the weight type) and
+// activation row c at x + c * x_stride (bytes, blocks of the weight type's vec_dot_type). k is a
+// multiple of the block size; rows, cols >= 0. Results equal the per-type vec_dot up to float
+// summation order (same integer block sums, same per-block scales).
+//
+// The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
+// on AVX-512, 4 x 2 on AVX2; docs/kernels.md), so each loaded block serves every row or column
+// of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
+// rows keeps those rows in L2 while every activation tile streams past them.
+#ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
+#define FUCINA_KERNELS_CPU_GEMM_ISA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fucina {
+
+#define FUCINA_GEMM_ONE_DECL(name)                                                          \
+  void name(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,         \
+            size_t x_stride, int64_t cols, float* y, size_t y_stride);
+
+#define FUCINA_GEMM_LEGACY_DECLS   \
+  FUCINA_GEMM_ONE_DECL(GemmQ8_0Q8_0) \
+  FUCINA_GEMM_ONE_DECL(GemmQ4_0Q8_0) \
+  FUCINA_GEMM_ONE_DECL(GemmQ4_1Q8_1) \
+  FUCINA_GEMM_ONE_DECL(GemmQ5_0Q8_0) \
+  FUCINA_GEMM_ONE_DECL(GemmQ5_1Q8_1)
+
+// Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
+namespace avx2 { FUCINA_GEMM_LEGACY_DECLS }
+namespace avx512 {
+FUCINA_GEMM_LEGACY_DECLS
+FUCINA_GEMM_ONE_DECL(GemmQ4_KQ8_K)
+}  // namespace avx512
+
+}  // namespace fucina
+
+#endif  // FUCINA_KERNELS_CPU_GEMM_ISA_H_

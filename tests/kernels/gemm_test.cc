@@ -1,0 +1,209 @@
+// Tiled kernels (CpuTypeTraits::gemm, kernels/cpu/gemm_isa.h) against the scalar per-pair
+// vec_dot on every ISA the machine has, and MatMul's tiled path against MatMulRef.
+//
+// Both sides see the same quantized weights and activations and compute the same integer block
+// sums with the same per-block scales; only the float summation order differs, so the
+// tolerance is a few float ulps of the sum of the blocks' magnitudes.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/type_traits.h"
+
+namespace fucina {
+namespace {
+
+constexpr GgmlType kTiledTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
+                                    GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+std::vector<Isa> SimdIsas() {
+  std::vector<Isa> isas;
+  for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
+    isas.push_back(static_cast<Isa>(i));
+  }
+  return isas;
+}
+
+// Random rows with a heavy tail (every 29th value x20), so some blocks hit the quantizers'
+// extreme codes and the scales span a wide range.
+std::vector<float> RandomRows(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = nd(rng) * (i % 29 == 3 ? 20.0f : 1.0f);
+  return v;
+}
+
+// `count` rows of `cols` elements quantized with the scalar from_float of `type`, `stride`
+// bytes apart (stride >= RowBytes; the gap is filled with garbage the kernels must not read
+// as data).
+std::vector<uint8_t> QuantizeRows(GgmlType type, const std::vector<float>& src, int64_t count,
+                                  int64_t cols, size_t stride) {
+  const CpuTypeTraits* t = GetCpuTraits(type, Isa::kScalar);
+  std::vector<uint8_t> out(stride * count, 0xA5);
+  for (int64_t r = 0; r < count; ++r) t->from_float(src.data() + r * cols, out.data() + r * stride, cols);
+  return out;
+}
+
+// Bound on every partial sum either side forms for one dot: the kernels split a block's
+// weights as d * q (+ m), and |d * q| <= 2 max|w| of the block (the offset m is within the
+// block's range), while a quantized activation is within 1% of the float one.
+double Magnitude(const float* w, const float* x, int64_t k, int block) {
+  double mag = 0;
+  for (int64_t b = 0; b < k; b += block) {
+    double wmax = 0, xsum = 0;
+    for (int64_t j = b; j < b + block; ++j) {
+      wmax = std::max(wmax, std::fabs(static_cast<double>(w[j])));
+      xsum += std::fabs(static_cast<double>(x[j]));
+    }
+    mag += 2.0 * wmax * xsum * 1.01;
+  }
+  return mag;
+}
+
+struct Shape {
+  int64_t rows, k, m;
+};
+
+// Shapes for a block size: 1 row / 1 column, tile edges (rows and m not multiples of 4 or 2),
+// one block and many blocks (odd and even block counts).
+std::vector<Shape> Shapes(int block) {
+  std::vector<Shape> s;
+  for (int64_t nb : {1, 2, 3, 7, 18}) {
+    for (int64_t rows : {1, 3, 4, 5, 13}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 9}) s.push_back({rows, nb * block, m});
+    }
+  }
+  s.push_back({67, 40 * block, 11});
+  if (block == 32) {
+    s.push_back({130, 48 * block, 33});
+    s.push_back({21, 131 * block, 10});  // k past the kernels' 128-block activation chunks.
+  }
+  return s;
+}
+
+TEST(GemmTest, TiledKernelsArePresentWhereImplemented) {
+  for (Isa isa : SimdIsas()) {
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                          GgmlType::kQ5_1}) {
+      EXPECT_NE(GetCpuTraits(type, isa)->gemm, nullptr) << TypeName(type) << " " << IsaName(isa);
+    }
+  }
+  if (DetectedIsa() >= Isa::kAvx512) {
+    EXPECT_NE(GetCpuTraits(GgmlType::kQ4_K, Isa::kAvx512)->gemm, nullptr);
+  }
+  // The scalar level is the reference: it never has a tiled kernel.
+  for (GgmlType type : kTiledTypes) EXPECT_EQ(GetCpuTraits(type, Isa::kScalar)->gemm, nullptr);
+}
+
+class GemmTypeTest : public testing::TestWithParam<GgmlType> {};
+
+TEST_P(GemmTypeTest, MatchesScalarVecDotOnEveryIsaAndShape) {
+  const GgmlType type = GetParam();
+  const CpuTypeTraits* ref = GetCpuTraits(type, Isa::kScalar);
+  ASSERT_NE(ref, nullptr);
+  const int block = static_cast<int>(TypeInfo(type).block_size);
+  bool ran = false;
+  for (Isa isa : SimdIsas()) {
+    const GemmFn gemm = GetCpuTraits(type, isa)->gemm;
+    if (gemm == nullptr) continue;
+    ran = true;
+    double max_err = 0, max_rel = 0;
+    uint32_t seed = 1;
+    for (const Shape& sh : Shapes(block)) {
+      // Padded strides: rows 8 bytes apart from dense, y rows 3 floats wider than `rows`.
+      const size_t w_stride = RowBytes(type, sh.k) + 8;
+      const size_t x_stride = RowBytes(ref->vec_dot_type, sh.k) + 4;
+      const size_t y_stride = sh.rows + 3;
+      const std::vector<float> xf = RandomRows(sh.m * sh.k, seed++);
+      const std::vector<uint8_t> w =
+          QuantizeRows(type, RandomRows(sh.rows * sh.k, seed++), sh.rows, sh.k, w_stride);
+      const std::vector<uint8_t> x = QuantizeRows(ref->vec_dot_type, xf, sh.m, sh.k, x_stride);
+      std::vector<float> y(sh.m * y_stride, -7.0f);
+      gemm(sh.k, w.data(), w_stride, sh.rows, x.data(), x_stride, sh.m, y.data(), y_stride);
+
+      std::vector<float> wd(sh.k);
+      for (int64_t r = 0; r < sh.rows; ++r) {
+        ref->to_float(w.data() + r * w_stride, wd.data(), sh.k);
+        for (int64_t c = 0; c < sh.m; ++c) {
+          const float expected = ref->vec_dot(sh.k, w.data() + r * w_stride, x.data() + c * x_stride);
+          // Each of the ~k / block float additions may round (a few more for the lanes).
+          const double mag = Magnitude(wd.data(), xf.data() + c * sh.k, sh.k, block);
+          const double tol = 2.4e-7 * static_cast<double>(sh.k / block + 2) * mag + 1e-30;
+          const float got = y[c * y_stride + r];
+          ASSERT_NEAR(got, expected, tol)
+              << TypeName(type) << " " << IsaName(isa) << " rows=" << sh.rows << " k=" << sh.k
+              << " m=" << sh.m << " r=" << r << " c=" << c;
+          max_err = std::max(max_err, static_cast<double>(std::fabs(got - expected)));
+          max_rel = std::max(max_rel, std::fabs(got - expected) / mag);
+        }
+      }
+      // Padding of y is untouched.
+      for (int64_t c = 0; c < sh.m; ++c) {
+        for (size_t r = sh.rows; r < y_stride; ++r) ASSERT_EQ(y[c * y_stride + r], -7.0f);
+      }
+    }
+    std::printf("  %s %s: max |err| %.3g, max |err| / magnitude %.3g\n", TypeName(type).data(),
+                std::string(IsaName(isa)).c_str(), max_err, max_rel);
+  }
+  if (!ran) GTEST_SKIP() << "no tiled kernel for " << TypeName(type) << " on this CPU's ISAs";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTiledTypes, GemmTypeTest, testing::ValuesIn(kTiledTypes),
+                         [](const testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(TypeName(info.param));
+                         });
+
+// MatMul's tiled path (work items of weight rows, L1 sub-blocks) against the reference, with
+// prefill-shaped batches and several thread counts.
+TEST(GemmTest, MatMulTiledPathMatchesReference) {
+  struct Case {
+    GgmlType type;
+    int64_t rows, cols, m;
+  };
+  const Case cases[] = {{GgmlType::kQ4_1, 577, 576, 37}, {GgmlType::kQ8_0, 203, 1536, 9},
+                        {GgmlType::kQ4_0, 1001, 64, 70}, {GgmlType::kQ4_K, 131, 768, 13},
+                        {GgmlType::kQ6_K, 66, 512, 5},   {GgmlType::kQ5_1, 9, 96, 1}};
+  for (const Case& c : cases) {
+    const std::vector<float> wf = RandomRows(c.rows * c.cols, 11);
+    const std::vector<float> x = RandomRows(c.m * c.cols, 12);
+    const size_t row_bytes = RowBytes(c.type, c.cols);
+    const std::vector<uint8_t> w = QuantizeRows(c.type, wf, c.rows, c.cols, row_bytes);
+    const WeightView view = WeightView::Dense(w.data(), c.type, c.rows, c.cols);
+    std::vector<float> ref(c.m * c.rows);
+    MatMulRef(view, x.data(), c.m, ref.data());
+    const int block = static_cast<int>(TypeInfo(c.type).block_size);
+    std::vector<double> tol(c.m * c.rows);
+    std::vector<float> wd(c.cols);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      GetCpuTraits(c.type, Isa::kScalar)->to_float(w.data() + r * row_bytes, wd.data(), c.cols);
+      for (int64_t i = 0; i < c.m; ++i) {
+        tol[i * c.rows + r] = 2.4e-7 * static_cast<double>(c.cols / block + 2) *
+                              Magnitude(wd.data(), x.data() + i * c.cols, c.cols, block);
+      }
+    }
+    for (Isa isa : SimdIsas()) {
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(c.m * c.rows, NAN);
+        MatMulIsa(view, x.data(), c.m, y.data(), pool, isa);
+        for (int64_t j = 0; j < c.m * c.rows; ++j) {
+          ASSERT_NEAR(y[j], ref[j], tol[j]) << TypeName(c.type) << " " << IsaName(isa)
+                                         << " threads=" << threads << " index=" << j;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fucina
