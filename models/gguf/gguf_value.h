@@ -104,7 +104,10 @@ class Value {
   // Integers are widened to uint64/int64 by signedness and floats to double (float32 values are
   // exactly representable); the type keeps the on-disk width.
   using Data = std::variant<uint64_t, int64_t, double, bool, std::string, gguf::Array>;
-  Value(ValueType type, Data data) : type_(type), data_(std::move(data)) {}
+  // Constructs the alternative in place (a temporary variant trips GCC 12's
+  // -Wmaybe-uninitialized in std::variant's move).
+  template <typename T>
+  Value(ValueType type, T value) : type_(type), data_(std::in_place_type<T>, std::move(value)) {}
 
   ValueType type_;
   Data data_;
