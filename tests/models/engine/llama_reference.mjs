@@ -69,7 +69,10 @@ function Summarize(next, withVector) {
   const [, p1] = it.next().value;
   const second = it.next().value;
   const margin = second ? Math.log(p1) - Math.log(second[1]) : Infinity;
-  const out = {top1: next.probabilities.keys().next().value, margin: Number.isFinite(margin) ? margin : 1e30};
+  const out = {
+    top1: next.probabilities.keys().next().value,
+    margin: Number.isFinite(margin) ? margin : 1e30,  // JSON has no Infinity
+  };
   if (withVector) {
     const vec = new Float32Array(next.probabilities.size);
     for (const [id, p] of next.probabilities) vec[id] = Math.log(p);

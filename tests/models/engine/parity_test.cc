@@ -241,7 +241,9 @@ std::unique_ptr<Suite> Prepare(const std::string& name, const gguf::FixtureOptio
     // Ids spread over the whole vocabulary, rare and special rows included.
     s->prompts.push_back(RandomIds(0x5EED + name.size(), 40, t.vocab_size()));
     if (check == Check::kGreedy) {
-      s->greedy_steps = 32;
+      // Each reference step is a separate decode call: two prompts keep the suite short.
+      s->greedy_steps = 24;
+      s->prompts.erase(s->prompts.begin() + 1);
       for (auto& p : s->prompts) p.resize(std::min<size_t>(p.size(), 12));
     }
   }
@@ -479,16 +481,12 @@ FUCINA_PARITY_SUITE(Qwen3Q6_K, Keep([] { return Qwen3("q6_k", 256, false); }),
                     Check::kQuantLogProbs);
 FUCINA_PARITY_SUITE(Qwen3MoeQ8_0, Keep([] { return Qwen3Moe(false); }), Check::kQuantLogProbs);
 
+// Greedy checks on a subset of the weight types (each reference step costs a decode call);
+// the log-prob checks above cover every type.
 FUCINA_PARITY_SUITE(Qwen3F32Peaked, Keep([] { return Qwen3("f32", 64, true); }),
                     Check::kGreedy);
-FUCINA_PARITY_SUITE(Qwen3F16Peaked, Keep([] { return Qwen3("f16", 128, true); }),
-                    Check::kGreedy);
 FUCINA_PARITY_SUITE(LlamaF32Peaked, Keep([] { return Llama(true); }), Check::kGreedy);
-FUCINA_PARITY_SUITE(Qwen3Q8_0Peaked, Keep([] { return Qwen3("q8_0", 128, true); }),
-                    Check::kGreedy);
 FUCINA_PARITY_SUITE(Qwen3Q4_KPeaked, Keep([] { return Qwen3("q4_k", 256, true); }),
-                    Check::kGreedy);
-FUCINA_PARITY_SUITE(Qwen3Q6_KPeaked, Keep([] { return Qwen3("q6_k", 256, true); }),
                     Check::kGreedy);
 FUCINA_PARITY_SUITE(Qwen3MoeQ8_0Peaked, Keep([] { return Qwen3Moe(true); }), Check::kGreedy);
 
@@ -513,11 +511,8 @@ FUCINA_LOGPROB_TEST(Qwen3MoeQ8_0, true)
     CompareGreedy(*suite_, kMinGreedyCompared);        \
   }
 FUCINA_GREEDY_TEST(Qwen3F32Peaked)
-FUCINA_GREEDY_TEST(Qwen3F16Peaked)
 FUCINA_GREEDY_TEST(LlamaF32Peaked)
-FUCINA_GREEDY_TEST(Qwen3Q8_0Peaked)
 FUCINA_GREEDY_TEST(Qwen3Q4_KPeaked)
-FUCINA_GREEDY_TEST(Qwen3Q6_KPeaked)
 FUCINA_GREEDY_TEST(Qwen3MoeQ8_0Peaked)
 
 TEST_F(SmolLM2, GreedyChatReplies) {
