@@ -11,7 +11,12 @@
 //    argmax wherever the reference's top-2 margin exceeds 1e-2;
 //  - greedy continuations of `peaked` fixtures (clear winners): identical up to the first step
 //    whose reference top-2 margin is below 1e-3, and that cut-off leaves >= 16 compared steps;
-//  - SmolLM2-135M-Instruct (the real model): greedy chat replies under the same margin rule.
+//  - SmolLM2-135M-Instruct (the real model): greedy chat replies under the same margin rule,
+//    >= 64 steps. The file's Q4_1 layers are dequantized to f32 (by our quantizer) first: on
+//    the Q4_1 file itself llama.cpp's own CPU builds (AMX vs AVX-512) disagree by up to ~0.4
+//    nats, because SmolLM2's activation outliers turn a Q8_1 rounding tie going either way into
+//    a large step, so no implementation can meet a 1e-3 margin rule against "the" reference
+//    there. With f32 weights the two implementations agree to ~2e-4 in log-prob.
 // Margins are log p1 - log p2 of the reference's distribution.
 //
 // Needs FUCINA_NPM_DIR (node-llama-cpp), FUCINA_QWEN3_TOKENIZER (tokenizer.json folder) and,
@@ -42,6 +47,7 @@
 #include "models/engine/model.h"
 #include "models/gguf/fixture.h"
 #include "models/gguf/gguf.h"
+#include "models/gguf/quantize.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace fucina {
@@ -55,6 +61,7 @@ constexpr int kQuantTopK = 20;
 constexpr double kTop1Margin = 1e-2;       // argmax must agree above this margin.
 constexpr double kGreedyMargin = 1e-3;     // greedy comparison stops below this margin.
 constexpr int kMinGreedyCompared = 16;
+constexpr int kMinChatCompared = 64;       // real-model chat replies
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -152,9 +159,10 @@ std::vector<int32_t> RandomIds(uint64_t seed, int n, int32_t vocab) {
 }
 
 std::string ChatPrompt(const std::string& q) {
-  // SmolLM2's tokenizer.chat_template with its default system turn and add_generation_prompt.
-  return "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-         "Face<|im_end|>\n<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n";
+  // SmolLM2's tokenizer.chat_template with a system turn (the one `fucina run` uses by default)
+  // and add_generation_prompt.
+  return "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + q +
+         "<|im_end|>\n<|im_start|>assistant\n";
 }
 
 const std::vector<std::string>& ChatQuestions() {
@@ -196,9 +204,23 @@ std::unique_ptr<Suite> Prepare(const std::string& name, const gguf::FixtureOptio
       return s;
     }
   } else {
-    s->path = Env("FUCINA_DEFAULT_MODEL");
-    if (s->path.empty()) {
+    const std::string real = Env("FUCINA_DEFAULT_MODEL");
+    if (real.empty()) {
       s->skip = "FUCINA_DEFAULT_MODEL is not set (SmolLM2-135M-Instruct GGUF)";
+      return s;
+    }
+    // The real weights, dequantized to f32 (see the file comment for why).
+    auto in = gguf::File::Open(real);
+    auto target = gguf::ParseQuantTarget("f32");
+    if (!in.ok() || !target.ok()) {
+      s->error = "open " + real + ": " + in.status().ToString();
+      return s;
+    }
+    s->path = testing::TempDir() + "/engine_parity_" + std::to_string(getpid()) + "_" + name +
+              ".gguf";
+    if (absl::Status st = gguf::QuantizeModel(**in, s->path, *target, {}, *s->pool);
+        !st.ok()) {
+      s->error = "dequantize: " + st.ToString();
       return s;
     }
   }
@@ -264,7 +286,7 @@ std::unique_ptr<Suite> Prepare(const std::string& name, const gguf::FixtureOptio
 class ParityTest : public testing::Test {
  protected:
   static void TearDownSuite(std::unique_ptr<Suite>& s, bool fixture) {
-    if (s && fixture && !s->path.empty()) std::remove(s->path.c_str());
+    if (s && !s->path.empty()) std::remove(s->path.c_str());  // fixtures and f32 copies
     s.reset();
   }
 
@@ -490,7 +512,7 @@ FUCINA_PARITY_SUITE(Qwen3Q4_KPeaked, Keep([] { return Qwen3("q4_k", 256, true); 
                     Check::kGreedy);
 FUCINA_PARITY_SUITE(Qwen3MoeQ8_0Peaked, Keep([] { return Qwen3Moe(true); }), Check::kGreedy);
 
-FUCINA_PARITY_SUITE(SmolLM2, nullptr, Check::kChat);
+FUCINA_PARITY_SUITE(SmolLM2F32, nullptr, Check::kChat);
 
 #define FUCINA_LOGPROB_TEST(Name, quantized) \
   TEST_F(Name, NextTokenLogProbs) {          \
@@ -515,10 +537,10 @@ FUCINA_GREEDY_TEST(LlamaF32Peaked)
 FUCINA_GREEDY_TEST(Qwen3Q4_KPeaked)
 FUCINA_GREEDY_TEST(Qwen3MoeQ8_0Peaked)
 
-TEST_F(SmolLM2, GreedyChatReplies) {
+TEST_F(SmolLM2F32, GreedyChatReplies) {
   if (!Ready(*suite_)) return;
   ASSERT_FALSE(suite_->stop.empty()) << "<|im_end|> is not in the vocabulary";
-  const auto replies = CompareGreedy(*suite_, kMinGreedyCompared);
+  const auto replies = CompareGreedy(*suite_, kMinChatCompared);
   ASSERT_EQ(replies.size(), ChatQuestions().size());
   for (size_t i = 0; i < replies.size(); ++i) {
     std::printf("Q: %s\nA: %s\n", ChatQuestions()[i].c_str(),
