@@ -66,6 +66,13 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
+ChatMessage Message(std::string role, std::string content) {
+  ChatMessage m;
+  m.role = std::move(role);
+  m.content = std::move(content);
+  return m;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -190,19 +197,19 @@ int RunModel(RunArgs args) {
   auto chat_template = ChatTemplate::FromGguf((*model)->file());
   if (!chat_template.ok()) return Fail(chat_template.status());
   std::vector<ChatMessage> messages;
-  if (!args.system.empty()) messages.push_back({.role = "system", .content = args.system});
+  if (!args.system.empty()) messages.push_back(Message("system", args.system));
   ChatRenderOptions render;
   if (args.no_think) render.enable_thinking = false;
 
   auto turn = [&](const std::string& user) -> int {
-    messages.push_back({.role = "user", .content = user});
+    messages.push_back(Message("user", user));
     auto text = chat_template->Render(messages, render);
     if (!text.ok()) return Fail(text.status());
     const std::vector<int32_t> ids = (*tokenizer)->Encode(*text, true, true);
     auto r = session.Generate(ids, options, print);
     if (!r.ok()) return Fail(r.status());
     finish(*r);
-    messages.push_back({.role = "assistant", .content = r->text});
+    messages.push_back(Message("assistant", r->text));
     return 0;
   };
   if (!args.chat.empty()) {
