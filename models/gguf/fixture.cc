@@ -9,20 +9,17 @@
 #include "models/gguf/hf_tokenizer.h"
 #include "models/gguf/quantize.h"
 #include "models/gguf/writer.h"
+#include "models/sampler/rng.h"
 
 namespace fucina::gguf {
 namespace {
 
-class SplitMix64 {
+// Normals from the project's SplitMix64 (models/sampler/rng.h) by Box-Muller, as fixture.h
+// documents.
+class NormalStream {
  public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  explicit NormalStream(uint64_t seed) : state_(seed) {}
+  double Uniform() { return static_cast<double>(SplitMix64Next(&state_) >> 11) * 0x1.0p-53; }
   double Normal() {
     const double u1 = 1.0 - Uniform();
     const double u2 = Uniform();
@@ -214,7 +211,7 @@ absl::Status MakeFixture(const FixtureOptions& o, const std::string& path, Threa
           int64_t count = 1;
           for (int64_t d : t->dims) count *= d;
           std::vector<float> values(count);
-          SplitMix64 rng(stream);
+          NormalStream rng(stream);
           for (int64_t j = 0; j < count; ++j) {
             switch (t->init.kind) {
               case Init::kNormal: values[j] = static_cast<float>(rng.Normal() * t->init.std); break;
