@@ -5,23 +5,17 @@
 // Usage: node llamacpp_speed.mjs MODEL.gguf THREADS PROMPT_TOKENS GEN REPEATS
 // Prints "prefill: X t/s" and "decode: Y t/s" (medians), like `fucina run --bench`.
 // The package is found through FUCINA_NPM_DIR (the npm prefix or its node_modules folder).
-import path from "node:path";
-import {createRequire} from "node:module";
-import {pathToFileURL} from "node:url";
+import {loadLlama} from "../tests/reference/llama_cpp.mjs";
 
 const [modelPath, threadsArg, promptArg, genArg, repeatsArg] = process.argv.slice(2);
-let npmDir = process.env.FUCINA_NPM_DIR;
-if (!modelPath || !npmDir) {
+if (!modelPath) {
   console.error("usage: FUCINA_NPM_DIR=... node llamacpp_speed.mjs MODEL THREADS PROMPT GEN REPEATS");
   process.exit(2);
 }
-if (path.basename(npmDir) === "node_modules") npmDir = path.dirname(npmDir);
-const require = createRequire(path.join(npmDir, "package.json"));
-const {getLlama} = await import(pathToFileURL(require.resolve("node-llama-cpp")).href);
 
 const threads = Number(threadsArg), promptLen = Number(promptArg), gen = Number(genArg);
 const repeats = Number(repeatsArg);
-const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+const llama = await loadLlama();
 const model = await llama.loadModel({modelPath});
 const median = (v) => v.slice().sort((a, b) => a - b)[Math.floor(v.length / 2)];
 // A fixed prompt of ordinary token ids (the same ids `fucina run --bench` gets).

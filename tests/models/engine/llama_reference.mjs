@@ -16,32 +16,22 @@
 // temperature 0, no penalties), so log-probabilities are log(prob). The context is set up for
 // tight comparisons: f32 K/V cache, flash attention off, 2 threads (the default 4 oversubscribe
 // a 2-core machine badly), one batch for the whole prompt. No BOS is added: the token ids are
-// used exactly as given. The package is found through FUCINA_NPM_DIR (as llama_tokenize.mjs).
+// used exactly as given. The package is found through FUCINA_NPM_DIR (tests/reference/llama_cpp.mjs).
 import fs from "node:fs";
-import path from "node:path";
-import {createRequire} from "node:module";
-import {pathToFileURL} from "node:url";
+import {loadLlama} from "../../reference/llama_cpp.mjs";
 
 const [modelPath, requestPath] = process.argv.slice(2);
 if (!modelPath || !requestPath) {
   console.error("usage: node llama_reference.mjs MODEL.gguf REQUEST.json");
   process.exit(2);
 }
-let npmDir = process.env.FUCINA_NPM_DIR;
-if (!npmDir) {
-  console.error("FUCINA_NPM_DIR is not set");
-  process.exit(2);
-}
-if (path.basename(npmDir) === "node_modules") npmDir = path.dirname(npmDir);
-const require = createRequire(path.join(npmDir, "package.json"));
-const {getLlama} = await import(pathToFileURL(require.resolve("node-llama-cpp")).href);
 
 const {requests} = JSON.parse(fs.readFileSync(requestPath, "utf8"));
 let longest = 1;
 for (const r of requests) longest = Math.max(longest, r.tokens.length + (r.greedy ?? 0));
 const contextSize = Math.ceil((longest + 1) / 256) * 256;
 
-const llama = await getLlama({gpu: false, build: "never", logLevel: "error", maxThreads: 2});
+const llama = await loadLlama({maxThreads: 2});
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
 const context = await model.createContext({
   contextSize,

@@ -9,29 +9,18 @@
 // "plain" tokenizes with parse_special = false, "special" with true; both without BOS/EOS (the
 // addon never adds them: add_special is applied by the caller from add_bos / add_eos). "detok"
 // is llama_detokenize(special ids, remove_special = false, unparse_special = true).
-// The package is found through FUCINA_NPM_DIR (the npm prefix or its node_modules folder): ESM
-// resolution ignores NODE_PATH, so the entry point is resolved explicitly.
+// llama.cpp is loaded through tests/reference/llama_cpp.mjs (FUCINA_NPM_DIR).
 import fs from "node:fs";
-import path from "node:path";
-import {createRequire} from "node:module";
-import {pathToFileURL} from "node:url";
+import {loadLlama} from "../../reference/llama_cpp.mjs";
 
 const [modelPath, inPath, outPath] = process.argv.slice(2);
 if (!modelPath || !inPath || !outPath) {
   console.error("usage: node llama_tokenize.mjs MODEL.gguf IN.json OUT.json");
   process.exit(2);
 }
-let npmDir = process.env.FUCINA_NPM_DIR;
-if (!npmDir) {
-  console.error("FUCINA_NPM_DIR is not set");
-  process.exit(2);
-}
-if (path.basename(npmDir) === "node_modules") npmDir = path.dirname(npmDir);
-const require = createRequire(path.join(npmDir, "package.json"));
-const {getLlama} = await import(pathToFileURL(require.resolve("node-llama-cpp")).href);
 
 const input = JSON.parse(fs.readFileSync(inPath, "utf8"));
-const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+const llama = await loadLlama();
 const model = await llama.loadModel({modelPath, vocabOnly: true});
 const native = model._model;  // The addon object: no JS-level workarounds in between.
 
