@@ -326,10 +326,19 @@ void PrepareMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n, Activa
   }
 }
 
-template <typename P, int kRn>
-FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const uint8_t* const* xc,
-                                         int64_t b0, int64_t n, const ActivationMeta& meta,
-                                         int rows, float* y, size_t y_stride, bool accumulate) {
+// One block of a 16-row tile as TransposedTile uses it (the unpacked copy of prefill calls).
+struct PackedBlock {
+  __m512i q[8];
+  __m512 d, m;
+};
+
+// kPacked: the rows' blocks come unpacked from pk[b] (b counted from the start of the row),
+// else they are loaded and transposed from rp.
+template <typename P, int kRn, bool kPacked>
+FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedBlock* pk,
+                                         const uint8_t* const* xc, int64_t b0, int64_t n,
+                                         const ActivationMeta& meta, int rows, float* y,
+                                         size_t y_stride, bool accumulate) {
   using W = typename P::W;
   using X = typename P::X;
   __m512 acc[kRn];
@@ -338,37 +347,29 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const uint8_t
     const int64_t b = b0 + j;
     __m512i q[8];
     __m512 d, m = _mm512_setzero_ps();
-    P::Prep(rp, b * sizeof(W), q, &d, &m);
+    if constexpr (kPacked) {
+      for (int k = 0; k < 8; ++k) q[k] = _mm512_load_si512(&pk[b].q[k]);
+      d = _mm512_load_ps(&pk[b].d);
+      if constexpr (P::kHasMin) m = _mm512_load_ps(&pk[b].m);
+    } else {
+      P::Prep(rp, b * sizeof(W), q, &d, &m);
+    }
     for (int c = 0; c < kRn; ++c) {
       const uint8_t* yq = xc[c] + b * sizeof(X) + offsetof(X, qs);
       __m512i sum = P::kOffset != 0 ? _mm512_set1_epi32(meta.corr[c][j]) : _mm512_setzero_si512();
-      for (int k = 0; k < 8; ++k) {
-        int32_t dword;
-        std::memcpy(&dword, yq + 4 * k, sizeof(dword));
-        sum = _mm512_dpbusd_epi32(sum, q[k], _mm512_set1_epi32(dword));
-      }
+      for (int k = 0; k < 8; ++k) sum = _mm512_dpbusd_epi32(sum, q[k], BroadcastDword(yq + 4 * k));
       acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
                                _mm512_mul_ps(d, _mm512_set1_ps(meta.d[c][j])), acc[c]);
       if constexpr (P::kHasMin) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(meta.s[c][j]), acc[c]);
     }
   }
-  // Lane 4l + i holds row 4i + l: output row r reads lane 4 (r % 4) + r / 4.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
-  for (int c = 0; c < kRn; ++c) {
-    __m512 v = _mm512_permutexvar_ps(order, acc[c]);
-    float* out = y + c * y_stride;
-    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
-    _mm512_mask_storeu_ps(out, mask, v);
-  }
+  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate);
 }
 
-template <typename P>
-void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                    size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  const int64_t nb = k / 32;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
+template <typename P, bool kPacked>
+void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedBlock* pk,
+                       int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
+                       size_t y_stride) {
   ActivationMeta meta;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
@@ -380,24 +381,59 @@ void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, con
       for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
         const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
         const uint8_t* rp[kTRows];
-        for (int r = 0; r < kTRows; ++r) rp[r] = wb + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+        TileRows(wb, w_stride, r0, nr, rp);
+        const PackedBlock* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
         float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;
+#define FUCINA_TILE_CASE(n_cols)                                                          \
+  case n_cols:                                                                             \
+    TransposedTile<P, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc); \
+    break;
         switch (nc) {
-          case 8: TransposedTile<P, 8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 7: TransposedTile<P, 7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 6: TransposedTile<P, 6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 5: TransposedTile<P, 5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 4: TransposedTile<P, 4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 3: TransposedTile<P, 3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 2: TransposedTile<P, 2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          default: TransposedTile<P, 1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+          default: TransposedTile<P, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc);
         }
+#undef FUCINA_TILE_CASE
       }
     }
   }
 }
 
+// Decode-shaped calls (one group of activation rows) transpose as they go. Larger ones unpack
+// all row tiles once into per-thread scratch (the caller passes ~256 KiB of weight rows, so
+// the copy stays in L2) and run every group of activation rows over it.
+template <typename P>
+void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                    size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / 32;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const int64_t tiles = (rows + kTRows - 1) / kTRows;
+  PackedBlock* pk = nullptr;
+  if (cols > kTCols) {
+    pk = static_cast<PackedBlock*>(TileScratch(tiles * nb * sizeof(PackedBlock)));
+  }
+  if (pk == nullptr) {
+    TransposedColumns<P, false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    return;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r0 = t * kTRows;
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, r0, static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows), rp);
+    PackedBlock* out = pk + t * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i q[8];
+      __m512 d, m = _mm512_setzero_ps();
+      P::Prep(rp, b * sizeof(typename P::W), q, &d, &m);
+      for (int i = 0; i < 8; ++i) _mm512_store_si512(&out[b].q[i], q[i]);
+      _mm512_store_ps(&out[b].d, d);
+      _mm512_store_ps(&out[b].m, m);
+    }
+  }
+  TransposedColumns<P, true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
+}
 
 }  // namespace
 

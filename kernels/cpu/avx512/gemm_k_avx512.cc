@@ -68,69 +68,133 @@ FUCINA_TILE_INLINE __m512i BitTo4(__m512i h, int bit) {
   return h;
 }
 
+// A super-block of 16 rows unpacked: the sub-block pair t's quants (lo: sub-block 2t, hi:
+// 2t + 1) as unsigned bytes in dword order, their scale * d, the mins as int16 pairs and dmin.
+struct PackedQxK {
+  __m512i lo[4][8], hi[4][8];
+  __m512 sd[4][2];
+  __m512i mins[4];
+  __m512 dmin;
+};
+
 // kHigh: Q5_K (block with qh[32] before qs; element 32s + l of a 64-element pair takes bit s
 // of qh[l] as its 5th bit), else Q4_K.
-template <bool kHigh, int kRn>
-FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const uint8_t* const* xc, int64_t b0,
-                                int64_t n, const KActivationMeta& meta, int rows, float* y,
-                                size_t y_stride, bool accumulate) {
+template <bool kHigh>
+struct QxKUnpacker {
   using W = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
-  // Bytes with the high bit set give 0; 0x80 in the other positions of each pattern.
-  const __m512i byte_pat[4] = {DwordPattern(0x80808000u), DwordPattern(0x80808001u),
-                               DwordPattern(0x80808002u), DwordPattern(0x80808003u)};
-  const __m512i pair01 = DwordPattern(0x80018000u);
-  const __m512i pair23 = DwordPattern(0x80038002u);
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i bit4 = _mm512_set1_epi8(0x10);
-  const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f);
-  const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f);
-  const __m512i m2 = _mm512_set1_epi32(0x03030303);
-  __m512 acc[kRn];
-  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t b = b0 + j;
-    const size_t off = b * sizeof(W);
+  __m512 d, dmin;
+  __m512i sc[2], mn[2], qh[8];
+
+  // The transposed header of the super-block at byte offset `off` of every row.
+  FUCINA_TILE_INLINE void Header(const uint8_t* const* rp, size_t off) {
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f);
+    const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m2 = _mm512_set1_epi32(0x03030303);
     __m512i h[4];  // d|dmin, then scale bytes 0-3, 4-7, 8-11 (kernels/quant/blocks.h).
     LoadTransposed(rp, off, h);
-    const __m512 d = LowHalves(h[0]);
-    const __m512 dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
+    d = LowHalves(h[0]);
+    dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
     // As get_scale_min_k4: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes of one dword each.
-    __m512i sc[2], mn[2];
     sc[0] = _mm512_and_si512(h[1], m6);
     sc[1] = _mm512_or_si512(_mm512_and_si512(h[3], m4),
                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[1], 6), m2), 4));
     mn[0] = _mm512_and_si512(h[2], m6);
     mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[2], 6), m2), 4));
-    __m512i qh[8];
     if constexpr (kHigh) {
       LoadTransposed(rp, off + offsetof(BlockQ5_K, qh), qh);
       LoadTransposed(rp, off + offsetof(BlockQ5_K, qh) + 16, qh + 4);
     }
+  }
+
+  // Sub-blocks 2t (lo) and 2t + 1 (hi): quants and scale * d.
+  FUCINA_TILE_INLINE void Quants(const uint8_t* const* rp, size_t off, int t, __m512i lo[8],
+                                 __m512i hi[8], __m512 sd[2]) const {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    // 32 bytes of qs: low nibbles are sub-block 2t, high nibbles 2t + 1.
+    __m512i tq[8];
+    LoadTransposed(rp, off + offsetof(W, qs) + 32 * t, tq);
+    LoadTransposed(rp, off + offsetof(W, qs) + 32 * t + 16, tq + 4);
+    for (int k = 0; k < 8; ++k) {
+      if constexpr (kHigh) {
+        lo[k] = _mm512_ternarylogic_epi32(tq[k], _mm512_and_si512(BitTo4(qh[k], 2 * t), bit4),
+                                          low4, kAndCOrB);
+        hi[k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(tq[k], 4),
+                                          _mm512_and_si512(BitTo4(qh[k], 2 * t + 1), bit4), low4,
+                                          kAndCOrB);
+      } else {
+        lo[k] = _mm512_and_si512(tq[k], low4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(tq[k], 4), low4);
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      // Byte s % 4 of dword sc[s / 4], zero-extended (pattern bytes with the high bit give 0).
+      const int sb = 2 * t + i;
+      const __m512i pat = DwordPattern(0x80808000u + static_cast<uint32_t>(sb % 4));
+      sd[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[sb / 4], pat)), d);
+    }
+  }
+
+  // Mins (m_2p, m_2p+1) as int16 pairs, p < 4.
+  FUCINA_TILE_INLINE void Mins(__m512i mins[4]) const {
+    const __m512i pair01 = DwordPattern(0x80018000u);
+    const __m512i pair23 = DwordPattern(0x80038002u);
+    mins[0] = _mm512_shuffle_epi8(mn[0], pair01);
+    mins[1] = _mm512_shuffle_epi8(mn[0], pair23);
+    mins[2] = _mm512_shuffle_epi8(mn[1], pair01);
+    mins[3] = _mm512_shuffle_epi8(mn[1], pair23);
+  }
+
+  // The whole super-block into *out.
+  FUCINA_TILE_INLINE void Pack(const uint8_t* const* rp, size_t off, PackedQxK* out) {
+    Header(rp, off);
+    for (int t = 0; t < 4; ++t) {
+      __m512i lo[8], hi[8];
+      __m512 sd[2];
+      Quants(rp, off, t, lo, hi, sd);
+      for (int k = 0; k < 8; ++k) {
+        _mm512_store_si512(&out->lo[t][k], lo[k]);
+        _mm512_store_si512(&out->hi[t][k], hi[k]);
+      }
+      _mm512_store_ps(&out->sd[t][0], sd[0]);
+      _mm512_store_ps(&out->sd[t][1], sd[1]);
+    }
+    __m512i mins[4];
+    Mins(mins);
+    for (int p = 0; p < 4; ++p) _mm512_store_si512(&out->mins[p], mins[p]);
+    _mm512_store_ps(&out->dmin, dmin);
+  }
+};
+
+// kPacked: super-blocks come unpacked from pk[b], else from rp.
+template <bool kHigh, int kRn, bool kPacked>
+FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
+                                const uint8_t* const* xc, int64_t b0, int64_t n,
+                                const KActivationMeta& meta, int rows, float* y, size_t y_stride,
+                                bool accumulate) {
+  using U = QxKUnpacker<kHigh>;
+  __m512 acc[kRn];
+  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t b = b0 + j;
+    const size_t off = b * sizeof(typename U::W);
+    U u;
+    if constexpr (!kPacked) u.Header(rp, off);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
-      // 32 bytes of qs: low nibbles are sub-block 2t, high nibbles 2t + 1.
-      __m512i tq[8];
-      LoadTransposed(rp, off + offsetof(W, qs) + 32 * t, tq);
-      LoadTransposed(rp, off + offsetof(W, qs) + 32 * t + 16, tq + 4);
       __m512i lo[8], hi[8];
-      for (int k = 0; k < 8; ++k) {
-        if constexpr (kHigh) {
-          lo[k] = _mm512_ternarylogic_epi32(tq[k], _mm512_and_si512(BitTo4(qh[k], 2 * t), bit4),
-                                            low4, kAndCOrB);
-          hi[k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(tq[k], 4),
-                                            _mm512_and_si512(BitTo4(qh[k], 2 * t + 1), bit4),
-                                            low4, kAndCOrB);
-        } else {
-          lo[k] = _mm512_and_si512(tq[k], low4);
-          hi[k] = _mm512_and_si512(_mm512_srli_epi16(tq[k], 4), low4);
+      __m512 sd[2];
+      if constexpr (kPacked) {
+        for (int k = 0; k < 8; ++k) {
+          lo[k] = _mm512_load_si512(&pk[b].lo[t][k]);
+          hi[k] = _mm512_load_si512(&pk[b].hi[t][k]);
         }
+        sd[0] = _mm512_load_ps(&pk[b].sd[t][0]);
+        sd[1] = _mm512_load_ps(&pk[b].sd[t][1]);
+      } else {
+        u.Quants(rp, off, t, lo, hi, sd);
       }
-      const int s_lo = 2 * t, s_hi = 2 * t + 1;
-      const __m512 sd_lo = _mm512_mul_ps(
-          _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[s_lo / 4], byte_pat[s_lo % 4])), d);
-      const __m512 sd_hi = _mm512_mul_ps(
-          _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[s_hi / 4], byte_pat[s_hi % 4])), d);
       for (int c = 0; c < kRn; ++c) {
         const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
         __m512i sum_lo = _mm512_setzero_si512();
@@ -140,12 +204,19 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const uint8_t* const* 
           sum_hi = _mm512_dpbusd_epi32(sum_hi, hi[k], BroadcastDword(yq + 32 + 4 * k));
         }
         const __m512 dx = _mm512_set1_ps(meta.d[c][j]);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo), _mm512_mul_ps(sd_lo, dx), acc[c]);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi), _mm512_mul_ps(sd_hi, dx), acc[c]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo), _mm512_mul_ps(sd[0], dx), acc[c]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi), _mm512_mul_ps(sd[1], dx), acc[c]);
       }
     }
-    const __m512i mins[4] = {_mm512_shuffle_epi8(mn[0], pair01), _mm512_shuffle_epi8(mn[0], pair23),
-                             _mm512_shuffle_epi8(mn[1], pair01), _mm512_shuffle_epi8(mn[1], pair23)};
+    __m512i mins[4];
+    __m512 dmin;
+    if constexpr (kPacked) {
+      for (int p = 0; p < 4; ++p) mins[p] = _mm512_load_si512(&pk[b].mins[p]);
+      dmin = _mm512_load_ps(&pk[b].dmin);
+    } else {
+      u.Mins(mins);
+      dmin = u.dmin;
+    }
     for (int c = 0; c < kRn; ++c) {
       __m512i ms = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) {
@@ -158,12 +229,9 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const uint8_t* const* 
   for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate);
 }
 
-template <bool kHigh>
-void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  const int64_t nb = k / kQK_K;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
+template <bool kHigh, bool kPacked>
+void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQxK* pk, int64_t nb,
+                const uint8_t* xb, size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   KActivationMeta meta;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
@@ -176,21 +244,46 @@ void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
         const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
         const uint8_t* rp[kTRows];
         TileRows(wb, w_stride, r0, nr, rp);
+        const PackedQxK* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
         float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;
+#define FUCINA_TILE_CASE(n_cols)                                                             \
+  case n_cols:                                                                                \
+    QxKTile<kHigh, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc); break;
         switch (nc) {
-          case 8: QxKTile<kHigh, 8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 7: QxKTile<kHigh, 7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 6: QxKTile<kHigh, 6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 5: QxKTile<kHigh, 5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 4: QxKTile<kHigh, 4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 3: QxKTile<kHigh, 3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 2: QxKTile<kHigh, 2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          default: QxKTile<kHigh, 1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+          default: QxKTile<kHigh, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc);
         }
+#undef FUCINA_TILE_CASE
       }
     }
   }
+}
+
+// As GemmTransposed (gemm_avx512.cc): decode-shaped calls unpack as they go, larger ones unpack
+// every row tile once into per-thread scratch.
+template <bool kHigh>
+void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  using U = QxKUnpacker<kHigh>;
+  const int64_t nb = k / kQK_K;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const int64_t tiles = (rows + kTRows - 1) / kTRows;
+  PackedQxK* pk = nullptr;
+  if (cols > kTCols) pk = static_cast<PackedQxK*>(TileScratch(tiles * nb * sizeof(PackedQxK)));
+  if (pk == nullptr) {
+    QxKColumns<kHigh, false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    return;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, t * kTRows,
+             static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
+    for (int64_t b = 0; b < nb; ++b) U().Pack(rp, b * sizeof(typename U::W), pk + t * nb + b);
+  }
+  QxKColumns<kHigh, true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,50 +300,105 @@ FUCINA_TILE_INLINE __m512i HighPair(__m512i h, int g, __m512i mask30) {
   return _mm512_and_si512(s, mask30);
 }
 
-template <int kRn>
-FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const uint8_t* const* xc, int64_t nb,
-                                int rows, float* y, size_t y_stride) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i mask30 = _mm512_set1_epi8(0x30);
-  // Scale bytes (2q, 2q + 1) of each dword as sign-extended int16 pairs (after a >> 8).
-  const __m512i pair_pat[2] = {DwordPattern(0x01800080u), DwordPattern(0x03800280u)};
+// A super-block of 16 rows unpacked: the quants of sub-block j = 8h + 2g + s as q[j][4]
+// (unsigned 6-bit, dword order), each sub-block's scale as int32, the scale pairs for the
+// offset term and d.
+struct PackedQ6K {
+  __m512i q[16][4];
+  __m512i scale[16];
+  __m512i pairs[8];
+  __m512 d;
+};
+
+struct Q6KUnpacker {
+  __m512i sc[4];  // lane dword t = scales 4t..4t+3 (int8).
+  __m512 d;
+
+  FUCINA_TILE_INLINE void Header(const uint8_t* const* rp, size_t off) {
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, scales), sc);
+    // d is the last 2 bytes of the block: dword 3 of the 16 bytes ending there, high half.
+    d = LowHalves(_mm512_srli_epi32(LoadDword3(rp, off + sizeof(BlockQ6_K) - 16), 16));
+  }
+  // Sub-block sb's scale, sign-extended: byte sb % 4 of dword sc[sb / 4].
+  FUCINA_TILE_INLINE __m512i Scale(int sb) const {
+    return _mm512_srai_epi32(_mm512_slli_epi32(sc[sb / 4], 24 - 8 * (sb % 4)), 24);
+  }
+  // (scales[2p], scales[2p + 1]) as int16 pairs.
+  FUCINA_TILE_INLINE __m512i Pair(int p) const {
+    const __m512i pat = DwordPattern(p % 2 ? 0x03800280u : 0x01800080u);
+    return _mm512_srai_epi16(_mm512_shuffle_epi8(sc[p / 2], pat), 8);
+  }
+  // Dwords 4s..4s+3 of each 32-byte piece of half h: qa, qb (ql) and qh.
+  static FUCINA_TILE_INLINE void Load(const uint8_t* const* rp, size_t off, int h, int s,
+                                      __m512i qa[4], __m512i qb[4], __m512i qh[4]) {
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 16 * s, qa);
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, qh) + 32 * h + 16 * s, qh);
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 32 + 16 * s, qb);
+  }
+  // Group g's quants from what Load gave.
+  static FUCINA_TILE_INLINE void Group(const __m512i qa[4], const __m512i qb[4],
+                                       const __m512i qh[4], int g, __m512i q[4]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i mask30 = _mm512_set1_epi8(0x30);
+    const __m512i* src = (g & 1) ? qb : qa;
+    for (int i = 0; i < 4; ++i) {
+      const __m512i nib = g >> 1 ? _mm512_srli_epi16(src[i], 4) : src[i];
+      q[i] = _mm512_ternarylogic_epi32(nib, HighPair(qh[i], g, mask30), low4, kAndCOrB);
+    }
+  }
+
+  FUCINA_TILE_INLINE void Pack(const uint8_t* const* rp, size_t off, PackedQ6K* out) {
+    Header(rp, off);
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 2; ++s) {
+        __m512i qa[4], qb[4], qh[4];
+        Load(rp, off, h, s, qa, qb, qh);
+        for (int g = 0; g < 4; ++g) {
+          __m512i q[4];
+          Group(qa, qb, qh, g, q);
+          for (int i = 0; i < 4; ++i) _mm512_store_si512(&out->q[8 * h + 2 * g + s][i], q[i]);
+        }
+      }
+    }
+    for (int sb = 0; sb < 16; ++sb) _mm512_store_si512(&out->scale[sb], Scale(sb));
+    for (int p = 0; p < 8; ++p) _mm512_store_si512(&out->pairs[p], Pair(p));
+    _mm512_store_ps(&out->d, d);
+  }
+};
+
+template <int kRn, bool kPacked>
+FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
+                                const uint8_t* const* xc, int64_t nb, int rows, float* y,
+                                size_t y_stride) {
   __m512 acc[kRn];
   for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const size_t off = b * sizeof(BlockQ6_K);
-    __m512i sc[4];  // lane dword t = scales 4t..4t+3 (int8).
-    LoadTransposed(rp, off + offsetof(BlockQ6_K, scales), sc);
-    // d is the last 2 bytes of the block: dword 3 of the 16 bytes ending there, high half.
-    const __m512 d = LowHalves(_mm512_srli_epi32(
-        LoadDword3(rp, off + sizeof(BlockQ6_K) - 16), 16));
+    Q6KUnpacker u;
+    if constexpr (!kPacked) u.Header(rp, off);
     __m512i tot[kRn];
     for (int c = 0; c < kRn; ++c) tot[c] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 2
       for (int s = 0; s < 2; ++s) {
-        // Dwords 4s..4s+3 of each 32-byte piece: sub-block j = 8h + 2g + s of every group.
         __m512i qa[4], qb[4], qh[4];
-        LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 16 * s, qa);
-        LoadTransposed(rp, off + offsetof(BlockQ6_K, qh) + 32 * h + 16 * s, qh);
-        LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 32 + 16 * s, qb);
+        if constexpr (!kPacked) Q6KUnpacker::Load(rp, off, h, s, qa, qb, qh);
         // Groups 0 and 2 read qa, 1 and 3 qb, so each is live for half of the loop.
 #pragma GCC unroll 4
         for (int gi = 0; gi < 4; ++gi) {
           const int g = (gi >> 1) | ((gi & 1) << 1);
-          const __m512i* src = (g & 1) ? qb : qa;
-          __m512i q[4];
-          for (int i = 0; i < 4; ++i) {
-            const __m512i nib = g >> 1 ? _mm512_srli_epi16(src[i], 4) : src[i];
-            q[i] = _mm512_ternarylogic_epi32(nib, HighPair(qh[i], g, mask30), low4, kAndCOrB);
-          }
           const int sb = 8 * h + 2 * g + s;
-          // Sub-block sb's scale, sign-extended: byte sb % 4 of dword sc[sb / 4].
-          const __m512i scale =
-              _mm512_srai_epi32(_mm512_slli_epi32(sc[sb / 4], 24 - 8 * (sb % 4)), 24);
+          __m512i q[4], scale;
+          if constexpr (kPacked) {
+            for (int i = 0; i < 4; ++i) q[i] = _mm512_load_si512(&pk[b].q[sb][i]);
+            scale = _mm512_load_si512(&pk[b].scale[sb]);
+          } else {
+            Q6KUnpacker::Group(qa, qb, qh, g, q);
+            scale = u.Scale(sb);
+          }
           for (int c = 0; c < kRn; ++c) {
-            const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) +
-                                128 * h + 32 * g + 16 * s;
+            const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 16 * sb;
             __m512i sum = _mm512_setzero_si512();
             for (int i = 0; i < 4; ++i) {
               sum = _mm512_dpbusd_epi32(sum, q[i], BroadcastDword(yq + 4 * i));
@@ -260,10 +408,10 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const uint8_t* const* 
         }
       }
     }
-    __m512i pairs[8];  // (scales[2p], scales[2p + 1]) as int16 pairs.
-    for (int p = 0; p < 8; ++p) {
-      pairs[p] = _mm512_srai_epi16(_mm512_shuffle_epi8(sc[p / 2], pair_pat[p % 2]), 8);
-    }
+    __m512i pairs[8];
+    __m512 d;
+    for (int p = 0; p < 8; ++p) pairs[p] = kPacked ? _mm512_load_si512(&pk[b].pairs[p]) : u.Pair(p);
+    d = kPacked ? _mm512_load_ps(&pk[b].d) : u.d;
     for (int c = 0; c < kRn; ++c) {
       const BlockQ8_K* xb = reinterpret_cast<const BlockQ8_K*>(xc[c]) + b;
       __m512i corr = _mm512_setzero_si512();
@@ -278,11 +426,10 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const uint8_t* const* 
   for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, false);
 }
 
-void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  const int64_t nb = k / kQK_K;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
+template <bool kPacked>
+void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6K* pk,
+                int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
+                size_t y_stride) {
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -291,19 +438,39 @@ void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
       const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
       const uint8_t* rp[kTRows];
       TileRows(wb, w_stride, r0, nr, rp);
+      const PackedQ6K* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
       float* yt = y + c0 * y_stride + r0;
+#define FUCINA_TILE_CASE(n_cols) \
+  case n_cols: Q6KTile<n_cols, kPacked>(rp, tile, xc, nb, nr, yt, y_stride); break;
       switch (nc) {
-        case 8: Q6KTile<8>(rp, xc, nb, nr, yt, y_stride); break;
-        case 7: Q6KTile<7>(rp, xc, nb, nr, yt, y_stride); break;
-        case 6: Q6KTile<6>(rp, xc, nb, nr, yt, y_stride); break;
-        case 5: Q6KTile<5>(rp, xc, nb, nr, yt, y_stride); break;
-        case 4: Q6KTile<4>(rp, xc, nb, nr, yt, y_stride); break;
-        case 3: Q6KTile<3>(rp, xc, nb, nr, yt, y_stride); break;
-        case 2: Q6KTile<2>(rp, xc, nb, nr, yt, y_stride); break;
-        default: Q6KTile<1>(rp, xc, nb, nr, yt, y_stride); break;
+        FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+        FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+        default: Q6KTile<1, kPacked>(rp, tile, xc, nb, nr, yt, y_stride);
       }
+#undef FUCINA_TILE_CASE
     }
   }
+}
+
+void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / kQK_K;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const int64_t tiles = (rows + kTRows - 1) / kTRows;
+  PackedQ6K* pk = nullptr;
+  if (cols > kTCols) pk = static_cast<PackedQ6K*>(TileScratch(tiles * nb * sizeof(PackedQ6K)));
+  if (pk == nullptr) {
+    Q6KColumns<false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    return;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, t * kTRows,
+             static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
+    for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(rp, b * sizeof(BlockQ6_K), pk + t * nb + b);
+  }
+  Q6KColumns<true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace fucina::avx512 {
 namespace {
@@ -102,6 +103,25 @@ FUCINA_TILE_INLINE void StoreTile(__m512 acc, int rows, float* out, bool accumul
 FUCINA_TILE_INLINE void TileRows(const uint8_t* w, size_t w_stride, int64_t r0, int nr,
                                  const uint8_t* rp[kTRows]) {
   for (int r = 0; r < kTRows; ++r) rp[r] = w + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+}
+
+// A 64-byte aligned per-thread buffer of at least `bytes`, grow-only (freed at thread exit).
+// Prefill-shaped calls unpack a block of weight rows into it once and run every group of
+// activation rows over the unpacked copy instead of transposing the rows again for each group.
+inline void* TileScratch(size_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buf;
+  if (buf.size < bytes) {
+    std::free(buf.p);
+    buf.size = (bytes + 4095) & ~size_t{4095};
+    buf.p = std::aligned_alloc(64, buf.size);
+    if (buf.p == nullptr) buf.size = 0;
+  }
+  return buf.p;
 }
 
 }  // namespace
