@@ -338,7 +338,7 @@ template <typename P, int kRn, bool kPacked>
 FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedBlock* pk,
                                          const uint8_t* const* xc, int64_t b0, int64_t n,
                                          const ActivationMeta& meta, int rows, float* y,
-                                         size_t y_stride, bool accumulate) {
+                                         size_t y_stride, bool accumulate, size_t ahead) {
   using W = typename P::W;
   using X = typename P::X;
   __m512 acc[kRn];
@@ -352,6 +352,7 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedB
       d = _mm512_load_ps(&pk[b].d);
       if constexpr (P::kHasMin) m = _mm512_load_ps(&pk[b].m);
     } else {
+      PrefetchNextTile<sizeof(W)>(rp, ahead, b * sizeof(W), j);
       P::Prep(rp, b * sizeof(W), q, &d, &m);
     }
     for (int c = 0; c < kRn; ++c) {
@@ -371,6 +372,7 @@ void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const P
                        int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
                        size_t y_stride) {
   ActivationMeta meta;
+  const size_t ahead = kTRows * w_stride;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -387,12 +389,14 @@ void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const P
         const bool acc = b0 > 0;
 #define FUCINA_TILE_CASE(n_cols)                                                          \
   case n_cols:                                                                             \
-    TransposedTile<P, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc); \
+    TransposedTile<P, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, \
+                                       ahead);                                             \
     break;
         switch (nc) {
           FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
           FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
-          default: TransposedTile<P, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc);
+          default:
+            TransposedTile<P, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
         }
 #undef FUCINA_TILE_CASE
       }

@@ -172,7 +172,7 @@ template <bool kHigh, int kRn, bool kPacked>
 FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
                                 const uint8_t* const* xc, int64_t b0, int64_t n,
                                 const KActivationMeta& meta, int rows, float* y, size_t y_stride,
-                                bool accumulate) {
+                                bool accumulate, size_t ahead) {
   using U = QxKUnpacker<kHigh>;
   __m512 acc[kRn];
   for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
@@ -180,7 +180,10 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
     const int64_t b = b0 + j;
     const size_t off = b * sizeof(typename U::W);
     U u;
-    if constexpr (!kPacked) u.Header(rp, off);
+    if constexpr (!kPacked) {
+      PrefetchNextTile<sizeof(typename U::W)>(rp, ahead, off, j);
+      u.Header(rp, off);
+    }
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       __m512i lo[8], hi[8];
@@ -233,6 +236,7 @@ template <bool kHigh, bool kPacked>
 void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQxK* pk, int64_t nb,
                 const uint8_t* xb, size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   KActivationMeta meta;
+  const size_t ahead = kTRows * w_stride;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -249,11 +253,13 @@ void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQx
         const bool acc = b0 > 0;
 #define FUCINA_TILE_CASE(n_cols)                                                             \
   case n_cols:                                                                                \
-    QxKTile<kHigh, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+    QxKTile<kHigh, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead); \
+    break;
         switch (nc) {
           FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
           FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
-          default: QxKTile<kHigh, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc);
+          default:
+            QxKTile<kHigh, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
         }
 #undef FUCINA_TILE_CASE
       }
@@ -369,13 +375,16 @@ struct Q6KUnpacker {
 template <int kRn, bool kPacked>
 FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
                                 const uint8_t* const* xc, int64_t nb, int rows, float* y,
-                                size_t y_stride) {
+                                size_t y_stride, size_t ahead) {
   __m512 acc[kRn];
   for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const size_t off = b * sizeof(BlockQ6_K);
     Q6KUnpacker u;
-    if constexpr (!kPacked) u.Header(rp, off);
+    if constexpr (!kPacked) {
+      PrefetchNextTile<sizeof(BlockQ6_K)>(rp, ahead, off, b);
+      u.Header(rp, off);
+    }
     __m512i tot[kRn];
     for (int c = 0; c < kRn; ++c) tot[c] = _mm512_setzero_si512();
 #pragma GCC unroll 2
@@ -430,6 +439,7 @@ template <bool kPacked>
 void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6K* pk,
                 int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
                 size_t y_stride) {
+  const size_t ahead = kTRows * w_stride;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -441,11 +451,11 @@ void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6
       const PackedQ6K* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
       float* yt = y + c0 * y_stride + r0;
 #define FUCINA_TILE_CASE(n_cols) \
-  case n_cols: Q6KTile<n_cols, kPacked>(rp, tile, xc, nb, nr, yt, y_stride); break;
+  case n_cols: Q6KTile<n_cols, kPacked>(rp, tile, xc, nb, nr, yt, y_stride, ahead); break;
       switch (nc) {
         FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
         FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
-        default: Q6KTile<1, kPacked>(rp, tile, xc, nb, nr, yt, y_stride);
+        default: Q6KTile<1, kPacked>(rp, tile, xc, nb, nr, yt, y_stride, ahead);
       }
 #undef FUCINA_TILE_CASE
     }
