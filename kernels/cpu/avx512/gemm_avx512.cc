@@ -373,6 +373,11 @@ void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const P
                        size_t y_stride) {
   ActivationMeta meta;
   const size_t ahead = kTRows * w_stride;
+  if (!kPacked && rows > 0 && cols > 0) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
+    PrefetchTile(rp, static_cast<size_t>(nb < kTChunk ? nb : kTChunk) * sizeof(typename P::W));
+  }
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];

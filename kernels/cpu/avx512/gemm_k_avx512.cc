@@ -237,6 +237,12 @@ void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQx
                 const uint8_t* xb, size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   KActivationMeta meta;
   const size_t ahead = kTRows * w_stride;
+  if (!kPacked && rows > 0 && cols > 0) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
+    PrefetchTile(rp, static_cast<size_t>(nb < kKChunk ? nb : kKChunk) *
+                         sizeof(typename QxKUnpacker<kHigh>::W));
+  }
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -440,6 +446,11 @@ void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6
                 int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
                 size_t y_stride) {
   const size_t ahead = kTRows * w_stride;
+  if (!kPacked && rows > 0 && cols > 0) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
+    PrefetchTile(rp, static_cast<size_t>(nb) * sizeof(BlockQ6_K));
+  }
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];

@@ -131,6 +131,17 @@ FUCINA_TILE_INLINE void PrefetchNextTile(const uint8_t* const* rp, size_t ahead,
   }
 }
 
+// Requests the first `row_bytes` of the 16 rows at rp into L2 at once: the start of a
+// decode-shaped call, before PrefetchNextTile keeps one tile ahead. (A call often starts where
+// another thread's work item ended, so nothing has prefetched these rows.)
+FUCINA_TILE_INLINE void PrefetchTile(const uint8_t* const* rp, size_t row_bytes) {
+  for (int r = 0; r < kTRows; ++r) {
+    for (size_t o = 0; o < row_bytes; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(rp[r] + o), _MM_HINT_T1);
+    }
+  }
+}
+
 // A 64-byte aligned per-thread buffer of at least `bytes`, grow-only (freed at thread exit).
 // Prefill-shaped calls unpack a block of weight rows into it once and run every group of
 // activation rows over the unpacked copy instead of transposing the rows again for each group.
