@@ -154,6 +154,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   const int hd = l.head_dim;
   const int group = args.num_heads / l.num_heads_kv;
   const int64_t stride = l.PositionBytes();
+  const int64_t head_bytes = l.HeadBytes();
   const TileKernels kern = SelectKernels(isa, l.type);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -181,6 +182,18 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       const uint8_t* v_base = HeadRow(l, args.v_cache, 0, kvh);
       for (int64_t j0 = 0; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
+        // The rows of one kv head are a position apart (all kv heads of a position are
+        // contiguous), a stride the hardware prefetchers do not follow: request the next
+        // tile's K and V rows while this one is computed.
+        const int64_t next = std::min<int64_t>(kTile, n_keys - j0 - nt);
+        for (int64_t t = 0; t < next; ++t) {
+          const uint8_t* kr = k_base + (j0 + nt + t) * stride;
+          const uint8_t* vr = v_base + (j0 + nt + t) * stride;
+          for (int64_t o = 0; o < head_bytes; o += 64) {
+            __builtin_prefetch(kr + o, 0, 2);
+            __builtin_prefetch(vr + o, 0, 2);
+          }
+        }
         for (int g = 0; g < nh; ++g) {
           float* a = acc.data() + g * hd;
           kern.scores(qs.data() + g * hd, k_base + j0 * stride, stride, nt, hd, s);

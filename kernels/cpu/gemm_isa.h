@@ -35,6 +35,8 @@ namespace avx2 { FUCINA_GEMM_LEGACY_DECLS }
 namespace avx512 {
 FUCINA_GEMM_LEGACY_DECLS
 FUCINA_GEMM_ONE_DECL(GemmQ4_KQ8_K)
+FUCINA_GEMM_ONE_DECL(GemmQ5_KQ8_K)
+FUCINA_GEMM_ONE_DECL(GemmQ6_KQ8_K)
 }  // namespace avx512
 
 }  // namespace fucina

@@ -370,13 +370,16 @@ void Model::AttentionBlock(const Layer& L, int64_t li, float* x, int64_t rows,
     StoreKvRows(kv.layout(), kv.k(li), kv.len(), seg.count, k + seg.begin * kvd);
     StoreKvRows(kv.layout(), kv.v(li), kv.len(), seg.count, v + seg.begin * kvd);
   }
-  // (segment, head) pairs spread over the pool.
+  // (segment, kv head) pairs spread over the pool: the query heads sharing a kv head run
+  // together, so each K/V tile is read once for all of them.
   const int64_t heads = c.num_heads;
-  pool_->ParallelFor(static_cast<int64_t>(segments.size()) * heads, 1,
+  const int64_t kv_heads = c.num_heads_kv;
+  const int group = static_cast<int>(heads / kv_heads);
+  pool_->ParallelFor(static_cast<int64_t>(segments.size()) * kv_heads, 1,
                      [&](int64_t b, int64_t e, int) {
                        for (int64_t i = b; i < e; ++i) {
-                         const Segment& seg = segments[i / heads];
-                         const int hd = static_cast<int>(i % heads);
+                         const Segment& seg = segments[i / kv_heads];
+                         const int hd = static_cast<int>(i % kv_heads) * group;
                          AttentionArgs args;
                          args.q = q + seg.begin * qd;
                          args.n_q = seg.count;
@@ -386,7 +389,7 @@ void Model::AttentionBlock(const Layer& L, int64_t li, float* x, int64_t rows,
                          args.layout = seg.kv->layout();
                          args.k_cache = seg.kv->k(li);
                          args.v_cache = seg.kv->v(li);
-                         AttentionHeads(args, hd, hd + 1, attn + seg.begin * qd);
+                         AttentionHeads(args, hd, hd + group, attn + seg.begin * qd);
                        }
                      });
   float* o = Scratch::Grow(s.tmp, rows * c.hidden);

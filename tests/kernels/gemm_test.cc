@@ -99,7 +99,9 @@ TEST(GemmTest, TiledKernelsArePresentWhereImplemented) {
     }
   }
   if (DetectedIsa() >= Isa::kAvx512) {
-    EXPECT_NE(GetCpuTraits(GgmlType::kQ4_K, Isa::kAvx512)->gemm, nullptr);
+    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+      EXPECT_NE(GetCpuTraits(type, Isa::kAvx512)->gemm, nullptr) << TypeName(type);
+    }
   }
   // The scalar level is the reference: it never has a tiled kernel.
   for (GgmlType type : kTiledTypes) EXPECT_EQ(GetCpuTraits(type, Isa::kScalar)->gemm, nullptr);
@@ -172,7 +174,8 @@ TEST(GemmTest, MatMulTiledPathMatchesReference) {
   };
   const Case cases[] = {{GgmlType::kQ4_1, 577, 576, 37}, {GgmlType::kQ8_0, 203, 1536, 9},
                         {GgmlType::kQ4_0, 1001, 64, 70}, {GgmlType::kQ4_K, 131, 768, 13},
-                        {GgmlType::kQ6_K, 66, 512, 5},   {GgmlType::kQ5_1, 9, 96, 1}};
+                        {GgmlType::kQ6_K, 66, 512, 5},   {GgmlType::kQ5_1, 9, 96, 1},
+                        {GgmlType::kQ5_K, 40, 1024, 9},  {GgmlType::kQ6_K, 300, 1024, 1}};
   for (const Case& c : cases) {
     const std::vector<float> wf = RandomRows(c.rows * c.cols, 11);
     const std::vector<float> x = RandomRows(c.m * c.cols, 12);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx512/tile_avx512.h"
 #include "kernels/cpu/gemm_isa.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
@@ -238,8 +239,6 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
 // Lane order: lane 4l + i holds row 4i + l (a 4x4 transpose of the row index), undone by one
 // permute per output vector.
 
-constexpr int kTRows = 16;    // weight rows per transposed tile.
-constexpr int kTCols = 8;     // activation rows per transposed tile.
 constexpr int kTChunk = 128;  // blocks of activation metadata prepared at once (k = 4096).
 
 struct ActivationMeta {
@@ -247,45 +246,6 @@ struct ActivationMeta {
   float s[kTCols][kTChunk];
   int32_t corr[kTCols][kTChunk];
 };
-
-// Chunk l of the result = 16 bytes at r[l] (l < 4).
-FUCINA_ALWAYS_INLINE __m512i Load4x16(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2,
-                                      const uint8_t* r3) {
-  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
-  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
-  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r2)), 2);
-  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r3)), 3);
-}
-
-// The 16 bytes at rp[q] + off of the 16 rows -> t[k] whose lane 4l + i is dword k of row 4i + l.
-FUCINA_ALWAYS_INLINE void LoadTransposed(const uint8_t* const* rp, size_t off, __m512i t[4]) {
-  __m512i z[4];
-  for (int i = 0; i < 4; ++i) {
-    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
-  }
-  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]);  // per chunk: z0.d0 z1.d0 z0.d1 z1.d1
-  const __m512i b = _mm512_unpackhi_epi32(z[0], z[1]);  // z0.d2 z1.d2 z0.d3 z1.d3
-  const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);
-  const __m512i d = _mm512_unpackhi_epi32(z[2], z[3]);
-  t[0] = _mm512_unpacklo_epi64(a, c);
-  t[1] = _mm512_unpackhi_epi64(a, c);
-  t[2] = _mm512_unpacklo_epi64(b, d);
-  t[3] = _mm512_unpackhi_epi64(b, d);
-}
-
-// Dword 0 of the 16 rows (the f16 d, and m for Q4_1), same lane order.
-FUCINA_ALWAYS_INLINE __m512i LoadHeaders(const uint8_t* const* rp, size_t off) {
-  __m512i z[4];
-  for (int i = 0; i < 4; ++i) {
-    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
-  }
-  return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(z[0], z[1]),
-                               _mm512_unpacklo_epi32(z[2], z[3]));
-}
-
-FUCINA_ALWAYS_INLINE __m512 LowHalves(__m512i v) {
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
-}
 
 // Weight side of one block for 16 rows: q[k] pairs with activation dword k (unsigned bytes),
 // d the rows' scales, m their offsets (kHasMin).
@@ -300,7 +260,7 @@ struct T8_0 {
     LoadTransposed(rp, off + offsetof(W, qs) + 16, q + 4);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(q[k], flip);
-    *d = LowHalves(LoadHeaders(rp, off));
+    *d = LowHalves(LoadDword0(rp, off));
   }
 };
 
@@ -323,7 +283,7 @@ struct T4_0 {
     __m512i t[4];
     LoadTransposed(rp, off + offsetof(W, qs), t);
     SplitNibbles(t, q);
-    *d = LowHalves(LoadHeaders(rp, off));
+    *d = LowHalves(LoadDword0(rp, off));
   }
 };
 
@@ -337,7 +297,7 @@ struct T4_1 {
     __m512i t[4];
     LoadTransposed(rp, off + offsetof(W, qs), t);
     SplitNibbles(t, q);
-    const __m512i h = LoadHeaders(rp, off);
+    const __m512i h = LoadDword0(rp, off);
     *d = LowHalves(h);
     *m = LowHalves(_mm512_srli_epi32(h, 16));
   }
@@ -366,10 +326,19 @@ void PrepareMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n, Activa
   }
 }
 
-template <typename P, int kRn>
-FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const uint8_t* const* xc,
-                                         int64_t b0, int64_t n, const ActivationMeta& meta,
-                                         int rows, float* y, size_t y_stride, bool accumulate) {
+// One block of a 16-row tile as TransposedTile uses it (the unpacked copy of prefill calls).
+struct PackedBlock {
+  __m512i q[8];
+  __m512 d, m;
+};
+
+// kPacked: the rows' blocks come unpacked from pk[b] (b counted from the start of the row),
+// else they are loaded and transposed from rp.
+template <typename P, int kRn, bool kPacked>
+FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedBlock* pk,
+                                         const uint8_t* const* xc, int64_t b0, int64_t n,
+                                         const ActivationMeta& meta, int rows, float* y,
+                                         size_t y_stride, bool accumulate, size_t ahead) {
   using W = typename P::W;
   using X = typename P::X;
   __m512 acc[kRn];
@@ -378,38 +347,37 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const uint8_t
     const int64_t b = b0 + j;
     __m512i q[8];
     __m512 d, m = _mm512_setzero_ps();
-    P::Prep(rp, b * sizeof(W), q, &d, &m);
+    if constexpr (kPacked) {
+      for (int k = 0; k < 8; ++k) q[k] = _mm512_load_si512(&pk[b].q[k]);
+      d = _mm512_load_ps(&pk[b].d);
+      if constexpr (P::kHasMin) m = _mm512_load_ps(&pk[b].m);
+    } else {
+      PrefetchNextTile<sizeof(W)>(rp, ahead, b * sizeof(W), j);
+      P::Prep(rp, b * sizeof(W), q, &d, &m);
+    }
     for (int c = 0; c < kRn; ++c) {
       const uint8_t* yq = xc[c] + b * sizeof(X) + offsetof(X, qs);
       __m512i sum = P::kOffset != 0 ? _mm512_set1_epi32(meta.corr[c][j]) : _mm512_setzero_si512();
-      for (int k = 0; k < 8; ++k) {
-        int32_t dword;
-        std::memcpy(&dword, yq + 4 * k, sizeof(dword));
-        sum = _mm512_dpbusd_epi32(sum, q[k], _mm512_set1_epi32(dword));
-      }
+      for (int k = 0; k < 8; ++k) sum = _mm512_dpbusd_epi32(sum, q[k], BroadcastDword(yq + 4 * k));
       acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
                                _mm512_mul_ps(d, _mm512_set1_ps(meta.d[c][j])), acc[c]);
       if constexpr (P::kHasMin) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(meta.s[c][j]), acc[c]);
     }
   }
-  // Lane 4l + i holds row 4i + l: output row r reads lane 4 (r % 4) + r / 4.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
-  for (int c = 0; c < kRn; ++c) {
-    __m512 v = _mm512_permutexvar_ps(order, acc[c]);
-    float* out = y + c * y_stride;
-    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
-    _mm512_mask_storeu_ps(out, mask, v);
-  }
+  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate);
 }
 
-template <typename P>
-void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                    size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  const int64_t nb = k / 32;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
+template <typename P, bool kPacked>
+void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedBlock* pk,
+                       int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
+                       size_t y_stride) {
   ActivationMeta meta;
+  const size_t ahead = kTRows * w_stride;
+  if (!kPacked && rows > 0 && cols > 0) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
+    PrefetchTile(rp, static_cast<size_t>(nb < kTChunk ? nb : kTChunk) * sizeof(typename P::W));
+  }
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -420,179 +388,60 @@ void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, con
       for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
         const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
         const uint8_t* rp[kTRows];
-        for (int r = 0; r < kTRows; ++r) rp[r] = wb + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+        TileRows(wb, w_stride, r0, nr, rp);
+        const PackedBlock* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
         float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;
+#define FUCINA_TILE_CASE(n_cols)                                                          \
+  case n_cols:                                                                             \
+    TransposedTile<P, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, \
+                                       ahead);                                             \
+    break;
         switch (nc) {
-          case 8: TransposedTile<P, 8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 7: TransposedTile<P, 7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 6: TransposedTile<P, 6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 5: TransposedTile<P, 5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 4: TransposedTile<P, 4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 3: TransposedTile<P, 3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 2: TransposedTile<P, 2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          default: TransposedTile<P, 1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
+          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+          default:
+            TransposedTile<P, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
         }
+#undef FUCINA_TILE_CASE
       }
     }
   }
 }
 
-
-// ---------------------------------------------------------------------------------------------
-// Q4_K in the same row-transposed scheme, per 256-element super-block: the header chunk of 16
-// rows transposes into d|dmin and the 12 packed scale bytes, unpacked to 6-bit scales and mins
-// lane-wise; each 32-element sub-block then costs 8 vpdpbusd per activation row, scaled by
-// (scale * d) of each row at once. The min term sum_j m_j * bsum_j is 4 vpdpwssd on int16 pairs
-// per activation row and super-block.
-
-constexpr int kKChunk = 16;  // super-blocks of activation metadata prepared at once (k = 4096).
-
-struct KActivationMeta {
-  float d[kTCols][kKChunk];
-  // (bsum32 of sub-block 2p, of 2p + 1) as int16 pairs, bsum32 = sum of its 32 quants.
-  int32_t bsum_pairs[kTCols][kKChunk][4];
-};
-
-void PrepareQ4KMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n,
-                    KActivationMeta* meta) {
-  for (int c = 0; c < nc; ++c) {
-    const BlockQ8_K* x = reinterpret_cast<const BlockQ8_K*>(xc[c]) + b0;
-    for (int64_t j = 0; j < n; ++j) {
-      meta->d[c][j] = x[j].d;
-      for (int p = 0; p < 4; ++p) {
-        const int16_t* bs = x[j].bsums + 4 * p;
-        const uint32_t lo = static_cast<uint16_t>(bs[0] + bs[1]);
-        const uint32_t hi = static_cast<uint16_t>(bs[2] + bs[3]);
-        meta->bsum_pairs[c][j][p] = static_cast<int32_t>(lo | (hi << 16));
-      }
-    }
-  }
-}
-
-// vpshufb patterns within each dword: byte b zero-extended to the dword; bytes (0, 1) and
-// (2, 3) zero-extended to int16 pairs.
-FUCINA_ALWAYS_INLINE __m512i DwordPattern(uint32_t base) {
-  const __m128i v = _mm_setr_epi32(static_cast<int>(base), static_cast<int>(base + 0x04040404u),
-                                   static_cast<int>(base + 0x08080808u),
-                                   static_cast<int>(base + 0x0C0C0C0Cu));
-  return _mm512_broadcast_i32x4(v);
-}
-
-template <int kRn>
-FUCINA_ALWAYS_INLINE void Q4KTile(const uint8_t* const* rp, const uint8_t* const* xc, int64_t b0,
-                                  int64_t n, const KActivationMeta& meta, int rows, float* y,
-                                  size_t y_stride, bool accumulate) {
-  // Bytes with the high bit set give 0; 0x80 in the other positions of each pattern.
-  const __m512i byte_pat[4] = {DwordPattern(0x80808000u), DwordPattern(0x80808001u),
-                               DwordPattern(0x80808002u), DwordPattern(0x80808003u)};
-  const __m512i pair01 = DwordPattern(0x80018000u);
-  const __m512i pair23 = DwordPattern(0x80038002u);
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f);
-  const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f);
-  const __m512i m2 = _mm512_set1_epi32(0x03030303);
-  __m512 acc[kRn];
-  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t b = b0 + j;
-    const size_t off = b * sizeof(BlockQ4_K);
-    __m512i h[4];  // d|dmin, then scale bytes 0-3, 4-7, 8-11 (kernels/quant/blocks.h).
-    LoadTransposed(rp, off, h);
-    const __m512 d = LowHalves(h[0]);
-    const __m512 dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
-    // As get_scale_min_k4: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes of one dword each.
-    __m512i sc[2], mn[2];
-    sc[0] = _mm512_and_si512(h[1], m6);
-    sc[1] = _mm512_or_si512(_mm512_and_si512(h[3], m4),
-                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[1], 6), m2), 4));
-    mn[0] = _mm512_and_si512(h[2], m6);
-    mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
-                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[2], 6), m2), 4));
-    for (int t = 0; t < 4; ++t) {
-      // 32 bytes of qs: low nibbles are sub-block 2t, high nibbles 2t + 1.
-      __m512i tq[8];
-      LoadTransposed(rp, off + offsetof(BlockQ4_K, qs) + 32 * t, tq);
-      LoadTransposed(rp, off + offsetof(BlockQ4_K, qs) + 32 * t + 16, tq + 4);
-      __m512i lo[8], hi[8];
-      for (int k = 0; k < 8; ++k) {
-        lo[k] = _mm512_and_si512(tq[k], low4);
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(tq[k], 4), low4);
-      }
-      const int s_lo = 2 * t, s_hi = 2 * t + 1;
-      const __m512 sd_lo = _mm512_mul_ps(
-          _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[s_lo / 4], byte_pat[s_lo % 4])), d);
-      const __m512 sd_hi = _mm512_mul_ps(
-          _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[s_hi / 4], byte_pat[s_hi % 4])), d);
-      for (int c = 0; c < kRn; ++c) {
-        const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
-        __m512i sum_lo = _mm512_setzero_si512();
-        __m512i sum_hi = _mm512_setzero_si512();
-        for (int k = 0; k < 8; ++k) {
-          int32_t a, bb;
-          std::memcpy(&a, yq + 4 * k, sizeof(a));
-          std::memcpy(&bb, yq + 32 + 4 * k, sizeof(bb));
-          sum_lo = _mm512_dpbusd_epi32(sum_lo, lo[k], _mm512_set1_epi32(a));
-          sum_hi = _mm512_dpbusd_epi32(sum_hi, hi[k], _mm512_set1_epi32(bb));
-        }
-        const __m512 dx = _mm512_set1_ps(meta.d[c][j]);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo), _mm512_mul_ps(sd_lo, dx), acc[c]);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi), _mm512_mul_ps(sd_hi, dx), acc[c]);
-      }
-    }
-    const __m512i mins[4] = {_mm512_shuffle_epi8(mn[0], pair01), _mm512_shuffle_epi8(mn[0], pair23),
-                             _mm512_shuffle_epi8(mn[1], pair01), _mm512_shuffle_epi8(mn[1], pair23)};
-    for (int c = 0; c < kRn; ++c) {
-      __m512i ms = _mm512_setzero_si512();
-      for (int p = 0; p < 4; ++p) {
-        ms = _mm512_dpwssd_epi32(ms, mins[p], _mm512_set1_epi32(meta.bsum_pairs[c][j][p]));
-      }
-      acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms),
-                                _mm512_mul_ps(dmin, _mm512_set1_ps(meta.d[c][j])), acc[c]);
-    }
-  }
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
-  for (int c = 0; c < kRn; ++c) {
-    __m512 v = _mm512_permutexvar_ps(order, acc[c]);
-    float* out = y + c * y_stride;
-    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
-    _mm512_mask_storeu_ps(out, mask, v);
-  }
-}
-
-void GemmQ4K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  const int64_t nb = k / kQK_K;
+// Decode-shaped calls (one group of activation rows) transpose as they go. Larger ones unpack
+// all row tiles once into per-thread scratch (the caller passes ~256 KiB of weight rows, so
+// the copy stays in L2) and run every group of activation rows over it.
+template <typename P>
+void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                    size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / 32;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
-  KActivationMeta meta;
-  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
-    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
-    const uint8_t* xc[kTCols];
-    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
-    for (int64_t b0 = 0; b0 < nb; b0 += kKChunk) {
-      const int64_t n = nb - b0 < kKChunk ? nb - b0 : kKChunk;
-      PrepareQ4KMeta(xc, nc, b0, n, &meta);
-      for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
-        const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
-        const uint8_t* rp[kTRows];
-        for (int r = 0; r < kTRows; ++r) rp[r] = wb + (r0 + (r < nr ? r : nr - 1)) * w_stride;
-        float* yt = y + c0 * y_stride + r0;
-        const bool acc = b0 > 0;
-        switch (nc) {
-          case 8: Q4KTile<8>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 7: Q4KTile<7>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 6: Q4KTile<6>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 5: Q4KTile<5>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 4: Q4KTile<4>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 3: Q4KTile<3>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          case 2: Q4KTile<2>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-          default: Q4KTile<1>(rp, xc, b0, n, meta, nr, yt, y_stride, acc); break;
-        }
-      }
+  const int64_t tiles = (rows + kTRows - 1) / kTRows;
+  PackedBlock* pk = nullptr;
+  if (cols > kTCols) {
+    pk = static_cast<PackedBlock*>(TileScratch(tiles * nb * sizeof(PackedBlock)));
+  }
+  if (pk == nullptr) {
+    TransposedColumns<P, false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    return;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r0 = t * kTRows;
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, r0, static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows), rp);
+    PackedBlock* out = pk + t * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i q[8];
+      __m512 d, m = _mm512_setzero_ps();
+      P::Prep(rp, b * sizeof(typename P::W), q, &d, &m);
+      for (int i = 0; i < 8; ++i) _mm512_store_si512(&out[b].q[i], q[i]);
+      _mm512_store_ps(&out[b].d, d);
+      _mm512_store_ps(&out[b].m, m);
     }
   }
+  TransposedColumns<P, true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
 }
 
 }  // namespace
@@ -616,11 +465,6 @@ void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const
 void GemmQ5_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   GemmLegacy<Q5_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
-}
-
-void GemmQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmQ4K(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 
 }  // namespace fucina::avx512

@@ -1,0 +1,512 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) tile kernels of the k-quants (Q4_K, Q5_K, Q6_K) for
+// kernels/cpu/gemm_isa.h, in the row-transposed scheme of tile_avx512.h: 16 weight rows x up
+// to 8 activation rows, one weight row per int32 lane, activation dwords broadcast into
+// vpdpbusd. Per super-block the rows' headers are transposed once and unpacked lane-wise; the
+// quants are transposed 16 bytes at a time and shared by every activation row of the tile.
+//
+// Q4_K / Q5_K: each 32-element sub-block costs 8 vpdpbusd per activation row, scaled in float
+// by (scale * d) of each row at once; the min term sum_j m_j * bsum_j is 4 vpdpwssd on int16
+// pairs per activation row and super-block.
+// Q6_K: each 16-element sub-block costs 4 vpdpbusd on the unsigned 6-bit quants and one int32
+// multiply by its signed scale; the -32 offset comes back as 32 * sum_j sc_j * bsum_j (8
+// vpdpwssd). The whole super-block is summed in int32, exactly as the scalar reference, and
+// converted once.
+// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
+// raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/avx512/tile_avx512.h"
+#include "kernels/cpu/gemm_isa.h"
+#include "kernels/quant/blocks.h"
+
+namespace fucina::avx512 {
+namespace {
+
+// vpternlogd immediates (a, b, c operand order): (a & c) | b, and (a & c) | (b & ~c).
+constexpr int kAndCOrB = 0xEC;
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K and Q5_K.
+
+constexpr int kKChunk = 16;  // super-blocks of activation metadata prepared at once (k = 4096).
+
+struct KActivationMeta {
+  float d[kTCols][kKChunk];
+  // (bsum32 of sub-block 2p, of 2p + 1) as int16 pairs, bsum32 = sum of its 32 quants.
+  int32_t bsum_pairs[kTCols][kKChunk][4];
+};
+
+void PrepareQ4KMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n,
+                    KActivationMeta* meta) {
+  for (int c = 0; c < nc; ++c) {
+    const BlockQ8_K* x = reinterpret_cast<const BlockQ8_K*>(xc[c]) + b0;
+    for (int64_t j = 0; j < n; ++j) {
+      meta->d[c][j] = x[j].d;
+      for (int p = 0; p < 4; ++p) {
+        const int16_t* bs = x[j].bsums + 4 * p;
+        const uint32_t lo = static_cast<uint16_t>(bs[0] + bs[1]);
+        const uint32_t hi = static_cast<uint16_t>(bs[2] + bs[3]);
+        meta->bsum_pairs[c][j][p] = static_cast<int32_t>(lo | (hi << 16));
+      }
+    }
+  }
+}
+
+// Bit 4 of each byte of the result = bit `bit` of the same byte of h (other bits arbitrary).
+FUCINA_TILE_INLINE __m512i BitTo4(__m512i h, int bit) {
+  if (bit < 4) return _mm512_slli_epi16(h, 4 - bit);
+  if (bit > 4) return _mm512_srli_epi16(h, bit - 4);
+  return h;
+}
+
+// A super-block of 16 rows unpacked: the sub-block pair t's quants (lo: sub-block 2t, hi:
+// 2t + 1) as unsigned bytes in dword order, their scale * d, the mins as int16 pairs and dmin.
+struct PackedQxK {
+  __m512i lo[4][8], hi[4][8];
+  __m512 sd[4][2];
+  __m512i mins[4];
+  __m512 dmin;
+};
+
+// kHigh: Q5_K (block with qh[32] before qs; element 32s + l of a 64-element pair takes bit s
+// of qh[l] as its 5th bit), else Q4_K.
+template <bool kHigh>
+struct QxKUnpacker {
+  using W = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
+  __m512 d, dmin;
+  __m512i sc[2], mn[2], qh[8];
+
+  // The transposed header of the super-block at byte offset `off` of every row.
+  FUCINA_TILE_INLINE void Header(const uint8_t* const* rp, size_t off) {
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f);
+    const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m2 = _mm512_set1_epi32(0x03030303);
+    __m512i h[4];  // d|dmin, then scale bytes 0-3, 4-7, 8-11 (kernels/quant/blocks.h).
+    LoadTransposed(rp, off, h);
+    d = LowHalves(h[0]);
+    dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
+    // As get_scale_min_k4: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes of one dword each.
+    sc[0] = _mm512_and_si512(h[1], m6);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(h[3], m4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[1], 6), m2), 4));
+    mn[0] = _mm512_and_si512(h[2], m6);
+    mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[2], 6), m2), 4));
+    if constexpr (kHigh) {
+      LoadTransposed(rp, off + offsetof(BlockQ5_K, qh), qh);
+      LoadTransposed(rp, off + offsetof(BlockQ5_K, qh) + 16, qh + 4);
+    }
+  }
+
+  // Sub-blocks 2t (lo) and 2t + 1 (hi): quants and scale * d.
+  FUCINA_TILE_INLINE void Quants(const uint8_t* const* rp, size_t off, int t, __m512i lo[8],
+                                 __m512i hi[8], __m512 sd[2]) const {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    // 32 bytes of qs: low nibbles are sub-block 2t, high nibbles 2t + 1.
+    __m512i tq[8];
+    LoadTransposed(rp, off + offsetof(W, qs) + 32 * t, tq);
+    LoadTransposed(rp, off + offsetof(W, qs) + 32 * t + 16, tq + 4);
+    for (int k = 0; k < 8; ++k) {
+      if constexpr (kHigh) {
+        lo[k] = _mm512_ternarylogic_epi32(tq[k], _mm512_and_si512(BitTo4(qh[k], 2 * t), bit4),
+                                          low4, kAndCOrB);
+        hi[k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(tq[k], 4),
+                                          _mm512_and_si512(BitTo4(qh[k], 2 * t + 1), bit4), low4,
+                                          kAndCOrB);
+      } else {
+        lo[k] = _mm512_and_si512(tq[k], low4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(tq[k], 4), low4);
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      // Byte s % 4 of dword sc[s / 4], zero-extended (pattern bytes with the high bit give 0).
+      const int sb = 2 * t + i;
+      const __m512i pat = DwordPattern(0x80808000u + static_cast<uint32_t>(sb % 4));
+      sd[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[sb / 4], pat)), d);
+    }
+  }
+
+  // Mins (m_2p, m_2p+1) as int16 pairs, p < 4.
+  FUCINA_TILE_INLINE void Mins(__m512i mins[4]) const {
+    const __m512i pair01 = DwordPattern(0x80018000u);
+    const __m512i pair23 = DwordPattern(0x80038002u);
+    mins[0] = _mm512_shuffle_epi8(mn[0], pair01);
+    mins[1] = _mm512_shuffle_epi8(mn[0], pair23);
+    mins[2] = _mm512_shuffle_epi8(mn[1], pair01);
+    mins[3] = _mm512_shuffle_epi8(mn[1], pair23);
+  }
+
+  // The whole super-block into *out.
+  FUCINA_TILE_INLINE void Pack(const uint8_t* const* rp, size_t off, PackedQxK* out) {
+    Header(rp, off);
+    for (int t = 0; t < 4; ++t) {
+      __m512i lo[8], hi[8];
+      __m512 sd[2];
+      Quants(rp, off, t, lo, hi, sd);
+      for (int k = 0; k < 8; ++k) {
+        _mm512_store_si512(&out->lo[t][k], lo[k]);
+        _mm512_store_si512(&out->hi[t][k], hi[k]);
+      }
+      _mm512_store_ps(&out->sd[t][0], sd[0]);
+      _mm512_store_ps(&out->sd[t][1], sd[1]);
+    }
+    __m512i mins[4];
+    Mins(mins);
+    for (int p = 0; p < 4; ++p) _mm512_store_si512(&out->mins[p], mins[p]);
+    _mm512_store_ps(&out->dmin, dmin);
+  }
+};
+
+// kPacked: super-blocks come unpacked from pk[b], else from rp.
+template <bool kHigh, int kRn, bool kPacked>
+FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
+                                const uint8_t* const* xc, int64_t b0, int64_t n,
+                                const KActivationMeta& meta, int rows, float* y, size_t y_stride,
+                                bool accumulate, size_t ahead) {
+  using U = QxKUnpacker<kHigh>;
+  __m512 acc[kRn];
+  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t b = b0 + j;
+    const size_t off = b * sizeof(typename U::W);
+    U u;
+    if constexpr (!kPacked) {
+      PrefetchNextTile<sizeof(typename U::W)>(rp, ahead, off, j);
+      u.Header(rp, off);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      __m512i lo[8], hi[8];
+      __m512 sd[2];
+      if constexpr (kPacked) {
+        for (int k = 0; k < 8; ++k) {
+          lo[k] = _mm512_load_si512(&pk[b].lo[t][k]);
+          hi[k] = _mm512_load_si512(&pk[b].hi[t][k]);
+        }
+        sd[0] = _mm512_load_ps(&pk[b].sd[t][0]);
+        sd[1] = _mm512_load_ps(&pk[b].sd[t][1]);
+      } else {
+        u.Quants(rp, off, t, lo, hi, sd);
+      }
+      for (int c = 0; c < kRn; ++c) {
+        const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
+        __m512i sum_lo = _mm512_setzero_si512();
+        __m512i sum_hi = _mm512_setzero_si512();
+        for (int k = 0; k < 8; ++k) {
+          sum_lo = _mm512_dpbusd_epi32(sum_lo, lo[k], BroadcastDword(yq + 4 * k));
+          sum_hi = _mm512_dpbusd_epi32(sum_hi, hi[k], BroadcastDword(yq + 32 + 4 * k));
+        }
+        const __m512 dx = _mm512_set1_ps(meta.d[c][j]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo), _mm512_mul_ps(sd[0], dx), acc[c]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi), _mm512_mul_ps(sd[1], dx), acc[c]);
+      }
+    }
+    __m512i mins[4];
+    __m512 dmin;
+    if constexpr (kPacked) {
+      for (int p = 0; p < 4; ++p) mins[p] = _mm512_load_si512(&pk[b].mins[p]);
+      dmin = _mm512_load_ps(&pk[b].dmin);
+    } else {
+      u.Mins(mins);
+      dmin = u.dmin;
+    }
+    for (int c = 0; c < kRn; ++c) {
+      __m512i ms = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) {
+        ms = _mm512_dpwssd_epi32(ms, mins[p], _mm512_set1_epi32(meta.bsum_pairs[c][j][p]));
+      }
+      acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms),
+                                _mm512_mul_ps(dmin, _mm512_set1_ps(meta.d[c][j])), acc[c]);
+    }
+  }
+  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate);
+}
+
+template <bool kHigh, bool kPacked>
+void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQxK* pk, int64_t nb,
+                const uint8_t* xb, size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  KActivationMeta meta;
+  const size_t ahead = kTRows * w_stride;
+  if (!kPacked && rows > 0 && cols > 0) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
+    PrefetchTile(rp, static_cast<size_t>(nb < kKChunk ? nb : kKChunk) *
+                         sizeof(typename QxKUnpacker<kHigh>::W));
+  }
+  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
+    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
+    const uint8_t* xc[kTCols];
+    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
+    for (int64_t b0 = 0; b0 < nb; b0 += kKChunk) {
+      const int64_t n = nb - b0 < kKChunk ? nb - b0 : kKChunk;
+      PrepareQ4KMeta(xc, nc, b0, n, &meta);
+      for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
+        const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
+        const uint8_t* rp[kTRows];
+        TileRows(wb, w_stride, r0, nr, rp);
+        const PackedQxK* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
+        float* yt = y + c0 * y_stride + r0;
+        const bool acc = b0 > 0;
+#define FUCINA_TILE_CASE(n_cols)                                                             \
+  case n_cols:                                                                                \
+    QxKTile<kHigh, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead); \
+    break;
+        switch (nc) {
+          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+          default:
+            QxKTile<kHigh, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
+        }
+#undef FUCINA_TILE_CASE
+      }
+    }
+  }
+}
+
+// As GemmTransposed (gemm_avx512.cc): decode-shaped calls unpack as they go, larger ones unpack
+// every row tile once into per-thread scratch.
+template <bool kHigh>
+void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  using U = QxKUnpacker<kHigh>;
+  const int64_t nb = k / kQK_K;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const int64_t tiles = (rows + kTRows - 1) / kTRows;
+  PackedQxK* pk = nullptr;
+  if (cols > kTCols) pk = static_cast<PackedQxK*>(TileScratch(tiles * nb * sizeof(PackedQxK)));
+  if (pk == nullptr) {
+    QxKColumns<kHigh, false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    return;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, t * kTRows,
+             static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
+    for (int64_t b = 0; b < nb; ++b) U().Pack(rp, b * sizeof(typename U::W), pk + t * nb + b);
+  }
+  QxKColumns<kHigh, true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q6_K. Element 128h + 32g + l (half h, group g < 4, l < 32) is
+//   (ql[64h + 32(g & 1) + l] >> 4(g >> 1)) & 15 | ((qh[32h + l] >> 2g) & 3) << 4,
+// minus 32; sub-block j = 8h + 2g + l / 16 has scale scales[j].
+
+// Bits 4-5 of each byte = bits 2g, 2g + 1 of the same byte of h; the rest zero.
+FUCINA_TILE_INLINE __m512i HighPair(__m512i h, int g, __m512i mask30) {
+  __m512i s = h;
+  if (g == 0) s = _mm512_slli_epi16(h, 4);
+  if (g == 1) s = _mm512_slli_epi16(h, 2);
+  if (g == 3) s = _mm512_srli_epi16(h, 2);
+  return _mm512_and_si512(s, mask30);
+}
+
+// A super-block of 16 rows unpacked: the quants of sub-block j = 8h + 2g + s as q[j][4]
+// (unsigned 6-bit, dword order), each sub-block's scale as int32, the scale pairs for the
+// offset term and d.
+struct PackedQ6K {
+  __m512i q[16][4];
+  __m512i scale[16];
+  __m512i pairs[8];
+  __m512 d;
+};
+
+struct Q6KUnpacker {
+  __m512i sc[4];  // lane dword t = scales 4t..4t+3 (int8).
+  __m512 d;
+
+  FUCINA_TILE_INLINE void Header(const uint8_t* const* rp, size_t off) {
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, scales), sc);
+    // d is the last 2 bytes of the block: dword 3 of the 16 bytes ending there, high half.
+    d = LowHalves(_mm512_srli_epi32(LoadDword3(rp, off + sizeof(BlockQ6_K) - 16), 16));
+  }
+  // Sub-block sb's scale, sign-extended: byte sb % 4 of dword sc[sb / 4].
+  FUCINA_TILE_INLINE __m512i Scale(int sb) const {
+    return _mm512_srai_epi32(_mm512_slli_epi32(sc[sb / 4], 24 - 8 * (sb % 4)), 24);
+  }
+  // (scales[2p], scales[2p + 1]) as int16 pairs.
+  FUCINA_TILE_INLINE __m512i Pair(int p) const {
+    const __m512i pat = DwordPattern(p % 2 ? 0x03800280u : 0x01800080u);
+    return _mm512_srai_epi16(_mm512_shuffle_epi8(sc[p / 2], pat), 8);
+  }
+  // Dwords 4s..4s+3 of each 32-byte piece of half h: qa, qb (ql) and qh.
+  static FUCINA_TILE_INLINE void Load(const uint8_t* const* rp, size_t off, int h, int s,
+                                      __m512i qa[4], __m512i qb[4], __m512i qh[4]) {
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 16 * s, qa);
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, qh) + 32 * h + 16 * s, qh);
+    LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 32 + 16 * s, qb);
+  }
+  // Group g's quants from what Load gave.
+  static FUCINA_TILE_INLINE void Group(const __m512i qa[4], const __m512i qb[4],
+                                       const __m512i qh[4], int g, __m512i q[4]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i mask30 = _mm512_set1_epi8(0x30);
+    const __m512i* src = (g & 1) ? qb : qa;
+    for (int i = 0; i < 4; ++i) {
+      const __m512i nib = g >> 1 ? _mm512_srli_epi16(src[i], 4) : src[i];
+      q[i] = _mm512_ternarylogic_epi32(nib, HighPair(qh[i], g, mask30), low4, kAndCOrB);
+    }
+  }
+
+  FUCINA_TILE_INLINE void Pack(const uint8_t* const* rp, size_t off, PackedQ6K* out) {
+    Header(rp, off);
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 2; ++s) {
+        __m512i qa[4], qb[4], qh[4];
+        Load(rp, off, h, s, qa, qb, qh);
+        for (int g = 0; g < 4; ++g) {
+          __m512i q[4];
+          Group(qa, qb, qh, g, q);
+          for (int i = 0; i < 4; ++i) _mm512_store_si512(&out->q[8 * h + 2 * g + s][i], q[i]);
+        }
+      }
+    }
+    for (int sb = 0; sb < 16; ++sb) _mm512_store_si512(&out->scale[sb], Scale(sb));
+    for (int p = 0; p < 8; ++p) _mm512_store_si512(&out->pairs[p], Pair(p));
+    _mm512_store_ps(&out->d, d);
+  }
+};
+
+template <int kRn, bool kPacked>
+FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
+                                const uint8_t* const* xc, int64_t nb, int rows, float* y,
+                                size_t y_stride, size_t ahead) {
+  __m512 acc[kRn];
+  for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const size_t off = b * sizeof(BlockQ6_K);
+    Q6KUnpacker u;
+    if constexpr (!kPacked) {
+      PrefetchNextTile<sizeof(BlockQ6_K)>(rp, ahead, off, b);
+      u.Header(rp, off);
+    }
+    __m512i tot[kRn];
+    for (int c = 0; c < kRn; ++c) tot[c] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+      for (int s = 0; s < 2; ++s) {
+        __m512i qa[4], qb[4], qh[4];
+        if constexpr (!kPacked) Q6KUnpacker::Load(rp, off, h, s, qa, qb, qh);
+        // Groups 0 and 2 read qa, 1 and 3 qb, so each is live for half of the loop.
+#pragma GCC unroll 4
+        for (int gi = 0; gi < 4; ++gi) {
+          const int g = (gi >> 1) | ((gi & 1) << 1);
+          const int sb = 8 * h + 2 * g + s;
+          __m512i q[4], scale;
+          if constexpr (kPacked) {
+            for (int i = 0; i < 4; ++i) q[i] = _mm512_load_si512(&pk[b].q[sb][i]);
+            scale = _mm512_load_si512(&pk[b].scale[sb]);
+          } else {
+            Q6KUnpacker::Group(qa, qb, qh, g, q);
+            scale = u.Scale(sb);
+          }
+          for (int c = 0; c < kRn; ++c) {
+            const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 16 * sb;
+            __m512i sum = _mm512_setzero_si512();
+            for (int i = 0; i < 4; ++i) {
+              sum = _mm512_dpbusd_epi32(sum, q[i], BroadcastDword(yq + 4 * i));
+            }
+            tot[c] = _mm512_add_epi32(tot[c], _mm512_mullo_epi32(sum, scale));
+          }
+        }
+      }
+    }
+    __m512i pairs[8];
+    __m512 d;
+    for (int p = 0; p < 8; ++p) pairs[p] = kPacked ? _mm512_load_si512(&pk[b].pairs[p]) : u.Pair(p);
+    d = kPacked ? _mm512_load_ps(&pk[b].d) : u.d;
+    for (int c = 0; c < kRn; ++c) {
+      const BlockQ8_K* xb = reinterpret_cast<const BlockQ8_K*>(xc[c]) + b;
+      __m512i corr = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        corr = _mm512_dpwssd_epi32(corr, pairs[p], BroadcastDword(xb->bsums + 2 * p));
+      }
+      const __m512i sum = _mm512_sub_epi32(tot[c], _mm512_slli_epi32(corr, 5));
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xb->d)),
+                               acc[c]);
+    }
+  }
+  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, false);
+}
+
+template <bool kPacked>
+void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6K* pk,
+                int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
+                size_t y_stride) {
+  const size_t ahead = kTRows * w_stride;
+  if (!kPacked && rows > 0 && cols > 0) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
+    PrefetchTile(rp, static_cast<size_t>(nb) * sizeof(BlockQ6_K));
+  }
+  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
+    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
+    const uint8_t* xc[kTCols];
+    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
+    for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
+      const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
+      const uint8_t* rp[kTRows];
+      TileRows(wb, w_stride, r0, nr, rp);
+      const PackedQ6K* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
+      float* yt = y + c0 * y_stride + r0;
+#define FUCINA_TILE_CASE(n_cols) \
+  case n_cols: Q6KTile<n_cols, kPacked>(rp, tile, xc, nb, nr, yt, y_stride, ahead); break;
+      switch (nc) {
+        FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+        FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+        default: Q6KTile<1, kPacked>(rp, tile, xc, nb, nr, yt, y_stride, ahead);
+      }
+#undef FUCINA_TILE_CASE
+    }
+  }
+}
+
+void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+             size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  const int64_t nb = k / kQK_K;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const int64_t tiles = (rows + kTRows - 1) / kTRows;
+  PackedQ6K* pk = nullptr;
+  if (cols > kTCols) pk = static_cast<PackedQ6K*>(TileScratch(tiles * nb * sizeof(PackedQ6K)));
+  if (pk == nullptr) {
+    Q6KColumns<false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    return;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, t * kTRows,
+             static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
+    for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(rp, b * sizeof(BlockQ6_K), pk + t * nb + b);
+  }
+  Q6KColumns<true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
+}
+
+}  // namespace
+
+void GemmQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQxK<false>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQxK<true>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ6_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQ6K(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+
+}  // namespace fucina::avx512

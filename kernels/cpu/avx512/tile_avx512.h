@@ -1,0 +1,167 @@
+// Private to kernels/cpu/avx512: register transposes shared by the row-transposed tile kernels
+// (gemm_avx512.cc for the legacy formats, gemm_k_avx512.cc for the k-quants).
+//
+// A tile holds 16 weight rows, one per int32 lane: the same 16-byte piece of each row is loaded
+// and transposed so that vector k holds dword k (4 consecutive bytes) of every row. Lane 4l + i
+// holds row 4i + l (the 4x4 transpose of the row index); StoreTile undoes it.
+//
+// Everything here has internal linkage (anonymous namespace, inline): these files are compiled
+// with AVX-512 flags and must not share out-of-line copies with other translation units.
+#ifndef FUCINA_KERNELS_CPU_AVX512_TILE_AVX512_H_
+#define FUCINA_KERNELS_CPU_AVX512_TILE_AVX512_H_
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+namespace fucina::avx512 {
+namespace {
+
+#define FUCINA_TILE_INLINE inline __attribute__((always_inline))
+
+constexpr int kTRows = 16;  // weight rows per transposed tile.
+constexpr int kTCols = 8;   // activation rows per transposed tile.
+
+// Chunk l of the result = 16 bytes at r[l] (l < 4).
+FUCINA_TILE_INLINE __m512i Load4x16(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2,
+                                    const uint8_t* r3) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r2)), 2);
+  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r3)), 3);
+}
+
+FUCINA_TILE_INLINE void Load16x16(const uint8_t* const* rp, size_t off, __m512i z[4]) {
+  for (int i = 0; i < 4; ++i) {
+    z[i] = Load4x16(rp[4 * i] + off, rp[4 * i + 1] + off, rp[4 * i + 2] + off, rp[4 * i + 3] + off);
+  }
+}
+
+// The 16 bytes at rp[q] + off of the 16 rows -> t[k] whose lane 4l + i is dword k of row 4i + l.
+FUCINA_TILE_INLINE void LoadTransposed(const uint8_t* const* rp, size_t off, __m512i t[4]) {
+  __m512i z[4];
+  Load16x16(rp, off, z);
+  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]);  // per chunk: z0.d0 z1.d0 z0.d1 z1.d1
+  const __m512i b = _mm512_unpackhi_epi32(z[0], z[1]);  // z0.d2 z1.d2 z0.d3 z1.d3
+  const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);
+  const __m512i d = _mm512_unpackhi_epi32(z[2], z[3]);
+  t[0] = _mm512_unpacklo_epi64(a, c);
+  t[1] = _mm512_unpackhi_epi64(a, c);
+  t[2] = _mm512_unpacklo_epi64(b, d);
+  t[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+// Dword 0 of the 16 bytes at rp[q] + off of the 16 rows, same lane order.
+FUCINA_TILE_INLINE __m512i LoadDword0(const uint8_t* const* rp, size_t off) {
+  __m512i z[4];
+  Load16x16(rp, off, z);
+  return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(z[0], z[1]),
+                               _mm512_unpacklo_epi32(z[2], z[3]));
+}
+
+// Dword 3 of the 16 bytes at rp[q] + off of the 16 rows, same lane order (for fields at the end
+// of a block: the load stays inside it).
+FUCINA_TILE_INLINE __m512i LoadDword3(const uint8_t* const* rp, size_t off) {
+  __m512i z[4];
+  Load16x16(rp, off, z);
+  return _mm512_unpackhi_epi64(_mm512_unpackhi_epi32(z[0], z[1]),
+                               _mm512_unpackhi_epi32(z[2], z[3]));
+}
+
+// The f16 in the low half of each dword, as floats.
+FUCINA_TILE_INLINE __m512 LowHalves(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+
+// A vpshufb pattern repeated in every dword of every 128-bit lane: `base` for dword 0, plus 4
+// per byte for the following dwords (so byte indices stay within their own dword).
+FUCINA_TILE_INLINE __m512i DwordPattern(uint32_t base) {
+  const __m128i v = _mm_setr_epi32(static_cast<int>(base), static_cast<int>(base + 0x04040404u),
+                                   static_cast<int>(base + 0x08080808u),
+                                   static_cast<int>(base + 0x0C0C0C0Cu));
+  return _mm512_broadcast_i32x4(v);
+}
+
+// Broadcast of the 4 bytes at p as one dword.
+FUCINA_TILE_INLINE __m512i BroadcastDword(const void* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// Writes (or adds to) rows [0, rows) of a tile accumulator (lanes in transposed order).
+FUCINA_TILE_INLINE void StoreTile(__m512 acc, int rows, float* out, bool accumulate) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+  __m512 v = _mm512_permutexvar_ps(order, acc);
+  if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+  _mm512_mask_storeu_ps(out, mask, v);
+}
+
+// Pointers to the 16 rows of the tile starting at row r0 (of `rows`); rows past the end repeat
+// the last row (their results are never stored).
+FUCINA_TILE_INLINE void TileRows(const uint8_t* w, size_t w_stride, int64_t r0, int nr,
+                                 const uint8_t* rp[kTRows]) {
+  for (int r = 0; r < kTRows; ++r) rp[r] = w + (r0 + (r < nr ? r : nr - 1)) * w_stride;
+}
+
+// Software prefetch for decode-shaped calls, which read each weight byte once. A tile reads 16
+// rows side by side, a few bytes of each per step: the hardware prefetchers see 16 short
+// streams and keep too few lines in flight (a single-column matvec reached ~1/3 of the plain
+// read bandwidth from L3). So while tile t runs, the same block offsets of the 16 rows
+// `ahead` bytes further (the next tile) are requested into L2. Called once per block j at byte
+// offset `off` of each row; every line of the next tile's rows is touched once or twice.
+// Prefetches never fault, so rows past the end of the matrix are harmless.
+template <size_t kBlockBytes>
+FUCINA_TILE_INLINE void PrefetchNextTile(const uint8_t* const* rp, size_t ahead, size_t off,
+                                         int64_t j) {
+  if constexpr (kBlockBytes <= 64) {
+    // One prefetch per row every `every` blocks: consecutive ones are <= 64 bytes apart.
+    constexpr int64_t every = 64 / kBlockBytes;
+    if (j % every != 0) return;
+    for (int r = 0; r < kTRows; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(rp[r] + ahead + off), _MM_HINT_T1);
+    }
+  } else {
+    for (int r = 0; r < kTRows; ++r) {
+      for (size_t o = 0; o < kBlockBytes; o += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(rp[r] + ahead + off + o), _MM_HINT_T1);
+      }
+    }
+  }
+}
+
+// Requests the first `row_bytes` of the 16 rows at rp into L2 at once: the start of a
+// decode-shaped call, before PrefetchNextTile keeps one tile ahead. (A call often starts where
+// another thread's work item ended, so nothing has prefetched these rows.)
+FUCINA_TILE_INLINE void PrefetchTile(const uint8_t* const* rp, size_t row_bytes) {
+  for (int r = 0; r < kTRows; ++r) {
+    for (size_t o = 0; o < row_bytes; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(rp[r] + o), _MM_HINT_T1);
+    }
+  }
+}
+
+// A 64-byte aligned per-thread buffer of at least `bytes`, grow-only (freed at thread exit).
+// Prefill-shaped calls unpack a block of weight rows into it once and run every group of
+// activation rows over the unpacked copy instead of transposing the rows again for each group.
+inline void* TileScratch(size_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buf;
+  if (buf.size < bytes) {
+    std::free(buf.p);
+    buf.size = (bytes + 4095) & ~size_t{4095};
+    buf.p = std::aligned_alloc(64, buf.size);
+    if (buf.p == nullptr) buf.size = 0;
+  }
+  return buf.p;
+}
+
+}  // namespace
+}  // namespace fucina::avx512
+
+#endif  // FUCINA_KERNELS_CPU_AVX512_TILE_AVX512_H_
