@@ -5,6 +5,7 @@
 // with ggml built without FMA contraction. The quantizers live in k_quants_search.cc.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
@@ -152,9 +153,20 @@ inline void AccumulateQx_K(const int8_t* a, const uint8_t* packed_scales, const 
   *sumf -= dmin * sumi;
 }
 
-}  // namespace
+// The 5th bit of Q5_K element l of a 32-element run, selected by m, as +16; Q4_K has none.
+template <typename Block>
+inline int HighBit(const Block& b, int l, uint8_t m) {
+  if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+    return b.qh[l] & m ? 16 : 0;
+  } else {
+    return 0;
+  }
+}
 
-float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
+// The Q4_K and Q5_K dots: unpack each super-block's nibbles (plus the 5th bits for Q5_K) to
+// bytes, then AccumulateQx_K.
+template <typename Block>
+float DotQ4Q5_K(int64_t n, const Block* x, const BlockQ8_K* y) {
   const int64_t nb = n / kQK_K;
   float sums[kLanes] = {};
   float sumf = 0;
@@ -162,11 +174,14 @@ float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* q4 = x[i].qs;
     int8_t* a = aux8;
+    uint8_t m = 1;
     for (int j = 0; j < kQK_K / 64; ++j) {
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>(q4[l] & 0xF);
+      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] & 0xF) + HighBit(x[i], l, m));
       a += 32;
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>(q4[l] >> 4);
+      m <<= 1;
+      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] >> 4) + HighBit(x[i], l, m));
       a += 32;
+      m <<= 1;
       q4 += 32;
     }
     AccumulateQx_K(aux8, x[i].scales, y[i], x[i].d, x[i].dmin, sums, &sumf);
@@ -175,29 +190,14 @@ float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
   return sumf;
 }
 
+}  // namespace
+
+float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
+  return DotQ4Q5_K(n, x, y);
+}
+
 float VecDotQ5_KQ8_K(int64_t n, const BlockQ5_K* x, const BlockQ8_K* y) {
-  const int64_t nb = n / kQK_K;
-  float sums[kLanes] = {};
-  float sumf = 0;
-  int8_t aux8[kQK_K];
-  for (int64_t i = 0; i < nb; ++i) {
-    const uint8_t* q4 = x[i].qs;
-    const uint8_t* hm = x[i].qh;
-    int8_t* a = aux8;
-    uint8_t m = 1;
-    for (int j = 0; j < kQK_K / 64; ++j) {
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] & 0xF) + (hm[l] & m ? 16 : 0));
-      a += 32;
-      m <<= 1;
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] >> 4) + (hm[l] & m ? 16 : 0));
-      a += 32;
-      m <<= 1;
-      q4 += 32;
-    }
-    AccumulateQx_K(aux8, x[i].scales, y[i], x[i].d, x[i].dmin, sums, &sumf);
-  }
-  for (int l = 0; l < kLanes; ++l) sumf += sums[l];
-  return sumf;
+  return DotQ4Q5_K(n, x, y);
 }
 
 float VecDotQ6_KQ8_K(int64_t n, const BlockQ6_K* x, const BlockQ8_K* y) {
