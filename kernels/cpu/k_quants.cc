@@ -5,6 +5,7 @@
 // with ggml built without FMA contraction. The quantizers live in k_quants_search.cc.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
@@ -36,38 +37,25 @@ inline void UnpackScalesMins(const uint8_t* packed, uint8_t scales[8], uint8_t m
 // the same lanes keeps the float rounding identical.
 constexpr int kLanes = 8;
 
-}  // namespace
+// The 5th bit of Q5_K element l of a 32-element run, selected by m, as +16; Q4_K has none.
+template <typename Block>
+inline int HighBit(const Block& b, int l, uint8_t m) {
+  if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+    return b.qh[l] & m ? 16 : 0;
+  } else {
+    return 0;
+  }
+}
 
-void DequantizeRowQ4_K(const BlockQ4_K* x, float* y, int64_t n) {
+// Q4_K and Q5_K: each 32 bytes of qs hold two sub-blocks, low nibbles first, then high
+// nibbles; Q5_K's sub-block s takes its 5th bit from bit s of qh[l].
+template <typename Block>
+void DequantizeQ4Q5_K(const Block* x, float* y, int64_t n) {
   const int64_t nb = n / kQK_K;
   for (int64_t i = 0; i < nb; ++i) {
     const float d = Fp16ToFp32(x[i].d);
     const float dmin = Fp16ToFp32(x[i].dmin);
     const uint8_t* q = x[i].qs;
-    // Each 32 bytes of qs hold two sub-blocks: low nibbles first, then high nibbles.
-    for (int j = 0; j < kQK_K / 64; ++j) {
-      uint8_t sc, m;
-      GetScaleMinK4(2 * j, x[i].scales, &sc, &m);
-      const float d1 = d * sc;
-      const float m1 = dmin * m;
-      GetScaleMinK4(2 * j + 1, x[i].scales, &sc, &m);
-      const float d2 = d * sc;
-      const float m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
-      q += 32;
-    }
-  }
-}
-
-void DequantizeRowQ5_K(const BlockQ5_K* x, float* y, int64_t n) {
-  const int64_t nb = n / kQK_K;
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = Fp16ToFp32(x[i].d);
-    const float dmin = Fp16ToFp32(x[i].dmin);
-    const uint8_t* ql = x[i].qs;
-    const uint8_t* qh = x[i].qh;
-    // Sub-block s takes its 5th bit from bit s of qh[l].
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0; j < kQK_K / 64; ++j) {
       uint8_t sc, m;
@@ -77,14 +65,20 @@ void DequantizeRowQ5_K(const BlockQ5_K* x, float* y, int64_t n) {
       GetScaleMinK4(2 * j + 1, x[i].scales, &sc, &m);
       const float d2 = d * sc;
       const float m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-      ql += 32;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * ((q[l] & 0xF) + HighBit(x[i], l, u1)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * ((q[l] >> 4) + HighBit(x[i], l, u2)) - m2;
+      q += 32;
       u1 <<= 2;
       u2 <<= 2;
     }
   }
 }
+
+}  // namespace
+
+void DequantizeRowQ4_K(const BlockQ4_K* x, float* y, int64_t n) { DequantizeQ4Q5_K(x, y, n); }
+
+void DequantizeRowQ5_K(const BlockQ5_K* x, float* y, int64_t n) { DequantizeQ4Q5_K(x, y, n); }
 
 void DequantizeRowQ6_K(const BlockQ6_K* x, float* y, int64_t n) {
   const int64_t nb = n / kQK_K;
@@ -152,9 +146,10 @@ inline void AccumulateQx_K(const int8_t* a, const uint8_t* packed_scales, const 
   *sumf -= dmin * sumi;
 }
 
-}  // namespace
-
-float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
+// The Q4_K and Q5_K dots: unpack each super-block's nibbles (plus the 5th bits for Q5_K) to
+// bytes, then AccumulateQx_K.
+template <typename Block>
+float DotQ4Q5_K(int64_t n, const Block* x, const BlockQ8_K* y) {
   const int64_t nb = n / kQK_K;
   float sums[kLanes] = {};
   float sumf = 0;
@@ -162,11 +157,14 @@ float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* q4 = x[i].qs;
     int8_t* a = aux8;
+    uint8_t m = 1;
     for (int j = 0; j < kQK_K / 64; ++j) {
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>(q4[l] & 0xF);
+      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] & 0xF) + HighBit(x[i], l, m));
       a += 32;
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>(q4[l] >> 4);
+      m <<= 1;
+      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] >> 4) + HighBit(x[i], l, m));
       a += 32;
+      m <<= 1;
       q4 += 32;
     }
     AccumulateQx_K(aux8, x[i].scales, y[i], x[i].d, x[i].dmin, sums, &sumf);
@@ -175,29 +173,14 @@ float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
   return sumf;
 }
 
+}  // namespace
+
+float VecDotQ4_KQ8_K(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
+  return DotQ4Q5_K(n, x, y);
+}
+
 float VecDotQ5_KQ8_K(int64_t n, const BlockQ5_K* x, const BlockQ8_K* y) {
-  const int64_t nb = n / kQK_K;
-  float sums[kLanes] = {};
-  float sumf = 0;
-  int8_t aux8[kQK_K];
-  for (int64_t i = 0; i < nb; ++i) {
-    const uint8_t* q4 = x[i].qs;
-    const uint8_t* hm = x[i].qh;
-    int8_t* a = aux8;
-    uint8_t m = 1;
-    for (int j = 0; j < kQK_K / 64; ++j) {
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] & 0xF) + (hm[l] & m ? 16 : 0));
-      a += 32;
-      m <<= 1;
-      for (int l = 0; l < 32; ++l) a[l] = static_cast<int8_t>((q4[l] >> 4) + (hm[l] & m ? 16 : 0));
-      a += 32;
-      m <<= 1;
-      q4 += 32;
-    }
-    AccumulateQx_K(aux8, x[i].scales, y[i], x[i].d, x[i].dmin, sums, &sumf);
-  }
-  for (int l = 0; l < kLanes; ++l) sumf += sums[l];
-  return sumf;
+  return DotQ4Q5_K(n, x, y);
 }
 
 float VecDotQ6_KQ8_K(int64_t n, const BlockQ6_K* x, const BlockQ8_K* y) {

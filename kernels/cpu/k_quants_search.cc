@@ -126,11 +126,9 @@ float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint
   return scale;
 }
 
-// Symmetric quantization of n values to L[i] in [0, 2*nmax) (stored offset by nmax), weights
-// x^2 (ggml's rmse_type 1, no importance matrix). The sign of the scale follows the value of
-// largest magnitude so that value maps to -nmax, the end with one more level. Tries 18 nearby
-// inverse scales and keeps the least-squares scale with the best weighted fit.
-float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
+// The value of largest magnitude among x[0..n) (the first one on ties; 0 when all are 0), and
+// via amax_out its magnitude.
+inline float LargestMagnitude(const float* x, int n, float* amax_out) {
   float max = 0;
   float amax = 0;
   for (int i = 0; i < n; ++i) {
@@ -140,6 +138,17 @@ float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
       max = x[i];
     }
   }
+  *amax_out = amax;
+  return max;
+}
+
+// Symmetric quantization of n values to L[i] in [0, 2*nmax) (stored offset by nmax), weights
+// x^2 (ggml's rmse_type 1, no importance matrix). The sign of the scale follows the value of
+// largest magnitude so that value maps to -nmax, the end with one more level. Tries 18 nearby
+// inverse scales and keeps the least-squares scale with the best weighted fit.
+float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
+  float amax;
+  const float max = LargestMagnitude(x, n, &amax);
   if (amax < kGroupMaxEps) {
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.f;
@@ -337,15 +346,8 @@ void QuantizeRowQ8_K(const float* x, BlockQ8_K* y, int64_t n) {
   const int64_t nb = n / kQK_K;
   for (int64_t i = 0; i < nb; ++i) {
     // The signed value of largest magnitude (first one on ties) maps to -127.
-    float max = 0;
-    float amax = 0;
-    for (int j = 0; j < kQK_K; ++j) {
-      const float ax = std::fabs(x[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = x[j];
-      }
-    }
+    float amax;
+    const float max = LargestMagnitude(x, kQK_K, &amax);
     if (!amax) {
       // ggml leaves bsums untouched here; they are zeroed so the block is fully defined.
       y[i].d = 0;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/gemm_isa.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
@@ -44,26 +45,9 @@ FUCINA_ALWAYS_INLINE void StoreRows(float* y, int rows, __m128 v) {
   for (int r = 0; r < rows; ++r) y[r] = t[r];
 }
 
-FUCINA_ALWAYS_INLINE __m256i Load32(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-// 16 packed bytes -> 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
-FUCINA_ALWAYS_INLINE __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-}
-
 // 0x10 in byte j where bit j of the little-endian qh is set, else 0.
 FUCINA_ALWAYS_INLINE __m256i HighBits(const uint8_t qh[4]) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, sizeof(bits));
-  const __m256i byte_of_bit = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                0x0101010101010101, 0x0000000000000000);
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), byte_of_bit);
-  const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1));
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+  return _mm256_and_si256(BytesFromBits(qh), _mm256_set1_epi8(0x10));
 }
 
 // The block's leading f16 fields as 32 bits: d only, or d | (m or s) << 16 when kTwo.

@@ -10,26 +10,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 #include "kernels/quant/k_quants.h"
 
 namespace fucina::avx2 {
 namespace {
-
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline int32_t HorizontalSum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
-}
 
 // The 12 packed bytes of Q4_K/Q5_K scales as 8 scales (bytes 0..7) then 8 mins (bytes 8..15),
 // 6 bits each (the same regrouping as ggml's generic dot).
@@ -73,10 +60,7 @@ void QuantizeRowQ8_K(const float* x, BlockQ8_K* y, int64_t n) {
     for (int j = 0; j < kQK_K; j += 8) {
       vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(x + j)));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
+    const float amax = HorizontalMax(vmax);
     if (!amax) {
       y[i].d = 0;
       std::memset(y[i].qs, 0, kQK_K);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 #include "kernels/quant/legacy.h"
@@ -19,27 +20,6 @@ namespace fucina::avx2 {
 namespace {
 
 constexpr int kLanes = 8;  // f32 lanes of a __m256.
-
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float HorizontalMax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline int HorizontalSumI32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
-}
 
 // F16C conversions: exact for half -> float, round-to-nearest-even for float -> half, which
 // equals Fp32ToFp16 for every non-NaN input.
@@ -94,7 +74,7 @@ inline float QuantizeBlock8(const float* x, int8_t* qs, int* sum_out) {
     q[k] = _mm256_cvtps_epi32(RoundHalfAwayFromZero(_mm256_mul_ps(v[k], idv)));
   }
   if (sum_out != nullptr) {
-    *sum_out = HorizontalSumI32(
+    *sum_out = HorizontalSum(
         _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
   }
   // packs interleave the two 128-bit halves; the permute restores element order.
@@ -107,26 +87,6 @@ inline float QuantizeBlock8(const float* x, int8_t* qs, int* sum_out) {
 }
 
 // ---- Integer block sums: 8 int32 lanes whose total is the block's sum of q_x * q_y. ----
-
-inline __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-// 16 packed bytes -> 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
-inline __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-}
-
-// Byte j = 0xFF where bit j of the little-endian qh is set, else 0.
-inline __m256i BytesFromBits(const uint8_t qh[4]) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, sizeof(bits));
-  const __m256i byte_of_bit = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                0x0101010101010101, 0x0000000000000000);
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), byte_of_bit);
-  // Byte j keeps only bit j % 8 clear; it becomes all-ones iff that bit was set.
-  const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
-  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1));
-}
 
 // Unsigned x (0..255, products with y must fit the int16 pair sums) times signed y.
 inline __m256i SumU8I8(__m256i x, __m256i y) {

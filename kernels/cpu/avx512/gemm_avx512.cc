@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx512/avx512_util.h"
 #include "kernels/cpu/avx512/tile_avx512.h"
 #include "kernels/cpu/gemm_isa.h"
 #include "kernels/fp16.h"
@@ -59,32 +60,6 @@ FUCINA_ALWAYS_INLINE void StoreRows(float* y, int rows, __m128 v) {
 
 // ---------------------------------------------------------------------------------------------
 // Legacy formats.
-
-FUCINA_ALWAYS_INLINE __m512i LoadQs(const int8_t* a, const int8_t* b) {
-  return _mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
-}
-
-// Two blocks' 16 packed bytes each -> 64 bytes in element order (a's 32 elements, then b's).
-FUCINA_ALWAYS_INLINE __m512i UnpackNibbles(const uint8_t* a, const uint8_t* b) {
-  const __m256i packed = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
-  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed),
-                                          _mm256_srli_epi16(packed, 4), 1);  // [a, b, a>>4, b>>4]
-  return _mm512_and_si512(_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)),
-                          _mm512_set1_epi8(0x0F));
-}
-
-// Adds 16 to the bytes whose 5th bit (qh, bit j <-> element j) is set.
-FUCINA_ALWAYS_INLINE __m512i AddHighBits(__m512i q, const uint8_t* qh_a, const uint8_t* qh_b) {
-  uint32_t a, b;
-  std::memcpy(&a, qh_a, sizeof(a));
-  std::memcpy(&b, qh_b, sizeof(b));
-  const __mmask64 m = static_cast<__mmask64>(a) | (static_cast<__mmask64>(b) << 32);
-  return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(0x10));
-}
 
 // The f16 fields at the start of two blocks as floats [d_a, e_a, d_b, e_b], where e is the
 // second f16 field (m of Q4_1/Q5_1, s of Q8_1) when kTwo, else 0.

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx512/avx512_util.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 #include "kernels/quant/k_quants.h"
@@ -40,13 +41,6 @@ inline __m128i UnpackScalesMins(const uint8_t* packed) {
   // forwarding, and this runs once per super-block in the hot loop.
   return _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
                        static_cast<int>(u[0]));
-}
-
-// Two 32-byte pieces of the activations as one vector (low half = a, high half = b).
-inline __m512i Load2x256(const int8_t* a, const int8_t* b) {
-  return _mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
 }
 
 // Index vector for _mm512_permutexvar_epi16: s16 lanes 0..15 read lane a, 16..31 lane b.
@@ -154,8 +148,8 @@ inline float DotQxK(int64_t nb, const uint8_t* x_bytes, size_t block_bytes, cons
         lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hbits, bit_lo), lo, k16);
         hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(hbits, bit_hi), hi, k16);
       }
-      const __m512i q8lo = Load2x256(q8 + 128 * t, q8 + 128 * t + 64);
-      const __m512i q8hi = Load2x256(q8 + 128 * t + 32, q8 + 128 * t + 96);
+      const __m512i q8lo = LoadQs(q8 + 128 * t, q8 + 128 * t + 64);
+      const __m512i q8hi = LoadQs(q8 + 128 * t + 32, q8 + 128 * t + 96);
       sumi_lo = _mm512_dpwssd_epi32(sumi_lo, _mm512_maddubs_epi16(lo, q8lo),
                                     _mm512_permutexvar_epi16(idx_lo[t], scales16));
       sumi_hi = _mm512_dpwssd_epi32(sumi_hi, _mm512_maddubs_epi16(hi, q8hi),

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx512/avx512_util.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 #include "kernels/quant/legacy.h"
@@ -91,34 +92,6 @@ inline float QuantizeBlock8(const float* x, int8_t* qs, int* sum_out) {
 
 // ---- Integer sums of two blocks a, b: int32 lanes 0..7 total block a, 8..15 block b. ----
 
-inline __m512i Join(__m256i a, __m256i b) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
-
-inline __m512i LoadQs(const int8_t* a, const int8_t* b) {
-  return Join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
-}
-
-// Two blocks' 16 packed bytes each -> 64 bytes in element order: a's low nibbles (elements
-// 0..15), a's high nibbles (16..31), then b's.
-inline __m512i UnpackNibbles(const uint8_t* a, const uint8_t* b) {
-  const __m256i packed = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
-  const __m512i both = Join(packed, _mm256_srli_epi16(packed, 4));  // [a, b, a>>4, b>>4]
-  return _mm512_and_si512(_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)),
-                          _mm512_set1_epi8(0x0F));
-}
-
-// The 5th bits of both blocks: bit k <-> byte k of UnpackNibbles' result.
-inline __mmask64 HighBits(const uint8_t* qh_a, const uint8_t* qh_b) {
-  uint32_t a, b;
-  std::memcpy(&a, qh_a, sizeof(a));
-  std::memcpy(&b, qh_b, sizeof(b));
-  return static_cast<__mmask64>(a) | (static_cast<__mmask64>(b) << 32);
-}
-
 // sum(u * y) for unsigned u, minus `offset` * sum(y) (the offset that made u unsigned).
 inline __m512i SumU8I8(__m512i u, __m512i y, char offset) {
   const __m512i zero = _mm512_setzero_si512();
@@ -146,17 +119,13 @@ inline __m512i PairSum(const BlockQ4_1& xa, const BlockQ4_1& xb, const BlockQ8_1
 
 inline __m512i PairSum(const BlockQ5_0& xa, const BlockQ5_0& xb, const BlockQ8_0& ya,
                        const BlockQ8_0& yb) {
-  const __m512i q = UnpackNibbles(xa.qs, xb.qs);
-  const __m512i with_high =
-      _mm512_mask_add_epi8(q, HighBits(xa.qh, xb.qh), q, _mm512_set1_epi8(0x10));
+  const __m512i with_high = AddHighBits(UnpackNibbles(xa.qs, xb.qs), xa.qh, xb.qh);
   return SumU8I8(with_high, LoadQs(ya.qs, yb.qs), 16);
 }
 
 inline __m512i PairSum(const BlockQ5_1& xa, const BlockQ5_1& xb, const BlockQ8_1& ya,
                        const BlockQ8_1& yb) {
-  const __m512i q = UnpackNibbles(xa.qs, xb.qs);
-  const __m512i with_high =
-      _mm512_mask_add_epi8(q, HighBits(xa.qh, xb.qh), q, _mm512_set1_epi8(0x10));
+  const __m512i with_high = AddHighBits(UnpackNibbles(xa.qs, xb.qs), xa.qh, xb.qh);
   return SumU8I8(with_high, LoadQs(ya.qs, yb.qs), 0);
 }
 

@@ -1,0 +1,68 @@
+// Private to kernels/cpu/avx2: small register helpers shared by the AVX2 kernels
+// (quant_legacy_avx2.cc, k_quants_avx2.cc, gemm_avx2.cc).
+//
+// Everything here is `static inline` (internal linkage): the including files are compiled with
+// -mavx2 -mfma -mf16c, and an ordinary inline function would let the linker keep one
+// AVX2-compiled copy for the whole program (see docs/kernels.md). always_inline because the
+// tile kernels rely on these disappearing into their loops.
+#ifndef FUCINA_KERNELS_CPU_AVX2_AVX2_UTIL_H_
+#define FUCINA_KERNELS_CPU_AVX2_AVX2_UTIL_H_
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace fucina::avx2 {
+
+#define FUCINA_AVX2_INLINE static inline __attribute__((always_inline))
+
+FUCINA_AVX2_INLINE float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+FUCINA_AVX2_INLINE float HorizontalMax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Sum of the 8 int32 lanes (wraps like int32 addition; callers' sums fit).
+FUCINA_AVX2_INLINE int32_t HorizontalSum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+FUCINA_AVX2_INLINE __m256i Load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// 16 packed bytes -> 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
+FUCINA_AVX2_INLINE __m256i UnpackNibbles(const uint8_t* qs) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+// Byte j = 0xFF where bit j of the little-endian qh is set, else 0.
+FUCINA_AVX2_INLINE __m256i BytesFromBits(const uint8_t qh[4]) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, sizeof(bits));
+  const __m256i byte_of_bit = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                0x0101010101010101, 0x0000000000000000);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), byte_of_bit);
+  // Byte j keeps only bit j % 8 clear; it becomes all-ones iff that bit was set.
+  const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1));
+}
+
+#undef FUCINA_AVX2_INLINE
+
+}  // namespace fucina::avx2
+
+#endif  // FUCINA_KERNELS_CPU_AVX2_AVX2_UTIL_H_
