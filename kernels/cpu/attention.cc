@@ -110,6 +110,17 @@ TileKernels SelectKernels(Isa isa, GgmlType type) {
   return {load, ScalarTileScores, ScalarTileAccum, ScalarExp};
 }
 
+// Per-thread buffers of AttentionHeadsForIsa; they only grow.
+struct AttnScratch {
+  std::vector<float> kbuf, vbuf, qs, acc, s, run_max, run_sum;
+  std::vector<int64_t> row_keys;
+};
+
+template <typename T>
+void Grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
 }  // namespace
 
 absl::Status ValidateKvLayout(const KvLayout& layout) {
@@ -178,21 +189,34 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int max_rows = std::max(kMaxRows, group);
 
-  // Zero-initialized once: the padding columns [hd, ld) of q/K/V stay zero (loads and query
-  // copies write only [0, hd)), and K rows past a partial tile stay finite for the 16-key
-  // score blocks.
-  // Short contexts (early decode steps) need fewer tile rows: 16-key score blocks read at most
-  // round_up(keys, 16) rows.
+  // Scratch reused across calls on each thread (decode makes one call per kv head and layer,
+  // too short to pay for fresh allocations). Per query row r = qi * nh + g of a block: scaled
+  // query, accumulator, scores, running max / sum, and how many keys the row may see (causal).
+  // K rows past a partial tile may hold stale values: only their own score lanes see them.
   const int64_t tile_rows = std::min<int64_t>(kTile, (args.pos0 + args.n_q + 15) / 16 * 16);
-  std::vector<float> kbuf(static_cast<size_t>(tile_rows) * ld, 0.0f);
-  std::vector<float> vbuf(static_cast<size_t>(tile_rows) * ld, 0.0f);
-  // Per query row r = qi * nh + g of a block: scaled query, accumulator, scores, running
-  // max / sum, and how many keys the row may see (causal).
-  std::vector<float> qs(static_cast<size_t>(max_rows) * ld, 0.0f);
-  std::vector<float> acc(static_cast<size_t>(max_rows) * ld);
-  std::vector<float> s(static_cast<size_t>(max_rows) * kTile);
-  std::vector<float> run_max(max_rows), run_sum(max_rows);
-  std::vector<int64_t> row_keys(max_rows);
+  thread_local AttnScratch scratch;
+  AttnScratch& sc = scratch;
+  Grow(sc.kbuf, tile_rows * ld);
+  Grow(sc.vbuf, tile_rows * ld);
+  Grow(sc.qs, static_cast<int64_t>(max_rows) * ld);
+  Grow(sc.acc, static_cast<int64_t>(max_rows) * ld);
+  Grow(sc.s, static_cast<int64_t>(max_rows) * kTile);
+  Grow(sc.run_max, max_rows);
+  Grow(sc.run_sum, max_rows);
+  Grow(sc.row_keys, max_rows);
+  float* const kbuf = sc.kbuf.data();
+  float* const vbuf = sc.vbuf.data();
+  float* const qs = sc.qs.data();
+  float* const acc = sc.acc.data();
+  float* const s = sc.s.data();
+  float* const run_max = sc.run_max.data();
+  float* const run_sum = sc.run_sum.data();
+  int64_t* const row_keys = sc.row_keys.data();
+  // Padding columns [hd, ld) of q, K and V must be zero (the loads write only [0, hd)).
+  for (int64_t t = 0; t < tile_rows; ++t) {
+    std::fill(kbuf + t * ld + hd, kbuf + (t + 1) * ld, 0.0f);
+    std::fill(vbuf + t * ld + hd, vbuf + (t + 1) * ld, 0.0f);
+  }
 
   int h = head_begin;
   while (h < head_end) {
@@ -209,7 +233,8 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
         const int64_t i = i0 + r / nh;
         const float* qrow = args.q + (i * args.num_heads + h + r % nh) * hd;
         for (int d = 0; d < hd; ++d) qs[r * ld + d] = qrow[d] * args.scale;
-        std::fill(acc.begin() + r * ld, acc.begin() + (r + 1) * ld, 0.0f);
+        std::fill(qs + r * ld + hd, qs + (r + 1) * ld, 0.0f);
+        std::fill(acc + r * ld, acc + (r + 1) * ld, 0.0f);
         run_max[r] = kNegInf;
         run_sum[r] = 0.0f;
         row_keys[r] = args.pos0 + i + 1;
@@ -229,10 +254,10 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
             __builtin_prefetch(vr + o, 0, 2);
           }
         }
-        kern.load(k_base + j0 * stride, stride, nt, hd, ld, kbuf.data());
-        kern.scores(qs.data(), rows, ld, kbuf.data(), nt, s.data(), kTile);
+        kern.load(k_base + j0 * stride, stride, nt, hd, ld, kbuf);
+        kern.scores(qs, rows, ld, kbuf, nt, s, kTile);
         for (int r = 0; r < rows; ++r) {
-          float* sr = s.data() + r * kTile;
+          float* sr = s + r * kTile;
           // Keys past the row's causal limit get weight exactly 0, so a row's result is the
           // same whichever queries share its block; a tile it cannot see leaves it untouched.
           const int valid = static_cast<int>(std::clamp<int64_t>(row_keys[r] - j0, 0, nt));
@@ -252,8 +277,8 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
           for (int t = 0; t < valid; ++t) run_sum[r] += sr[t];
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
-        kern.load(v_base + j0 * stride, stride, nt, hd, ld, vbuf.data());
-        kern.accum(s.data(), kTile, rows, vbuf.data(), nt, ld, acc.data());
+        kern.load(v_base + j0 * stride, stride, nt, hd, ld, vbuf);
+        kern.accum(s, kTile, rows, vbuf, nt, ld, acc);
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t i = i0 + r / nh;

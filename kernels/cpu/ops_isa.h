@@ -20,8 +20,9 @@ namespace fucina {
 //     values as LoadKvHead). Row types: F32 float[head_dim], F16 f16_t[head_dim], Q8_0
 //     BlockQ8_0[head_dim / 32]. Columns >= head_dim are not written.
 //   AttnTileScores: s[r * s_ld + t] = dot(q[r * ld ..], k[t * ld ..]) over ld dims, for
-//     r < n_rows, t < n_keys <= 32. k must hold round_up(n_keys, 16) rows of finite values
-//     (keys are reduced 16 at a time); only t < n_keys is stored.
+//     r < n_rows, t < n_keys <= 32. k must hold round_up(n_keys, 16) readable rows (keys are
+//     reduced 16 at a time); rows past n_keys may hold anything, even NaN: each stored lane
+//     sums only its own key's products, and only t < n_keys is stored.
 //   AttnTileAccum: acc[r * ld + d] += sum_{t < n_keys} p[r * p_ld + t] * v[t * ld + d] for
 //     r < n_rows, d < ld.
 // Each output value's summation order depends only on its own row and the key count, never on

@@ -235,7 +235,10 @@ TEST(AttentionTileKernelsTest, ScoresAndAccumMatchPlainLoops) {
           SCOPED_TRACE(std::string(k.name) + " ld=" + std::to_string(ld) + " rows=" +
                        std::to_string(n_rows) + " keys=" + std::to_string(n_keys));
           std::vector<float> s(n_rows * kSld, -5.0f);
-          k.scores(q.data(), n_rows, ld, kv.data(), n_keys, s.data(), kSld);
+          // Rows past n_keys (read by the last 8/16-key block) must not reach stored scores.
+          std::vector<float> k_nan = kv;
+          std::fill(k_nan.begin() + n_keys * ld, k_nan.end(), std::nanf(""));
+          k.scores(q.data(), n_rows, ld, k_nan.data(), n_keys, s.data(), kSld);
           std::vector<float> acc = acc0;
           k.accum(p.data(), kSld, n_rows, kv.data(), n_keys, ld, acc.data());
           for (int r = 0; r < n_rows; ++r) {
