@@ -22,15 +22,18 @@
 namespace fucina {
 namespace {
 
-// Keys per tile of the streaming softmax: scores for a tile live on the stack, and a tile of
-// K and V rows of one kv head stays in L1 while every query head of its GQA group uses it.
+// Keys per tile of the streaming softmax: a tile of K and V rows of one kv head is converted
+// to f32 once (kTile * ld floats each, in L1) and used by every query row of a block.
 constexpr int kTile = 32;
+// Query rows per block: all heads of a GQA group that share the kv head, times as many
+// queries (prefill) as fit; rows past 4 only amortize the tile conversion further.
+constexpr int kMaxRows = 8;
 
 const uint8_t* HeadRow(const KvLayout& l, const void* cache, int64_t pos, int kvh) {
   return static_cast<const uint8_t*>(cache) + pos * l.PositionBytes() + kvh * l.HeadBytes();
 }
 
-// Scalar tile kernels used when ActiveIsa() is kScalar; same contracts as ops_isa.h.
+// Scalar tile kernels used when the level is kScalar; same contracts as ops_isa.h.
 inline float ScalarValue(const float* row, int d) { return row[d]; }
 inline float ScalarValue(const f16_t* row, int d) { return Fp16ToFp32(row[d]); }
 inline float ScalarValue(const BlockQ8_0* row, int d) {
@@ -39,22 +42,32 @@ inline float ScalarValue(const BlockQ8_0* row, int d) {
 }
 
 template <typename T>
-void ScalarScores(const float* q, const void* k, int64_t stride_bytes, int n_keys, int head_dim,
-                  float* s) {
-  for (int t = 0; t < n_keys; ++t) {
-    const T* row = reinterpret_cast<const T*>(static_cast<const uint8_t*>(k) + t * stride_bytes);
-    float sum = 0.0f;
-    for (int d = 0; d < head_dim; ++d) sum += q[d] * ScalarValue(row, d);
-    s[t] = sum;
+void ScalarLoadRows(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                    float* dst) {
+  for (int t = 0; t < n_rows; ++t) {
+    const T* row =
+        reinterpret_cast<const T*>(static_cast<const uint8_t*>(rows) + t * stride_bytes);
+    for (int d = 0; d < head_dim; ++d) dst[t * ld + d] = ScalarValue(row, d);
   }
 }
 
-template <typename T>
-void ScalarAccum(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                 float* acc) {
-  for (int t = 0; t < n_keys; ++t) {
-    const T* row = reinterpret_cast<const T*>(static_cast<const uint8_t*>(v) + t * stride_bytes);
-    for (int d = 0; d < head_dim; ++d) acc[d] += p[t] * ScalarValue(row, d);
+void ScalarTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
+                      int s_ld) {
+  for (int r = 0; r < n_rows; ++r) {
+    for (int t = 0; t < n_keys; ++t) {
+      float sum = 0.0f;
+      for (int d = 0; d < ld; ++d) sum += q[r * ld + d] * k[t * ld + d];
+      s[r * s_ld + t] = sum;
+    }
+  }
+}
+
+void ScalarTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
+                     float* acc) {
+  for (int r = 0; r < n_rows; ++r) {
+    for (int t = 0; t < n_keys; ++t) {
+      for (int d = 0; d < ld; ++d) acc[r * ld + d] += p[r * p_ld + t] * v[t * ld + d];
+    }
   }
 }
 
@@ -62,34 +75,50 @@ void ScalarExp(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
+using LoadRowsFn = void (*)(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,
+                            int ld, float* dst);
+
 struct TileKernels {
-  AttnScoresFn scores;
-  AttnAccumFn accum;
+  LoadRowsFn load;
+  void (*scores)(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
+                 int s_ld);
+  void (*accum)(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
+                float* acc);
   void (*exp)(const float* x, float* y, int64_t n);
 };
 
 TileKernels SelectKernels(Isa isa, GgmlType type) {
   switch (isa) {
-    case Isa::kAvx512:
-      if (type == GgmlType::kF16) {
-        return {avx512::AttnScoresF16, avx512::AttnAccumF16, avx512::ExpF32};
-      }
-      if (type == GgmlType::kQ8_0) {
-        return {avx512::AttnScoresQ8_0, avx512::AttnAccumQ8_0, avx512::ExpF32};
-      }
-      return {avx512::AttnScoresF32, avx512::AttnAccumF32, avx512::ExpF32};
-    case Isa::kAvx2:
-      if (type == GgmlType::kF16) return {avx2::AttnScoresF16, avx2::AttnAccumF16, avx2::ExpF32};
-      if (type == GgmlType::kQ8_0) {
-        return {avx2::AttnScoresQ8_0, avx2::AttnAccumQ8_0, avx2::ExpF32};
-      }
-      return {avx2::AttnScoresF32, avx2::AttnAccumF32, avx2::ExpF32};
+    case Isa::kAvx512: {
+      const LoadRowsFn load = type == GgmlType::kF16    ? avx512::AttnLoadRowsF16
+                              : type == GgmlType::kQ8_0 ? avx512::AttnLoadRowsQ8_0
+                                                        : avx512::AttnLoadRowsF32;
+      return {load, avx512::AttnTileScores, avx512::AttnTileAccum, avx512::ExpF32};
+    }
+    case Isa::kAvx2: {
+      const LoadRowsFn load = type == GgmlType::kF16    ? avx2::AttnLoadRowsF16
+                              : type == GgmlType::kQ8_0 ? avx2::AttnLoadRowsQ8_0
+                                                        : avx2::AttnLoadRowsF32;
+      return {load, avx2::AttnTileScores, avx2::AttnTileAccum, avx2::ExpF32};
+    }
     case Isa::kScalar:
       break;
   }
-  if (type == GgmlType::kF16) return {ScalarScores<f16_t>, ScalarAccum<f16_t>, ScalarExp};
-  if (type == GgmlType::kQ8_0) return {ScalarScores<BlockQ8_0>, ScalarAccum<BlockQ8_0>, ScalarExp};
-  return {ScalarScores<float>, ScalarAccum<float>, ScalarExp};
+  const LoadRowsFn load = type == GgmlType::kF16    ? ScalarLoadRows<f16_t>
+                          : type == GgmlType::kQ8_0 ? ScalarLoadRows<BlockQ8_0>
+                                                    : ScalarLoadRows<float>;
+  return {load, ScalarTileScores, ScalarTileAccum, ScalarExp};
+}
+
+// Per-thread buffers of AttentionHeadsForIsa; they only grow.
+struct AttnScratch {
+  std::vector<float> kbuf, vbuf, qs, acc, s, run_max, run_sum;
+  std::vector<int64_t> row_keys;
+};
+
+template <typename T>
+void Grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
 }  // namespace
@@ -152,34 +181,65 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
                           float* out) {
   const KvLayout& l = args.layout;
   const int hd = l.head_dim;
+  const int ld = (hd + 15) / 16 * 16;  // buffer row length: whole SIMD vectors, zero padded.
   const int group = args.num_heads / l.num_heads_kv;
   const int64_t stride = l.PositionBytes();
   const int64_t head_bytes = l.HeadBytes();
   const TileKernels kern = SelectKernels(isa, l.type);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int max_rows = std::max(kMaxRows, group);
 
-  // Per query head of one GQA group: scaled query, running max, running sum, accumulator.
-  std::vector<float> qs(static_cast<size_t>(group) * hd);
-  std::vector<float> acc(static_cast<size_t>(group) * hd);
-  std::vector<float> run_max(group), run_sum(group);
-  float s[kTile];
+  // Scratch reused across calls on each thread (decode makes one call per kv head and layer,
+  // too short to pay for fresh allocations). Per query row r = qi * nh + g of a block: scaled
+  // query, accumulator, scores, running max / sum, and how many keys the row may see (causal).
+  // K rows past a partial tile may hold stale values: only their own score lanes see them.
+  const int64_t tile_rows = std::min<int64_t>(kTile, (args.pos0 + args.n_q + 15) / 16 * 16);
+  thread_local AttnScratch scratch;
+  AttnScratch& sc = scratch;
+  Grow(sc.kbuf, tile_rows * ld);
+  Grow(sc.vbuf, tile_rows * ld);
+  Grow(sc.qs, static_cast<int64_t>(max_rows) * ld);
+  Grow(sc.acc, static_cast<int64_t>(max_rows) * ld);
+  Grow(sc.s, static_cast<int64_t>(max_rows) * kTile);
+  Grow(sc.run_max, max_rows);
+  Grow(sc.run_sum, max_rows);
+  Grow(sc.row_keys, max_rows);
+  float* const kbuf = sc.kbuf.data();
+  float* const vbuf = sc.vbuf.data();
+  float* const qs = sc.qs.data();
+  float* const acc = sc.acc.data();
+  float* const s = sc.s.data();
+  float* const run_max = sc.run_max.data();
+  float* const run_sum = sc.run_sum.data();
+  int64_t* const row_keys = sc.row_keys.data();
+  // Padding columns [hd, ld) of q, K and V must be zero (the loads write only [0, hd)).
+  for (int64_t t = 0; t < tile_rows; ++t) {
+    std::fill(kbuf + t * ld + hd, kbuf + (t + 1) * ld, 0.0f);
+    std::fill(vbuf + t * ld + hd, vbuf + (t + 1) * ld, 0.0f);
+  }
 
-  for (int64_t i = 0; i < args.n_q; ++i) {
-    const int64_t n_keys = args.pos0 + i + 1;
-    int h = head_begin;
-    while (h < head_end) {
-      const int kvh = h / group;
-      const int h_end = std::min(head_end, (kvh + 1) * group);  // heads sharing kv head kvh.
-      const int nh = h_end - h;
-      for (int g = 0; g < nh; ++g) {
-        const float* qrow = args.q + (i * args.num_heads + h + g) * hd;
-        for (int d = 0; d < hd; ++d) qs[g * hd + d] = qrow[d] * args.scale;
-        std::fill(acc.begin() + g * hd, acc.begin() + (g + 1) * hd, 0.0f);
-        run_max[g] = kNegInf;
-        run_sum[g] = 0.0f;
+  int h = head_begin;
+  while (h < head_end) {
+    const int kvh = h / group;
+    const int h_end = std::min(head_end, (kvh + 1) * group);  // heads sharing kv head kvh.
+    const int nh = h_end - h;
+    const int64_t q_block = std::max(1, kMaxRows / nh);
+    const uint8_t* k_base = HeadRow(l, args.k_cache, 0, kvh);
+    const uint8_t* v_base = HeadRow(l, args.v_cache, 0, kvh);
+    for (int64_t i0 = 0; i0 < args.n_q; i0 += q_block) {
+      const int64_t nqb = std::min(q_block, args.n_q - i0);
+      const int rows = static_cast<int>(nqb) * nh;
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r / nh;
+        const float* qrow = args.q + (i * args.num_heads + h + r % nh) * hd;
+        for (int d = 0; d < hd; ++d) qs[r * ld + d] = qrow[d] * args.scale;
+        std::fill(qs + r * ld + hd, qs + (r + 1) * ld, 0.0f);
+        std::fill(acc + r * ld, acc + (r + 1) * ld, 0.0f);
+        run_max[r] = kNegInf;
+        run_sum[r] = 0.0f;
+        row_keys[r] = args.pos0 + i + 1;
       }
-      const uint8_t* k_base = HeadRow(l, args.k_cache, 0, kvh);
-      const uint8_t* v_base = HeadRow(l, args.v_cache, 0, kvh);
+      const int64_t n_keys = args.pos0 + i0 + nqb;  // what the block's last query sees.
       for (int64_t j0 = 0; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
         // The rows of one kv head are a position apart (all kv heads of a position are
@@ -194,34 +254,40 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
             __builtin_prefetch(vr + o, 0, 2);
           }
         }
-        for (int g = 0; g < nh; ++g) {
-          float* a = acc.data() + g * hd;
-          kern.scores(qs.data() + g * hd, k_base + j0 * stride, stride, nt, hd, s);
+        kern.load(k_base + j0 * stride, stride, nt, hd, ld, kbuf);
+        kern.scores(qs, rows, ld, kbuf, nt, s, kTile);
+        for (int r = 0; r < rows; ++r) {
+          float* sr = s + r * kTile;
+          // Keys past the row's causal limit get weight exactly 0, so a row's result is the
+          // same whichever queries share its block; a tile it cannot see leaves it untouched.
+          const int valid = static_cast<int>(std::clamp<int64_t>(row_keys[r] - j0, 0, nt));
           float tile_max = kNegInf;
-          for (int t = 0; t < nt; ++t) tile_max = std::max(tile_max, s[t]);
-          if (tile_max > run_max[g]) {
-            // Rescale what was accumulated under the old maximum (exp(-inf) = 0 on the first
-            // tile, when acc and the sum are still zero anyway).
-            if (run_sum[g] != 0.0f) {
-              const float c = std::exp(run_max[g] - tile_max);
-              run_sum[g] *= c;
-              for (int d = 0; d < hd; ++d) a[d] *= c;
+          for (int t = 0; t < valid; ++t) tile_max = std::max(tile_max, sr[t]);
+          if (tile_max > run_max[r]) {
+            // Rescale what was accumulated under the old maximum (nothing on the first tile).
+            if (run_sum[r] != 0.0f) {
+              const float c = std::exp(run_max[r] - tile_max);
+              run_sum[r] *= c;
+              for (int d = 0; d < ld; ++d) acc[r * ld + d] *= c;
             }
-            run_max[g] = tile_max;
+            run_max[r] = tile_max;
           }
-          for (int t = 0; t < nt; ++t) s[t] -= run_max[g];
-          kern.exp(s, s, nt);
-          for (int t = 0; t < nt; ++t) run_sum[g] += s[t];
-          kern.accum(s, v_base + j0 * stride, stride, nt, hd, a);
+          for (int t = 0; t < valid; ++t) sr[t] -= run_max[r];
+          kern.exp(sr, sr, valid);
+          for (int t = 0; t < valid; ++t) run_sum[r] += sr[t];
+          for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
+        kern.load(v_base + j0 * stride, stride, nt, hd, ld, vbuf);
+        kern.accum(s, kTile, rows, vbuf, nt, ld, acc);
       }
-      for (int g = 0; g < nh; ++g) {
-        float* o = out + (i * args.num_heads + h + g) * hd;
-        const float inv = 1.0f / run_sum[g];
-        for (int d = 0; d < hd; ++d) o[d] = acc[g * hd + d] * inv;
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r / nh;
+        float* o = out + (i * args.num_heads + h + r % nh) * hd;
+        const float inv = 1.0f / run_sum[r];
+        for (int d = 0; d < hd; ++d) o[d] = acc[r * ld + d] * inv;
       }
-      h = h_end;
     }
+    h = h_end;
   }
 }
 

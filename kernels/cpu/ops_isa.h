@@ -11,15 +11,22 @@
 
 namespace fucina {
 
-// Attention tile kernels. K/V rows of one kv head sit `stride_bytes` apart (one cache
-// position). Types: F32 rows are float[head_dim], F16 rows f16_t[head_dim], Q8_0 rows
-// BlockQ8_0[head_dim / 32].
-//   Scores: s[t] = dot(q, row t) for t < n_keys.
-//   Accum:  acc[d] += sum_t p[t] * row_t[d] for d < head_dim.
-using AttnScoresFn = void (*)(const float* q, const void* k, int64_t stride_bytes, int n_keys,
-                              int head_dim, float* s);
-using AttnAccumFn = void (*)(const float* p, const void* v, int64_t stride_bytes, int n_keys,
-                             int head_dim, float* acc);
+// Attention tile kernels (kernels/cpu/attention.cc). A tile is up to 32 keys of one kv head,
+// converted once into an f32 buffer and then used by every query row (the heads of a GQA
+// group, times a few queries in prefill). Buffers are row-major with a leading dimension `ld`
+// (floats per row) that is a multiple of 16; dims past head_dim are zero in q and k.
+//   AttnLoadRows{F32,F16,Q8_0}: dst[t * ld + d] = row t (at `rows` + t * stride_bytes, one
+//     cache position apart) element d as f32, for t < n_rows, d < head_dim; exact (the same
+//     values as LoadKvHead). Row types: F32 float[head_dim], F16 f16_t[head_dim], Q8_0
+//     BlockQ8_0[head_dim / 32]. Columns >= head_dim are not written.
+//   AttnTileScores: s[r * s_ld + t] = dot(q[r * ld ..], k[t * ld ..]) over ld dims, for
+//     r < n_rows, t < n_keys <= 32. k must hold round_up(n_keys, 16) readable rows (keys are
+//     reduced 16 at a time); rows past n_keys may hold anything, even NaN: each stored lane
+//     sums only its own key's products, and only t < n_keys is stored.
+//   AttnTileAccum: acc[r * ld + d] += sum_{t < n_keys} p[r * p_ld + t] * v[t * ld + d] for
+//     r < n_rows, d < ld.
+// Each output value's summation order depends only on its own row and the key count, never on
+// n_rows, so results do not change with how rows are batched.
 
 // Same contracts as the public functions of the same name (kernels/norm.h, softmax.h,
 // activations.h). ExpF32: y[i] = exp(x[i]), max relative error ~2 ulp over the whole float
@@ -33,18 +40,16 @@ using AttnAccumFn = void (*)(const float* p, const void* v, int64_t stride_bytes
   void Silu(const float* x, float* y, int64_t n);                                              \
   void GeluTanh(const float* x, float* y, int64_t n);                                          \
   void SwiGlu(const float* gate, const float* up, float* out, int64_t n);                      \
-  void AttnScoresF32(const float* q, const void* k, int64_t stride_bytes, int n_keys,          \
-                     int head_dim, float* s);                                                  \
-  void AttnScoresF16(const float* q, const void* k, int64_t stride_bytes, int n_keys,          \
-                     int head_dim, float* s);                                                  \
-  void AttnScoresQ8_0(const float* q, const void* k, int64_t stride_bytes, int n_keys,         \
-                      int head_dim, float* s);                                                 \
-  void AttnAccumF32(const float* p, const void* v, int64_t stride_bytes, int n_keys,           \
-                    int head_dim, float* acc);                                                 \
-  void AttnAccumF16(const float* p, const void* v, int64_t stride_bytes, int n_keys,           \
-                    int head_dim, float* acc);                                                 \
-  void AttnAccumQ8_0(const float* p, const void* v, int64_t stride_bytes, int n_keys,          \
-                     int head_dim, float* acc);
+  void AttnLoadRowsF32(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,        \
+                       int ld, float* dst);                                                    \
+  void AttnLoadRowsF16(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,        \
+                       int ld, float* dst);                                                    \
+  void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,       \
+                        int ld, float* dst);                                                   \
+  void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys,           \
+                      float* s, int s_ld);                                                     \
+  void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,  \
+                     float* acc);
 
 // Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
 namespace avx2 {

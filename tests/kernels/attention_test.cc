@@ -3,15 +3,18 @@
 // ranges, and a hand-computed case.
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops_isa.h"
 #include "kernels/fp16.h"
 #include "kernels/ggml_type.h"
 #include "kernels/quant/blocks.h"
@@ -137,6 +140,170 @@ TEST(AttentionTest, AllLevelsMatchReference) {
     }
     std::printf("  %-5s head_dim %3d: max |attention - reference| %.3g\n",
                 std::string(TypeName(c.type)).c_str(), c.head_dim, worst);
+  }
+}
+
+TEST(AttentionTest, GqaGroupsAndPrefillBlocksMatchReference) {
+  // Group sizes 1..8 change how many query rows share a converted K/V tile, and n_q 40 (more
+  // than a 32-key tile, several query blocks) covers blocks whose queries see different key
+  // counts; head_dim 36/40 leave zero-padded buffer columns.
+  const Config configs[] = {{GgmlType::kF32, 36}, {GgmlType::kF16, 40}, {GgmlType::kF16, 128},
+                            {GgmlType::kQ8_0, 32}};
+  for (const Config& c : configs) {
+    double worst = 0.0;
+    for (int group : {1, 2, 4, 8}) {
+      for (int64_t n_q : {1, 3, 40}) {
+        for (int64_t pos0 : {0, 45}) {
+          AttnCase s(c.type, group, 1, c.head_dim, n_q, pos0,
+                     static_cast<uint32_t>(77 + group * 1000 + n_q * 100 + pos0));
+          std::vector<float> want(s.OutSize());
+          AttentionRef(s.args, want.data());
+          for (Isa isa : Levels()) {
+            SCOPED_TRACE(std::string(TypeName(c.type)) + " hd=" + std::to_string(c.head_dim) +
+                         " group=" + std::to_string(group) + " n_q=" + std::to_string(n_q) +
+                         " pos0=" + std::to_string(pos0) + " " + std::string(IsaName(isa)));
+            std::vector<float> got(s.OutSize(), std::nanf(""));
+            AttentionHeadsForIsa(isa, s.args, 0, s.args.num_heads, got.data());
+            for (size_t i = 0; i < got.size(); ++i) {
+              ASSERT_NEAR(got[i], want[i], 2e-6) << i;
+              worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+            }
+          }
+        }
+      }
+    }
+    std::printf("  %-5s head_dim %3d, groups 1-8: max |attention - reference| %.3g\n",
+                std::string(TypeName(c.type)).c_str(), c.head_dim, worst);
+  }
+}
+
+TEST(AttentionTest, PrefillBlockEqualsOneQueryAtATime) {
+  // Queries batched into one block must give bit-identical results to the same queries run
+  // alone (decode): keys past a query's causal limit get weight exactly 0.
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    for (int group : {1, 2, 3}) {
+      constexpr int64_t kNq = 11, kPos0 = 27;
+      AttnCase s(type, 2 * group, 2, 64, kNq, kPos0, 99 + group);
+      for (Isa isa : Levels()) {
+        SCOPED_TRACE(std::string(TypeName(type)) + " group=" + std::to_string(group) + " " +
+                     std::string(IsaName(isa)));
+        std::vector<float> all(s.OutSize());
+        AttentionHeadsForIsa(isa, s.args, 0, s.args.num_heads, all.data());
+        const int64_t per_query = s.args.num_heads * 64;
+        for (int64_t i = 0; i < kNq; ++i) {
+          AttentionArgs one = s.args;
+          one.q = s.q.data() + i * per_query;
+          one.n_q = 1;
+          one.pos0 = kPos0 + i;
+          std::vector<float> alone(per_query);
+          AttentionHeadsForIsa(isa, one, 0, one.num_heads, alone.data());
+          for (int64_t e = 0; e < per_query; ++e) {
+            ASSERT_EQ(all[i * per_query + e], alone[e]) << "query " << i << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The SIMD tile kernels against plain loops on the same buffers: every key count of a tile
+// (partial 8/16-key reduction blocks), row counts around the 4-row accumulator blocks, and
+// buffer widths that are not multiples of the 32/64-dim accumulator chunks.
+TEST(AttentionTileKernelsTest, ScoresAndAccumMatchPlainLoops) {
+  struct Kernels {
+    const char* name;
+    decltype(&avx2::AttnTileScores) scores;
+    decltype(&avx2::AttnTileAccum) accum;
+  };
+  std::vector<Kernels> levels;
+  if (DetectedIsa() >= Isa::kAvx2) {
+    levels.push_back({"avx2", avx2::AttnTileScores, avx2::AttnTileAccum});
+  }
+  if (DetectedIsa() >= Isa::kAvx512) {
+    levels.push_back({"avx512", avx512::AttnTileScores, avx512::AttnTileAccum});
+  }
+  if (levels.empty()) GTEST_SKIP() << "no SIMD level on this machine";
+  constexpr int kTile = 32, kSld = 40;
+  for (int ld : {16, 48, 80, 144}) {
+    for (int n_rows : {1, 2, 3, 4, 5, 9}) {
+      const std::vector<float> q = Random(n_rows * ld, -1.0f, 1.0f, ld + n_rows);
+      const std::vector<float> kv = Random(kTile * ld, -1.0f, 1.0f, 3 * ld + n_rows);
+      const std::vector<float> p = Random(n_rows * kSld, 0.0f, 1.0f, 5 * ld + n_rows);
+      const std::vector<float> acc0 = Random(n_rows * ld, -1.0f, 1.0f, 7 * ld + n_rows);
+      for (int n_keys = 1; n_keys <= kTile; ++n_keys) {
+        for (const Kernels& k : levels) {
+          SCOPED_TRACE(std::string(k.name) + " ld=" + std::to_string(ld) + " rows=" +
+                       std::to_string(n_rows) + " keys=" + std::to_string(n_keys));
+          std::vector<float> s(n_rows * kSld, -5.0f);
+          // Rows past n_keys (read by the last 8/16-key block) must not reach stored scores.
+          std::vector<float> k_nan = kv;
+          std::fill(k_nan.begin() + n_keys * ld, k_nan.end(), std::nanf(""));
+          k.scores(q.data(), n_rows, ld, k_nan.data(), n_keys, s.data(), kSld);
+          std::vector<float> acc = acc0;
+          k.accum(p.data(), kSld, n_rows, kv.data(), n_keys, ld, acc.data());
+          for (int r = 0; r < n_rows; ++r) {
+            for (int t = 0; t < kSld; ++t) {
+              if (t >= n_keys) {
+                ASSERT_EQ(s[r * kSld + t], -5.0f) << "score past n_keys written";
+                continue;
+              }
+              double dot = 0.0, mag = 0.0;
+              for (int d = 0; d < ld; ++d) {
+                dot += static_cast<double>(q[r * ld + d]) * kv[t * ld + d];
+                mag += std::fabs(static_cast<double>(q[r * ld + d]) * kv[t * ld + d]);
+              }
+              ASSERT_NEAR(s[r * kSld + t], dot, 1e-6 * mag + 1e-30) << r << " " << t;
+            }
+            for (int d = 0; d < ld; ++d) {
+              double want = acc0[r * ld + d], mag = std::fabs(want);
+              for (int t = 0; t < n_keys; ++t) {
+                want += static_cast<double>(p[r * kSld + t]) * kv[t * ld + d];
+                mag += std::fabs(static_cast<double>(p[r * kSld + t]) * kv[t * ld + d]);
+              }
+              ASSERT_NEAR(acc[r * ld + d], want, 1e-6 * mag + 1e-30) << r << " " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTileKernelsTest, LoadRowsIsExactAndLeavesPadding) {
+  // Every level converts a tile exactly like LoadKvHead and does not write columns >= hd.
+  using LoadFn = decltype(&avx2::AttnLoadRowsF16);
+  const Config configs[] = {{GgmlType::kF32, 36}, {GgmlType::kF32, 40}, {GgmlType::kF16, 36},
+                            {GgmlType::kF16, 40}, {GgmlType::kF16, 128}, {GgmlType::kQ8_0, 96}};
+  for (const Config& c : configs) {
+    std::vector<std::pair<std::string, LoadFn>> levels;
+    const auto pick = [&](LoadFn f32, LoadFn f16, LoadFn q8) {
+      return c.type == GgmlType::kF16 ? f16 : c.type == GgmlType::kQ8_0 ? q8 : f32;
+    };
+    if (DetectedIsa() >= Isa::kAvx2) {
+      levels.emplace_back("avx2", pick(avx2::AttnLoadRowsF32, avx2::AttnLoadRowsF16,
+                                       avx2::AttnLoadRowsQ8_0));
+    }
+    if (DetectedIsa() >= Isa::kAvx512) {
+      levels.emplace_back("avx512", pick(avx512::AttnLoadRowsF32, avx512::AttnLoadRowsF16,
+                                         avx512::AttnLoadRowsQ8_0));
+    }
+    const int hd = c.head_dim, ld = (hd + 15) / 16 * 16 + 16;
+    AttnCase s(c.type, 2, 2, hd, 1, 20, 11);  // 24 rows; tile of 21 rows of kv head 1.
+    const int n_rows = 21;
+    std::vector<float> want(hd);
+    for (const auto& [name, load] : levels) {
+      SCOPED_TRACE(std::string(TypeName(c.type)) + " hd=" + std::to_string(hd) + " " + name);
+      std::vector<float> dst(static_cast<size_t>(n_rows + 1) * ld, 7.0f);
+      load(s.k.data() + s.layout.HeadBytes(), s.layout.PositionBytes(), n_rows, hd, ld,
+           dst.data());
+      for (int t = 0; t < n_rows + 1; ++t) {
+        if (t < n_rows) LoadKvHead(s.layout, s.k.data(), t, 1, want.data());
+        for (int d = 0; d < ld; ++d) {
+          const float expect = (t < n_rows && d < hd) ? want[d] : 7.0f;
+          ASSERT_EQ(dst[t * ld + d], expect) << t << " " << d;
+        }
+      }
+    }
   }
 }
 

@@ -205,7 +205,7 @@ void Softmax(float* x, int64_t rows, int64_t n, float scale, const float* mask,
   }
 }
 
-// ---- Attention tiles. ----
+// ---- Attention tiles (contracts in ops_isa.h). ----
 
 namespace {
 
@@ -213,130 +213,137 @@ inline const uint8_t* Row(const void* base, int64_t stride_bytes, int t) {
   return static_cast<const uint8_t*>(base) + t * stride_bytes;
 }
 
-// Dot of q with one row whose 8-lane chunks come from `load(d)`; scalar `at(d)` for the tail.
-template <typename Load, typename At>
-inline float Dot(const float* q, int head_dim, Load load, At at) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int d = 0;
-  for (; d + 16 <= head_dim; d += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load(d), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load(d + 8), a1);
-  }
-  for (; d + 8 <= head_dim; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load(d), a0);
-  float sum = HorizontalSum(_mm256_add_ps(a0, a1));
-  for (; d < head_dim; ++d) sum += q[d] * at(d);
-  return sum;
+// Lane t of the result = sum of the 8 lanes of v[t]: the 8 horizontal sums of a key block
+// done together (7 hadds/permutes + 1 add instead of 8 full reductions).
+inline __m256 Reduce8(const __m256* v) {
+  // Per 128-bit half: [sum v0, sum v1, sum v2, sum v3] over that half's 4 lanes.
+  const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // [h0.lo + h0.hi, h1.lo + h1.hi].
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
-// acc[d] += sum_t p[t] * row_t[d], keeping 4 accumulator registers (32 dims) live across
-// all rows of the tile; `load(t, d)` gives 8 values of row t at dim d, `at(t, d)` one.
-template <typename Load, typename At>
-inline void Accum(const float* p, int n_keys, int head_dim, float* acc, Load load, At at) {
-  int d = 0;
-  for (; d + 32 <= head_dim; d += 32) {
-    __m256 c0 = _mm256_loadu_ps(acc + d), c1 = _mm256_loadu_ps(acc + d + 8);
-    __m256 c2 = _mm256_loadu_ps(acc + d + 16), c3 = _mm256_loadu_ps(acc + d + 24);
-    for (int t = 0; t < n_keys; ++t) {
-      const __m256 w = _mm256_set1_ps(p[t]);
-      c0 = _mm256_fmadd_ps(w, load(t, d), c0);
-      c1 = _mm256_fmadd_ps(w, load(t, d + 8), c1);
-      c2 = _mm256_fmadd_ps(w, load(t, d + 16), c2);
-      c3 = _mm256_fmadd_ps(w, load(t, d + 24), c3);
+// acc[r * ld + d] += sum_t p[r * p_ld + t] * v[t * ld + d] for R rows and dims
+// [d0, d0 + 8 C): R * C accumulators stay in registers across the keys.
+template <int R, int C>
+inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int ld, int d0,
+                       float* acc) {
+  __m256 c[R][C];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) c[r][j] = _mm256_loadu_ps(acc + r * ld + d0 + 8 * j);
+  }
+  for (int t = 0; t < n_keys; ++t) {
+    __m256 vv[C];
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) vv[j] = _mm256_loadu_ps(v + t * ld + d0 + 8 * j);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m256 w = _mm256_broadcast_ss(p + r * p_ld + t);
+      #pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) c[r][j] = _mm256_fmadd_ps(w, vv[j], c[r][j]);
     }
-    _mm256_storeu_ps(acc + d, c0);
-    _mm256_storeu_ps(acc + d + 8, c1);
-    _mm256_storeu_ps(acc + d + 16, c2);
-    _mm256_storeu_ps(acc + d + 24, c3);
   }
-  for (; d + 8 <= head_dim; d += 8) {
-    __m256 c = _mm256_loadu_ps(acc + d);
-    for (int t = 0; t < n_keys; ++t) c = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load(t, d), c);
-    _mm256_storeu_ps(acc + d, c);
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) _mm256_storeu_ps(acc + r * ld + d0 + 8 * j, c[r][j]);
   }
-  for (; d < head_dim; ++d) {
-    for (int t = 0; t < n_keys; ++t) acc[d] += p[t] * at(t, d);
-  }
+}
+
+// All dims for R rows: chunks of 8 C dims, then 8-dim chunks for the rest (ld % 8 == 0).
+template <int R, int C>
+inline void AccumRows(const float* p, int p_ld, const float* v, int n_keys, int ld, float* acc) {
+  int d = 0;
+  for (; d + 8 * C <= ld; d += 8 * C) AccumBlock<R, C>(p, p_ld, v, n_keys, ld, d, acc);
+  for (; d < ld; d += 8) AccumBlock<R, 1>(p, p_ld, v, n_keys, ld, d, acc);
 }
 
 }  // namespace
 
-void AttnScoresF32(const float* q, const void* k, int64_t stride_bytes, int n_keys, int head_dim,
-                   float* s) {
-  for (int t = 0; t < n_keys; ++t) {
-    const float* row = reinterpret_cast<const float*>(Row(k, stride_bytes, t));
-    s[t] = Dot(
-        q, head_dim, [&](int d) { return _mm256_loadu_ps(row + d); },
-        [&](int d) { return row[d]; });
+void AttnLoadRowsF32(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                     float* dst) {
+  for (int t = 0; t < n_rows; ++t) {
+    const float* src = reinterpret_cast<const float*>(Row(rows, stride_bytes, t));
+    float* o = dst + t * ld;
+    int d = 0;
+    for (; d + 8 <= head_dim; d += 8) _mm256_storeu_ps(o + d, _mm256_loadu_ps(src + d));
+    for (; d < head_dim; ++d) o[d] = src[d];
   }
 }
 
-void AttnScoresF16(const float* q, const void* k, int64_t stride_bytes, int n_keys, int head_dim,
-                   float* s) {
-  for (int t = 0; t < n_keys; ++t) {
-    const f16_t* row = reinterpret_cast<const f16_t*>(Row(k, stride_bytes, t));
-    s[t] = Dot(
-        q, head_dim, [&](int d) { return LoadF16(row + d); },
-        [&](int d) { return HalfToFloat(row[d]); });
+void AttnLoadRowsF16(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                     float* dst) {
+  for (int t = 0; t < n_rows; ++t) {
+    const f16_t* src = reinterpret_cast<const f16_t*>(Row(rows, stride_bytes, t));
+    float* o = dst + t * ld;
+    int d = 0;
+    for (; d + 8 <= head_dim; d += 8) _mm256_storeu_ps(o + d, LoadF16(src + d));
+    for (; d < head_dim; ++d) o[d] = HalfToFloat(src[d]);
   }
 }
 
-void AttnScoresQ8_0(const float* q, const void* k, int64_t stride_bytes, int n_keys,
-                    int head_dim, float* s) {
+void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                      float* dst) {
   const int nb = head_dim / kQK8_0;
-  for (int t = 0; t < n_keys; ++t) {
-    const BlockQ8_0* row = reinterpret_cast<const BlockQ8_0*>(Row(k, stride_bytes, t));
-    __m256 acc = _mm256_setzero_ps();
+  for (int t = 0; t < n_rows; ++t) {
+    const BlockQ8_0* src = reinterpret_cast<const BlockQ8_0*>(Row(rows, stride_bytes, t));
+    float* o = dst + t * ld;
     for (int b = 0; b < nb; ++b) {
-      const float* qb = q + b * kQK8_0;
-      const int8_t* qs = row[b].qs;
-      // sum_j q[j] * qs[j] over the block, then one multiply by the block scale.
-      __m256 bs = _mm256_mul_ps(_mm256_loadu_ps(qb), LoadQ8(qs));
-      bs = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 8), LoadQ8(qs + 8), bs);
-      bs = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 16), LoadQ8(qs + 16), bs);
-      bs = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 24), LoadQ8(qs + 24), bs);
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(row[b].d)), bs, acc);
+      // f16 scale (11-bit significand) times int8 is exact in f32: same values as LoadKvHead.
+      const __m256 scale = _mm256_set1_ps(HalfToFloat(src[b].d));
+      #pragma GCC unroll 16
+      for (int j = 0; j < kQK8_0; j += 8) {
+        _mm256_storeu_ps(o + b * kQK8_0 + j, _mm256_mul_ps(scale, LoadQ8(src[b].qs + j)));
+      }
     }
-    s[t] = HorizontalSum(acc);
   }
 }
 
-void AttnAccumF32(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                  float* acc) {
-  auto row = [&](int t) { return reinterpret_cast<const float*>(Row(v, stride_bytes, t)); };
-  Accum(
-      p, n_keys, head_dim, acc, [&](int t, int d) { return _mm256_loadu_ps(row(t) + d); },
-      [&](int t, int d) { return row(t)[d]; });
-}
-
-void AttnAccumF16(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                  float* acc) {
-  auto row = [&](int t) { return reinterpret_cast<const f16_t*>(Row(v, stride_bytes, t)); };
-  Accum(
-      p, n_keys, head_dim, acc, [&](int t, int d) { return LoadF16(row(t) + d); },
-      [&](int t, int d) { return HalfToFloat(row(t)[d]); });
-}
-
-void AttnAccumQ8_0(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                   float* acc) {
-  // One block (32 dims) of accumulators at a time; the weight of row t in block b is
-  // p[t] * d_tb, so the int8 values are converted and used by a single FMA each.
-  const int nb = head_dim / kQK8_0;
-  for (int b = 0; b < nb; ++b) {
-    float* a = acc + b * kQK8_0;
-    __m256 c0 = _mm256_loadu_ps(a), c1 = _mm256_loadu_ps(a + 8);
-    __m256 c2 = _mm256_loadu_ps(a + 16), c3 = _mm256_loadu_ps(a + 24);
-    for (int t = 0; t < n_keys; ++t) {
-      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(Row(v, stride_bytes, t))[b];
-      const __m256 w = _mm256_set1_ps(p[t] * HalfToFloat(blk.d));
-      c0 = _mm256_fmadd_ps(w, LoadQ8(blk.qs), c0);
-      c1 = _mm256_fmadd_ps(w, LoadQ8(blk.qs + 8), c1);
-      c2 = _mm256_fmadd_ps(w, LoadQ8(blk.qs + 16), c2);
-      c3 = _mm256_fmadd_ps(w, LoadQ8(blk.qs + 24), c3);
+void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
+                    int s_ld) {
+  for (int r = 0; r < n_rows; ++r) {
+    const float* qr = q + r * ld;
+    for (int t0 = 0; t0 < n_keys; t0 += 8) {
+      // 8 keys at once; past n_keys the rows are finite padding whose scores are not stored.
+      const float* kb = k + t0 * ld;
+      __m256 a[8];
+      #pragma GCC unroll 16
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int d = 0; d < ld; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qr + d);
+        #pragma GCC unroll 16
+        for (int j = 0; j < 8; ++j) {
+          a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + j * ld + d), a[j]);
+        }
+      }
+      const int nk = n_keys - t0 >= 8 ? 8 : n_keys - t0;
+      _mm256_maskstore_ps(s + r * s_ld + t0, TailMask(nk), Reduce8(a));
     }
-    _mm256_storeu_ps(a, c0);
-    _mm256_storeu_ps(a + 8, c1);
-    _mm256_storeu_ps(a + 16, c2);
-    _mm256_storeu_ps(a + 24, c3);
+  }
+}
+
+void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
+                   float* acc) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    AccumRows<4, 2>(p + r * p_ld, p_ld, v, n_keys, ld, acc + r * ld);
+  }
+  const float* pr = p + r * p_ld;
+  float* ar = acc + r * ld;
+  switch (n_rows - r) {
+    case 3:
+      AccumRows<3, 2>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 2:
+      AccumRows<2, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 1:
+      AccumRows<1, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    default:
+      break;
   }
 }
 

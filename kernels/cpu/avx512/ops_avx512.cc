@@ -164,7 +164,7 @@ void Softmax(float* x, int64_t rows, int64_t n, float scale, const float* mask,
   }
 }
 
-// ---- Attention tiles. ----
+// ---- Attention tiles (contracts in ops_isa.h). ----
 
 namespace {
 
@@ -172,116 +172,155 @@ inline const uint8_t* Row(const void* base, int64_t stride_bytes, int t) {
   return static_cast<const uint8_t*>(base) + t * stride_bytes;
 }
 
-// `load(m, d)` gives 16 values at dim d with lanes outside mask m zero.
-template <typename Load>
-inline float Dot(const float* q, int head_dim, Load load) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int d = 0;
-  for (; d + 32 <= head_dim; d += 32) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load(__mmask16(0xFFFF), d), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 16), load(__mmask16(0xFFFF), d + 16), a1);
+// Lane t of the result = sum of the 16 lanes of v[t]: the 16 horizontal sums of a key block
+// done together by a transpose-and-add tree (45 shuffles/adds instead of 16 full reductions).
+inline __m512 Reduce16(const __m512* v) {
+  __m512 u[8], w[4];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 8; ++i) {
+    // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3].
+    u[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   }
-  for (; d < head_dim; d += 16) {
-    const __mmask16 m = TailMask(d + 16 <= head_dim ? 16 : head_dim - d);
-    a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load(m, d), a0);
+  #pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i) {
+    // Per 128-bit lane: partial sums of rows 4i .. 4i + 3.
+    const __m512d x = _mm512_castps_pd(u[2 * i]), y = _mm512_castps_pd(u[2 * i + 1]);
+    w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  // Fold the four 128-bit lanes: 0x88 picks lanes (0, 2) of each operand, 0xDD lanes (1, 3).
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                                  _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88),
+                                  _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 }
 
-// acc[d] += sum_t p[t] * row_t[d] with 4 registers (64 dims) live across the tile;
-// `load(t, m, d)` gives 16 values of row t at dim d (lanes outside m zero).
-template <typename Load>
-inline void Accum(const float* p, int n_keys, int head_dim, float* acc, Load load) {
-  const __mmask16 all = 0xFFFF;
-  int d = 0;
-  for (; d + 64 <= head_dim; d += 64) {
-    __m512 c0 = _mm512_loadu_ps(acc + d), c1 = _mm512_loadu_ps(acc + d + 16);
-    __m512 c2 = _mm512_loadu_ps(acc + d + 32), c3 = _mm512_loadu_ps(acc + d + 48);
-    for (int t = 0; t < n_keys; ++t) {
-      const __m512 w = _mm512_set1_ps(p[t]);
-      c0 = _mm512_fmadd_ps(w, load(t, all, d), c0);
-      c1 = _mm512_fmadd_ps(w, load(t, all, d + 16), c1);
-      c2 = _mm512_fmadd_ps(w, load(t, all, d + 32), c2);
-      c3 = _mm512_fmadd_ps(w, load(t, all, d + 48), c3);
+// acc[r * ld + d] += sum_t p[r * p_ld + t] * v[t * ld + d] for R rows and dims
+// [d0, d0 + 16 C): R * C accumulators stay in registers across the keys.
+template <int R, int C>
+inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int ld, int d0,
+                       float* acc) {
+  __m512 c[R][C];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) c[r][j] = _mm512_loadu_ps(acc + r * ld + d0 + 16 * j);
+  }
+  for (int t = 0; t < n_keys; ++t) {
+    __m512 vv[C];
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) vv[j] = _mm512_loadu_ps(v + t * ld + d0 + 16 * j);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(p[r * p_ld + t]);
+      #pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) c[r][j] = _mm512_fmadd_ps(w, vv[j], c[r][j]);
     }
-    _mm512_storeu_ps(acc + d, c0);
-    _mm512_storeu_ps(acc + d + 16, c1);
-    _mm512_storeu_ps(acc + d + 32, c2);
-    _mm512_storeu_ps(acc + d + 48, c3);
   }
-  for (; d < head_dim; d += 16) {
-    const __mmask16 m = TailMask(d + 16 <= head_dim ? 16 : head_dim - d);
-    __m512 c = _mm512_maskz_loadu_ps(m, acc + d);
-    for (int t = 0; t < n_keys; ++t) c = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), load(t, m, d), c);
-    _mm512_mask_storeu_ps(acc + d, m, c);
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) _mm512_storeu_ps(acc + r * ld + d0 + 16 * j, c[r][j]);
   }
+}
+
+// All dims for R rows: chunks of 16 C dims (C chosen so R * C is about 8 independent FMA
+// chains), then 16-dim chunks for the rest (ld % 16 == 0).
+template <int R, int C>
+inline void AccumRows(const float* p, int p_ld, const float* v, int n_keys, int ld, float* acc) {
+  int d = 0;
+  for (; d + 16 * C <= ld; d += 16 * C) AccumBlock<R, C>(p, p_ld, v, n_keys, ld, d, acc);
+  for (; d < ld; d += 16) AccumBlock<R, 1>(p, p_ld, v, n_keys, ld, d, acc);
 }
 
 }  // namespace
 
-void AttnScoresF32(const float* q, const void* k, int64_t stride_bytes, int n_keys, int head_dim,
-                   float* s) {
-  for (int t = 0; t < n_keys; ++t) {
-    const float* row = reinterpret_cast<const float*>(Row(k, stride_bytes, t));
-    s[t] = Dot(q, head_dim, [&](__mmask16 m, int d) { return _mm512_maskz_loadu_ps(m, row + d); });
+void AttnLoadRowsF32(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                     float* dst) {
+  for (int t = 0; t < n_rows; ++t) {
+    const float* src = reinterpret_cast<const float*>(Row(rows, stride_bytes, t));
+    float* o = dst + t * ld;
+    for (int d = 0; d < head_dim; d += 16) {
+      const __mmask16 m = TailMask(d + 16 <= head_dim ? 16 : head_dim - d);
+      _mm512_mask_storeu_ps(o + d, m, _mm512_maskz_loadu_ps(m, src + d));
+    }
   }
 }
 
-void AttnScoresF16(const float* q, const void* k, int64_t stride_bytes, int n_keys, int head_dim,
-                   float* s) {
-  for (int t = 0; t < n_keys; ++t) {
-    const f16_t* row = reinterpret_cast<const f16_t*>(Row(k, stride_bytes, t));
-    s[t] = Dot(q, head_dim, [&](__mmask16 m, int d) {
-      return m == 0xFFFF ? LoadF16(row + d) : MaskLoadF16(m, row + d);
-    });
+void AttnLoadRowsF16(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                     float* dst) {
+  for (int t = 0; t < n_rows; ++t) {
+    const f16_t* src = reinterpret_cast<const f16_t*>(Row(rows, stride_bytes, t));
+    float* o = dst + t * ld;
+    int d = 0;
+    for (; d + 16 <= head_dim; d += 16) _mm512_storeu_ps(o + d, LoadF16(src + d));
+    if (d < head_dim) {
+      const __mmask16 m = TailMask(head_dim - d);
+      _mm512_mask_storeu_ps(o + d, m, MaskLoadF16(m, src + d));
+    }
   }
 }
 
-void AttnScoresQ8_0(const float* q, const void* k, int64_t stride_bytes, int n_keys,
-                    int head_dim, float* s) {
+void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
+                      float* dst) {
   const int nb = head_dim / kQK8_0;
-  for (int t = 0; t < n_keys; ++t) {
-    const BlockQ8_0* row = reinterpret_cast<const BlockQ8_0*>(Row(k, stride_bytes, t));
-    __m512 acc = _mm512_setzero_ps();
+  for (int t = 0; t < n_rows; ++t) {
+    const BlockQ8_0* src = reinterpret_cast<const BlockQ8_0*>(Row(rows, stride_bytes, t));
+    float* o = dst + t * ld;
     for (int b = 0; b < nb; ++b) {
-      const float* qb = q + b * kQK8_0;
-      __m512 bs = _mm512_mul_ps(_mm512_loadu_ps(qb), LoadQ8(row[b].qs));
-      bs = _mm512_fmadd_ps(_mm512_loadu_ps(qb + 16), LoadQ8(row[b].qs + 16), bs);
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(HalfToFloat(row[b].d)), bs, acc);
+      // f16 scale (11-bit significand) times int8 is exact in f32: same values as LoadKvHead.
+      const __m512 scale = _mm512_set1_ps(HalfToFloat(src[b].d));
+      _mm512_storeu_ps(o + b * kQK8_0, _mm512_mul_ps(scale, LoadQ8(src[b].qs)));
+      _mm512_storeu_ps(o + b * kQK8_0 + 16, _mm512_mul_ps(scale, LoadQ8(src[b].qs + 16)));
     }
-    s[t] = _mm512_reduce_add_ps(acc);
   }
 }
 
-void AttnAccumF32(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                  float* acc) {
-  Accum(p, n_keys, head_dim, acc, [&](int t, __mmask16 m, int d) {
-    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(Row(v, stride_bytes, t)) + d);
-  });
-}
-
-void AttnAccumF16(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                  float* acc) {
-  Accum(p, n_keys, head_dim, acc, [&](int t, __mmask16 m, int d) {
-    const f16_t* row = reinterpret_cast<const f16_t*>(Row(v, stride_bytes, t)) + d;
-    return m == 0xFFFF ? LoadF16(row) : MaskLoadF16(m, row);
-  });
-}
-
-void AttnAccumQ8_0(const float* p, const void* v, int64_t stride_bytes, int n_keys, int head_dim,
-                   float* acc) {
-  const int nb = head_dim / kQK8_0;
-  for (int b = 0; b < nb; ++b) {
-    float* a = acc + b * kQK8_0;
-    __m512 c0 = _mm512_loadu_ps(a), c1 = _mm512_loadu_ps(a + 16);
-    for (int t = 0; t < n_keys; ++t) {
-      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(Row(v, stride_bytes, t))[b];
-      const __m512 w = _mm512_set1_ps(p[t] * HalfToFloat(blk.d));
-      c0 = _mm512_fmadd_ps(w, LoadQ8(blk.qs), c0);
-      c1 = _mm512_fmadd_ps(w, LoadQ8(blk.qs + 16), c1);
+void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
+                    int s_ld) {
+  for (int r = 0; r < n_rows; ++r) {
+    const float* qr = q + r * ld;
+    for (int t0 = 0; t0 < n_keys; t0 += 16) {
+      // 16 keys at once; past n_keys the rows are finite padding whose scores are not stored.
+      const float* kb = k + t0 * ld;
+      __m512 a[16];
+      #pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+      for (int d = 0; d < ld; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qr + d);
+        #pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) {
+          a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + j * ld + d), a[j]);
+        }
+      }
+      const __mmask16 m = TailMask(n_keys - t0 >= 16 ? 16 : n_keys - t0);
+      _mm512_mask_storeu_ps(s + r * s_ld + t0, m, Reduce16(a));
     }
-    _mm512_storeu_ps(a, c0);
-    _mm512_storeu_ps(a + 16, c1);
+  }
+}
+
+void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
+                   float* acc) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    AccumRows<4, 2>(p + r * p_ld, p_ld, v, n_keys, ld, acc + r * ld);
+  }
+  const float* pr = p + r * p_ld;
+  float* ar = acc + r * ld;
+  switch (n_rows - r) {
+    case 3:
+      AccumRows<3, 2>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 2:
+      AccumRows<2, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 1:
+      AccumRows<1, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    default:
+      break;
   }
 }
 
