@@ -1,12 +1,13 @@
 // AVX2 + FMA + F16C paths of the transformer ops (contracts in kernels/cpu/ops_isa.h).
 //
-// Everything here lives in fucina::avx2 or an unnamed namespace and calls no inline function
-// from shared headers, so no AVX2-encoded copy of a shared inline symbol can be picked by the
-// linker for code that runs on older CPUs.
+// Everything here lives in fucina::avx2 or an unnamed namespace, and the shared AVX2 helpers
+// (avx2_util.h) are static inline, so no AVX2-encoded copy of a shared inline symbol can be
+// picked by the linker for code that runs on older CPUs.
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/ops_isa.h"
 
 namespace fucina::avx2 {
@@ -38,20 +39,6 @@ inline __m256 Exp8(__m256 x) {
   const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
   const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
-
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float HorizontalMax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // Lane mask with the first `k` (0..8) lanes set, for maskload/maskstore of row tails.
