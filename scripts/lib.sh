@@ -12,7 +12,7 @@ say() { echo "fucina setup: $*" >&2; }
 
 # Debian packages the build and tests need (TOOLCHAIN.md lists why each is here).
 FUCINA_APT_PACKAGES=(
-  cmake ninja-build g++ pkg-config ccache python3-venv
+  cmake ninja-build g++ pkg-config ccache python3-venv python3-pip
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev
