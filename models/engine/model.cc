@@ -438,9 +438,9 @@ absl::Status Model::FfnBlock(const Layer& L, int64_t li, float* x, int64_t rows)
         weights[r * k + j] = c.norm_topk_prob ? p[order[j]] / sum : p[order[j]];
       }
     }
-    // The expert FFN may live in another process: it gets its own copy of the input.
-    std::vector<float> xin(h, h + rows * c.hidden);
-    absl::Status st = experts_->Forward(li + first_, xin.data(), rows, s.expert_ids.data(),
+    // h (scratch h) and out (scratch tmp) are distinct buffers the expert FFN never touches
+    // otherwise, so the normalised rows are passed as they are.
+    absl::Status st = experts_->Forward(li + first_, h, rows, s.expert_ids.data(),
                                         weights, k, out);
     if (!st.ok()) return st;
   }
