@@ -39,6 +39,7 @@ struct Model::Layer {
 // Per-forward scratch, grown on demand and reused (decode runs it every token).
 struct Model::Scratch {
   std::vector<float> h, qkv, q, k, v, attn, tmp, gate_up, act, router, expert_w;
+  std::vector<float> expert_x, expert_gate, expert_up, expert_y;  // ExpertOutputs
   std::vector<int32_t> expert_ids;
   std::vector<int64_t> positions;
   RopeTable rope;
@@ -52,72 +53,100 @@ struct Model::Scratch {
 // Experts computed in this process from the stacks borrowed from the file.
 class Model::LocalExpertsFfn : public ExpertFfn {
  public:
-  explicit LocalExpertsFfn(const Model& model) : model_(model) {}
+  explicit LocalExpertsFfn(Model& model) : model_(model) {}
 
   absl::Status Forward(int64_t layer, const float* x, int64_t n, const int32_t* experts,
                        const float* weights, int k, float* out) override {
-    const ExpertStacks* stacks = model_.LocalExperts(layer);
-    if (stacks == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("layer ", layer, " has no local experts"));
-    }
-    const ModelConfig& c = model_.config_;
-    const int64_t hidden = c.hidden, eff = c.expert_ffn;
-    // Each (token, slot) result lands in its own row so the weighted sum below runs in slot
-    // order whatever order the experts are computed in: decode and prefill, local and remote
+    // Each (token, slot) result lands in its own row so the weighted sum runs in slot order
+    // whatever order the experts are computed in: decode and prefill, local and remote
     // experts all add the same numbers in the same order.
+    const int64_t hidden = model_.config_.hidden;
+    rows_.resize(n * k);
+    for (int64_t i = 0; i < n * k; ++i) rows_[i] = static_cast<int32_t>(i / k);
     slots_.resize(n * k * hidden);
-    // Tokens grouped by expert: each expert's weights are read once per call.
-    std::vector<std::vector<int64_t>> by_expert(c.num_experts);
-    for (int64_t i = 0; i < n * k; ++i) {
-      const int32_t e = experts[i];
-      if (e < 0 || e >= c.num_experts) {
-        return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
-      }
-      by_expert[e].push_back(i);
-    }
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::vector<int64_t>& rows = by_expert[e];
-      if (rows.empty()) continue;
-      const int64_t m = static_cast<int64_t>(rows.size());
-      xs_.resize(m * hidden);
-      for (int64_t r = 0; r < m; ++r) {
-        std::memcpy(&xs_[r * hidden], x + (rows[r] / k) * hidden, hidden * sizeof(float));
-      }
-      gate_.resize(m * eff);
-      up_.resize(m * eff);
-      ys_.resize(m * hidden);
-      MatMul(Slice(stacks->gate, e, eff), xs_.data(), m, gate_.data(), *model_.pool_);
-      MatMul(Slice(stacks->up, e, eff), xs_.data(), m, up_.data(), *model_.pool_);
-      SwiGlu(gate_.data(), up_.data(), gate_.data(), m * eff);
-      MatMul(Slice(stacks->down, e, hidden), gate_.data(), m, ys_.data(), *model_.pool_);
-      for (int64_t r = 0; r < m; ++r) {
-        std::memcpy(&slots_[rows[r] * hidden], &ys_[r * hidden], hidden * sizeof(float));
-      }
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      float* o = out + i * hidden;
-      std::fill(o, o + hidden, 0.0f);
-      for (int j = 0; j < k; ++j) {
-        const float w = weights[i * k + j];
-        const float* s = &slots_[(i * k + j) * hidden];
-        for (int64_t d = 0; d < hidden; ++d) o[d] += w * s[d];
-      }
-    }
+    absl::Status s = model_.ExpertOutputs(layer, x, rows_, {experts, static_cast<size_t>(n * k)},
+                                          slots_.data());
+    if (!s.ok()) return s;
+    WeightedExpertSum(slots_.data(), weights, n, k, hidden, out);
     return absl::OkStatus();
   }
 
  private:
-  // Expert e's matrix: rows [e * rows, (e + 1) * rows) of the stack.
-  static WeightView Slice(const WeightView& stack, int64_t e, int64_t rows) {
-    WeightView w = stack;
-    w.data = static_cast<const uint8_t*>(stack.data) + e * rows * stack.row_stride;
-    w.rows = rows;
-    return w;
-  }
-
-  const Model& model_;
-  std::vector<float> slots_, xs_, gate_, up_, ys_;
+  Model& model_;
+  std::vector<int32_t> rows_;
+  std::vector<float> slots_;
 };
+
+namespace {
+
+// Expert e's matrix: rows [e * rows, (e + 1) * rows) of the stack.
+WeightView ExpertSlice(const WeightView& stack, int64_t e, int64_t rows) {
+  WeightView w = stack;
+  w.data = static_cast<const uint8_t*>(stack.data) + e * rows * stack.row_stride;
+  w.rows = rows;
+  return w;
+}
+
+}  // namespace
+
+void WeightedExpertSum(const float* slots, const float* weights, int64_t n, int k,
+                       int64_t hidden, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float* o = out + i * hidden;
+    std::fill(o, o + hidden, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const float w = weights[i * k + j];
+      const float* s = slots + (i * k + j) * hidden;
+      for (int64_t d = 0; d < hidden; ++d) o[d] += w * s[d];
+    }
+  }
+}
+
+absl::Status Model::ExpertOutputs(int64_t layer, const float* x, std::span<const int32_t> rows,
+                                  std::span<const int32_t> experts, float* out) {
+  const ExpertStacks* stacks = LocalExperts(layer);
+  if (stacks == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("layer ", layer, " has no local experts"));
+  }
+  if (rows.size() != experts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(rows.size(), " pair rows for ",
+                                                   experts.size(), " pair experts"));
+  }
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden, eff = c.expert_ffn;
+  // Pairs grouped by expert: each expert's weights are read once per call.
+  std::vector<std::vector<int64_t>> by_expert(c.num_experts);
+  for (size_t p = 0; p < experts.size(); ++p) {
+    const int32_t e = experts[p];
+    if (e < 0 || e >= c.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range [0, ",
+                                                     c.num_experts, ")"));
+    }
+    if (rows[p] < 0) return absl::InvalidArgumentError("negative pair row");
+    by_expert[e].push_back(static_cast<int64_t>(p));
+  }
+  Scratch& s = *scratch_;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::vector<int64_t>& pairs = by_expert[e];
+    if (pairs.empty()) continue;
+    const int64_t m = static_cast<int64_t>(pairs.size());
+    float* xs = Scratch::Grow(s.expert_x, m * hidden);
+    float* gate = Scratch::Grow(s.expert_gate, m * eff);
+    float* up = Scratch::Grow(s.expert_up, m * eff);
+    float* ys = Scratch::Grow(s.expert_y, m * hidden);
+    for (int64_t r = 0; r < m; ++r) {
+      std::memcpy(xs + r * hidden, x + rows[pairs[r]] * hidden, hidden * sizeof(float));
+    }
+    MatMul(ExpertSlice(stacks->gate, e, eff), xs, m, gate, *pool_);
+    MatMul(ExpertSlice(stacks->up, e, eff), xs, m, up, *pool_);
+    SwiGlu(gate, up, gate, m * eff);
+    MatMul(ExpertSlice(stacks->down, e, hidden), gate, m, ys, *pool_);
+    for (int64_t r = 0; r < m; ++r) {
+      std::memcpy(out + pairs[r] * hidden, ys + r * hidden, hidden * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
 
 Model::Model() : scratch_(std::make_unique<Scratch>()) {}
 Model::~Model() = default;
@@ -196,12 +225,25 @@ absl::StatusOr<const float*> Vector(const gguf::File& f, const std::string& name
   return reinterpret_cast<const float*>(t->data);
 }
 
+absl::StatusOr<ExpertStacks> ExpertStacksOf(const gguf::File& f, const std::string& b,
+                                            const ModelConfig& c) {
+  ExpertStacks e;
+  auto gate = Matrix(f, b + "ffn_gate_exps.weight", c.num_experts * c.expert_ffn, c.hidden);
+  if (!gate.ok()) return gate.status();
+  auto up = Matrix(f, b + "ffn_up_exps.weight", c.num_experts * c.expert_ffn, c.hidden);
+  if (!up.ok()) return up.status();
+  auto down = Matrix(f, b + "ffn_down_exps.weight", c.num_experts * c.hidden, c.expert_ffn);
+  if (!down.ok()) return down.status();
+  return ExpertStacks{*gate, *up, *down};
+}
+
 }  // namespace
 
 absl::Status Model::Bind(const LoadOptions& options) {
   const ModelConfig& c = config_;
   const gguf::File& f = *file_;
   first_ = options.first_layer;
+  experts_only_ = options.experts_only;
   last_ = options.last_layer < 0 ? c.num_layers : options.last_layer;
   if (first_ < 0 || first_ > last_ || last_ > c.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", first_, ", ", last_,
@@ -213,12 +255,17 @@ absl::Status Model::Bind(const LoadOptions& options) {
     if (!bound.ok()) return bound.status();  \
     lhs = *bound;                            \
   }
-  const bool tied = f.FindTensor("output.weight") == nullptr;
-  if (options.embeddings || (options.head && tied)) {
-    FUCINA_BIND(embed_, Matrix(f, "token_embd.weight", c.vocab_size, c.hidden));
-    if (!options.embeddings) embed_ = {};
+  if (options.experts_only && !c.IsMoe()) {
+    return absl::InvalidArgumentError("an experts-only shard needs a MoE model");
   }
-  if (options.head) {
+  const bool tied = f.FindTensor("output.weight") == nullptr;
+  const bool embeddings = options.embeddings && !options.experts_only;
+  const bool head = options.head && !options.experts_only;
+  if (embeddings || (head && tied)) {
+    FUCINA_BIND(embed_, Matrix(f, "token_embd.weight", c.vocab_size, c.hidden));
+    if (!embeddings) embed_ = {};
+  }
+  if (head) {
     FUCINA_BIND(output_norm_, Vector(f, "output_norm.weight", c.hidden));
     FUCINA_BIND(head_, Matrix(f, tied ? "token_embd.weight" : "output.weight", c.vocab_size,
                               c.hidden));
@@ -258,6 +305,10 @@ absl::Status Model::Bind(const LoadOptions& options) {
   for (int64_t l = first_; l < last_; ++l) {
     Layer& L = layers_[l - first_];
     const std::string b = absl::StrCat("blk.", l, ".");
+    if (options.experts_only) {
+      FUCINA_BIND(L.experts, ExpertStacksOf(f, b, c));
+      continue;
+    }
     WeightView wq;
     FUCINA_BIND(L.attn_norm, Vector(f, b + "attn_norm.weight", c.hidden));
     FUCINA_BIND(wq, Matrix(f, b + "attn_q.weight", c.q_dim(), c.hidden));
@@ -277,12 +328,7 @@ absl::Status Model::Bind(const LoadOptions& options) {
     FUCINA_BIND(L.ffn_norm, Vector(f, b + "ffn_norm.weight", c.hidden));
     if (c.IsMoe()) {
       FUCINA_BIND(L.router, Matrix(f, b + "ffn_gate_inp.weight", c.num_experts, c.hidden));
-      FUCINA_BIND(L.experts.gate, Matrix(f, b + "ffn_gate_exps.weight",
-                                         c.num_experts * c.expert_ffn, c.hidden));
-      FUCINA_BIND(L.experts.up, Matrix(f, b + "ffn_up_exps.weight",
-                                       c.num_experts * c.expert_ffn, c.hidden));
-      FUCINA_BIND(L.experts.down, Matrix(f, b + "ffn_down_exps.weight",
-                                         c.num_experts * c.hidden, c.expert_ffn));
+      FUCINA_BIND(L.experts, ExpertStacksOf(f, b, c));
     } else {
       WeightView gate;
       FUCINA_BIND(gate, Matrix(f, b + "ffn_gate.weight", c.ffn, c.hidden));
@@ -449,6 +495,9 @@ absl::Status Model::FfnBlock(const Layer& L, int64_t li, float* x, int64_t rows)
 }
 
 absl::Status Model::ForwardLayers(float* x, int64_t rows, std::span<const Segment> segments) {
+  if (experts_only_) {
+    return absl::FailedPreconditionError("an experts-only shard has no forward pass");
+  }
   // Validate the KV contract for every segment before touching any cache.
   int64_t covered = 0;
   for (const Segment& seg : segments) {

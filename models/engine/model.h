@@ -40,11 +40,19 @@ class ExpertFfn {
                                const float* weights, int k, float* out) = 0;
 };
 
+// out[i] = sum_j weights[i, j] * slots[i, j] for i < n, j < k, summed in slot order (j
+// ascending) so local and remote experts give the same bits. slots: [n, k, hidden].
+void WeightedExpertSum(const float* slots, const float* weights, int64_t n, int k,
+                       int64_t hidden, float* out);
+
 struct LoadOptions {
   int64_t first_layer = 0;
   int64_t last_layer = -1;  // -1: through the last layer.
   bool embeddings = true;   // token_embd (stage 0); also needed by a tied head.
   bool head = true;         // output_norm + output (last stage).
+  // Binds only the MoE expert stacks of [first_layer, last_layer) (a worker that computes
+  // experts for other stages); such a model has no forward surface but ExpertOutputs.
+  bool experts_only = false;
 };
 
 // A MoE layer's expert weights: stacks [num_experts, rows, cols] borrowed from the mapping.
@@ -71,7 +79,8 @@ class Model {
   int64_t last_layer() const { return last_; }
   bool has_embeddings() const { return embed_.data != nullptr; }
   bool has_head() const { return head_.data != nullptr; }
-  bool is_full() const { return first_ == 0 && last_ == config_.num_layers && has_head() &&
+  bool experts_only() const { return experts_only_; }
+  bool is_full() const { return !experts_only_ && first_ == 0 && last_ == config_.num_layers && has_head() &&
                                 has_embeddings(); }
 
   // A cache for this model's layers. Errors as KvCache::Create.
@@ -120,6 +129,10 @@ class Model {
   // The local experts of an absolute MoE layer (for serving them to other processes).
   const ExpertStacks* LocalExperts(int64_t layer) const;
   ExpertFfn& LocalExpertFfn();
+  // Unweighted outputs of local experts: out[p, hidden] = FFN_{experts[p]}(x[rows[p]]) of the
+  // absolute MoE `layer`. Errors: no local experts for the layer, ids out of range.
+  absl::Status ExpertOutputs(int64_t layer, const float* x, std::span<const int32_t> rows,
+                             std::span<const int32_t> experts, float* out);
 
  private:
   struct Layer;
@@ -141,6 +154,7 @@ class Model {
   ModelConfig config_;
   ThreadPool* pool_ = nullptr;
   int64_t first_ = 0, last_ = 0;
+  bool experts_only_ = false;
   WeightView embed_;                 // [vocab, hidden]
   WeightView head_;                  // [vocab, hidden] (token_embd when tied)
   const float* output_norm_ = nullptr;

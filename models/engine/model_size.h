@@ -1,0 +1,32 @@
+// Bytes of a model's parts, read from its GGUF tensor table: what a placement planner needs to
+// split layers and experts across workers' memory budgets.
+#ifndef FUCINA_MODELS_ENGINE_MODEL_SIZE_H_
+#define FUCINA_MODELS_ENGINE_MODEL_SIZE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "models/engine/config.h"
+#include "models/gguf/gguf.h"
+
+namespace fucina {
+
+struct ModelSize {
+  std::vector<int64_t> layer_bytes;   // [num_layers]: a layer without its routed experts
+  std::vector<int64_t> expert_bytes;  // [num_layers]: one expert's gate + up + down (0: dense)
+  int64_t embedding_bytes = 0;        // token_embd
+  int64_t head_bytes = 0;             // output_norm + output (token_embd again when tied)
+
+  // Weights of layers [first, last) with `experts` of their experts (-1: all) local.
+  int64_t LayersBytes(int64_t first, int64_t last, int64_t experts) const;
+};
+
+ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config);
+
+// KV bytes one session of `capacity` positions needs for `num_layers` layers.
+int64_t KvBytesPerSession(const ModelConfig& config, int64_t num_layers, int64_t capacity,
+                          GgmlType type);
+
+}  // namespace fucina
+
+#endif  // FUCINA_MODELS_ENGINE_MODEL_SIZE_H_

@@ -1,0 +1,81 @@
+// One thread that runs posted tasks in order: the executor an actor owns its state on.
+//
+// Post() never blocks; Call() posts and waits for the result, so RPC handlers and in-process
+// clients reach an actor from any thread while its state is touched by one thread only.
+#ifndef FUCINA_WORKER_SERIAL_EXECUTOR_H_
+#define FUCINA_WORKER_SERIAL_EXECUTOR_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+namespace fucina {
+
+class SerialExecutor {
+ public:
+  SerialExecutor() : thread_([this] { Loop(); }) {}
+  ~SerialExecutor() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();  // runs what was already posted first
+  }
+  SerialExecutor(const SerialExecutor&) = delete;
+  SerialExecutor& operator=(const SerialExecutor&) = delete;
+
+  void Post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+  // Runs fn on the executor and returns its result. Must not be called from the executor's
+  // own thread (it would wait for itself): such callers run fn directly.
+  template <typename Fn>
+  std::invoke_result_t<Fn> Call(Fn fn) {
+    if (std::this_thread::get_id() == thread_.get_id()) return fn();
+    std::packaged_task<std::invoke_result_t<Fn>()> task(std::move(fn));
+    auto result = task.get_future();
+    Post([&task] { task(); });
+    return result.get();
+  }
+
+  // Tasks posted and not yet started (the actor's queue depth).
+  int pending() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(tasks_.size());
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the state above exists
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_WORKER_SERIAL_EXECUTOR_H_

@@ -1,0 +1,571 @@
+#include "worker/worker_actor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "models/engine/model_size.h"
+#include "worker/activations.h"
+
+namespace fucina {
+namespace {
+
+SamplingParams FromProto(const wire::Sampling& s) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.top_p();
+  p.min_p = s.min_p();
+  p.repetition_penalty = s.repetition_penalty();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.penalty_last_n = s.penalty_last_n();
+  p.seed = s.seed();
+  p.top_logprobs = std::clamp(s.top_logprobs(), 0, 20);
+  return p;
+}
+
+}  // namespace
+
+// The expert FFN of a stage whose MoE experts live partly on other workers: pairs (token,
+// slot) are grouped by owner, each peer gets one ExpertForward per layer step with the rows it
+// needs, and the weighted sum runs in slot order as the local path does.
+class WorkerActor::RemoteExperts : public ExpertFfn {
+ public:
+  RemoteExperts(Model& model, std::vector<std::shared_ptr<WorkerClient>> peers,
+                std::vector<int> owner)
+      : model_(model), peers_(std::move(peers)), owner_(std::move(owner)) {}
+
+  absl::Status Forward(int64_t layer, const float* x, int64_t n, const int32_t* experts,
+                       const float* weights, int k, float* out) override {
+    const int64_t hidden = model_.config().hidden;
+    slots_.resize(n * k * hidden);
+    // Local pairs (owner -1) first.
+    std::vector<int32_t> rows, ids;
+    std::vector<int64_t> where;
+    for (int p = -1; p < static_cast<int>(peers_.size()); ++p) {
+      rows.clear();
+      ids.clear();
+      where.clear();
+      for (int64_t i = 0; i < n * k; ++i) {
+        const int32_t e = experts[i];
+        const int o = e >= 0 && e < static_cast<int32_t>(owner_.size()) ? owner_[e] : -1;
+        if (o != p) continue;
+        rows.push_back(static_cast<int32_t>(i / k));
+        ids.push_back(e);
+        where.push_back(i);
+      }
+      if (rows.empty()) continue;
+      if (p < 0) {
+        out_.resize(rows.size() * hidden);
+        absl::Status s = model_.ExpertOutputs(layer, x, rows, ids, out_.data());
+        if (!s.ok()) return s;
+      } else {
+        // Send only the rows this peer needs, renumbered.
+        wire::ExpertForwardRequest request;
+        request.set_layer(layer);
+        request.set_hidden(hidden);
+        std::vector<int32_t> remap(n, -1);
+        std::string* xs = request.mutable_x();
+        for (size_t q = 0; q < rows.size(); ++q) {
+          int32_t& r = remap[rows[q]];
+          if (r < 0) {
+            r = static_cast<int32_t>(xs->size() / (hidden * sizeof(float)));
+            xs->append(reinterpret_cast<const char*>(x + rows[q] * hidden),
+                       hidden * sizeof(float));
+          }
+          request.add_pair_rows(r);
+          request.add_pair_experts(ids[q]);
+        }
+        auto reply = peers_[p]->ExpertForward(request);
+        if (!reply.ok()) {
+          return absl::Status(reply.status().code(),
+                              absl::StrCat("expert peer ", p, ": ", reply.status().message()));
+        }
+        if (reply->y().size() != rows.size() * hidden * sizeof(float)) {
+          return absl::InternalError(absl::StrCat("expert peer returned ", reply->y().size(),
+                                                  " bytes for ", rows.size(), " pairs"));
+        }
+        out_.resize(rows.size() * hidden);
+        std::memcpy(out_.data(), reply->y().data(), reply->y().size());
+      }
+      for (size_t q = 0; q < where.size(); ++q) {
+        std::memcpy(&slots_[where[q] * hidden], &out_[q * hidden], hidden * sizeof(float));
+      }
+    }
+    WeightedExpertSum(slots_.data(), weights, n, k, hidden, out);
+    return absl::OkStatus();
+  }
+
+ private:
+  Model& model_;
+  std::vector<std::shared_ptr<WorkerClient>> peers_;
+  std::vector<int> owner_;  // [num_experts]: index into peers_, -1 local
+  std::vector<float> slots_, out_;
+};
+
+WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
+    : options_(options),
+      resolver_(std::move(resolver)),
+      pool_(options.threads > 0 ? options.threads : ThreadPool::Default().num_threads()) {
+  if (!resolver_) {
+    resolver_ = [](const wire::ExpertPeer& peer) -> std::shared_ptr<WorkerClient> {
+      return MakeGrpcWorkerClient(peer.address());
+    };
+  }
+}
+
+WorkerActor::~WorkerActor() = default;
+
+absl::StatusOr<wire::LoadShardResponse> WorkerActor::LoadShard(
+    const wire::LoadShardRequest& request) {
+  return executor_.Call([&] { return DoLoadShard(request); });
+}
+
+absl::StatusOr<wire::ForwardResponse> WorkerActor::Forward(
+    const wire::ForwardRequest& request) {
+  return executor_.Call([&] { return DoForward(request); });
+}
+
+absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::ExpertForward(
+    const wire::ExpertForwardRequest& request) {
+  return executor_.Call([&] { return DoExpertForward(request); });
+}
+
+absl::StatusOr<wire::SessionReply> WorkerActor::TruncateSession(
+    const wire::TruncateSessionRequest& request) {
+  return executor_.Call([&]() -> absl::StatusOr<wire::SessionReply> {
+    auto it = sessions_.find(request.session_id());
+    if (it == sessions_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown session ", request.session_id()));
+    }
+    Session& s = it->second;
+    if (absl::Status st = s.kv->Truncate(request.length()); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("session ", request.session_id(), ": ",
+                                                     st.message()));
+    }
+    s.history.resize(std::min<size_t>(s.history.size(), request.length()));
+    wire::SessionReply reply;
+    reply.set_length(s.kv->len());
+    return reply;
+  });
+}
+
+absl::StatusOr<wire::SessionReply> WorkerActor::CopyPrefix(
+    const wire::CopyPrefixRequest& request) {
+  return executor_.Call([&] { return DoCopyPrefix(request); });
+}
+
+absl::StatusOr<wire::SessionReply> WorkerActor::ReleaseSession(
+    const wire::ReleaseSessionRequest& request) {
+  return executor_.Call([&]() -> absl::StatusOr<wire::SessionReply> {
+    sessions_.erase(request.session_id());  // idempotent: a retried release is not an error
+    return wire::SessionReply();
+  });
+}
+
+absl::StatusOr<wire::WorkerStats> WorkerActor::GetStats() {
+  const int depth = executor_.pending();
+  wire::WorkerStats stats = executor_.Call([&] { return DoStats(); });
+  stats.set_queue_depth(depth);
+  return stats;
+}
+
+int64_t WorkerActor::KvBytes() const {
+  int64_t total = 0;
+  for (const auto& [id, s] : sessions_) total += static_cast<int64_t>(s.kv->bytes());
+  return total;
+}
+
+wire::WorkerStats WorkerActor::DoStats() const {
+  wire::WorkerStats stats;
+  stats.set_memory_budget(options_.memory_budget);
+  stats.set_weight_bytes(weight_bytes_);
+  stats.set_kv_bytes(KvBytes());
+  stats.set_sessions(static_cast<int32_t>(sessions_.size()));
+  stats.set_forwarded_positions(forwarded_positions_);
+  stats.set_expert_tokens(expert_tokens_);
+  stats.set_activation_bytes_in(activation_bytes_in_);
+  stats.set_activation_bytes_out(activation_bytes_out_);
+  std::vector<std::pair<uint64_t, int64_t>> ids;
+  for (const auto& [id, s] : sessions_) ids.emplace_back(id, s.kv->len());
+  std::sort(ids.begin(), ids.end());
+  for (const auto& [id, len] : ids) {
+    stats.add_session_ids(static_cast<int64_t>(id));
+    stats.add_session_lengths(len);
+  }
+  return stats;
+}
+
+absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
+    const wire::LoadShardRequest& request) {
+  // The old shard and its sessions go first: the new one may need their memory.
+  sessions_.clear();
+  remote_experts_.reset();
+  model_.reset();
+  weight_bytes_ = kv_bytes_per_session_ = 0;
+  auto cache_type = ParseKvCacheType(request.cache_type().empty() ? "f16" : request.cache_type());
+  if (!cache_type.ok()) return cache_type.status();
+  if (request.context() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("context must be positive, got ",
+                                                   request.context()));
+  }
+  LoadOptions options;
+  options.first_layer = request.first_layer();
+  options.last_layer = request.last_layer();
+  options.embeddings = request.embeddings();
+  options.head = request.head();
+  options.experts_only = request.stage() < 0;
+  auto file = gguf::File::Open(request.model_path());
+  if (!file.ok()) return file.status();
+  auto model = Model::FromFile(*std::move(file), options, pool_);
+  if (!model.ok()) return model.status();
+  const ModelConfig& c = (*model)->config();
+  const ModelSize size = MeasureModel((*model)->file(), c);
+  const int64_t first = (*model)->first_layer(), last = (*model)->last_layer();
+  if (options.experts_only) {
+    weight_bytes_ = 0;
+    for (int64_t l = first; l < last; ++l) {
+      weight_bytes_ += size.expert_bytes[l] * request.serve_experts_size();
+    }
+  } else {
+    int64_t remote = 0;
+    for (const wire::ExpertPeer& peer : request.expert_peers()) remote += peer.experts_size();
+    weight_bytes_ = size.LayersBytes(first, last, c.num_experts - remote) +
+                    (request.embeddings() ? size.embedding_bytes : 0) +
+                    (request.head() ? size.head_bytes : 0);
+    kv_bytes_per_session_ = KvBytesPerSession(c, last - first, request.context(), *cache_type);
+  }
+  if (options_.memory_budget > 0 && weight_bytes_ > options_.memory_budget) {
+    return absl::ResourceExhaustedError(absl::StrCat("shard needs ", weight_bytes_,
+                                                     " bytes of weights; budget is ",
+                                                     options_.memory_budget));
+  }
+  if (request.expert_peers_size() > 0) {
+    if (!c.IsMoe()) return absl::InvalidArgumentError("expert peers for a dense model");
+    std::vector<int> owner(c.num_experts, -1);
+    std::vector<std::shared_ptr<WorkerClient>> peers;
+    for (const wire::ExpertPeer& peer : request.expert_peers()) {
+      for (int32_t e : peer.experts()) {
+        if (e < 0 || e >= c.num_experts) {
+          return absl::InvalidArgumentError(absl::StrCat("expert peer lists expert ", e,
+                                                         " outside [0, ", c.num_experts, ")"));
+        }
+        owner[e] = static_cast<int>(peers.size());
+      }
+      auto client = resolver_(peer);
+      if (client == nullptr) {
+        return absl::InvalidArgumentError("cannot reach expert peer " + peer.worker_id() + " " +
+                                          peer.address());
+      }
+      peers.push_back(std::move(client));
+    }
+    remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(owner));
+    (*model)->SetExpertFfn(remote_experts_.get());
+  }
+  model_ = *std::move(model);
+  shard_ = request;
+  wire::LoadShardResponse response;
+  response.set_weight_bytes(weight_bytes_);
+  response.set_kv_bytes_per_session(kv_bytes_per_session_);
+  return response;
+}
+
+absl::Status WorkerActor::CheckSegment(const wire::Segment& seg, int64_t* new_kv_bytes) const {
+  const int64_t count = seg.token_ids_size();
+  if (count == 0) return absl::InvalidArgumentError("segment has no tokens");
+  auto it = sessions_.find(seg.session_id());
+  const int64_t len = it == sessions_.end() ? 0 : it->second.kv->len();
+  if (it == sessions_.end() && seg.pos0() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown session ", seg.session_id(),
+                                                   " (pos0 ", seg.pos0(), ")"));
+  }
+  if (seg.pos0() != len) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(), " holds ", len,
+                                                   " positions; segment starts at ",
+                                                   seg.pos0()));
+  }
+  if (seg.pos0() + count > shard_.context()) {
+    return absl::OutOfRangeError(absl::StrCat("session ", seg.session_id(), ": ", seg.pos0(),
+                                              " + ", count, " positions exceed the context of ",
+                                              shard_.context()));
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  for (int32_t id : seg.token_ids()) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the vocabulary [0, ",
+                                                     vocab, ")"));
+    }
+  }
+  if (model_->has_head() && !seg.all_logits() && !seg.has_sampling() &&
+      (it == sessions_.end() || it->second.sampler == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(),
+                                                   " has no sampling parameters"));
+  }
+  if (it == sessions_.end()) {
+    *new_kv_bytes += kv_bytes_per_session_;
+    if (options_.memory_budget > 0 &&
+        weight_bytes_ + KvBytes() + *new_kv_bytes > options_.memory_budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a new session needs ", kv_bytes_per_session_, " KV bytes; ",
+          options_.memory_budget - weight_bytes_ - KvBytes(), " of the budget are free"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerActor::Session*> WorkerActor::SessionOrNew(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) return &it->second;
+  auto type = ParseKvCacheType(shard_.cache_type().empty() ? "f16" : shard_.cache_type());
+  if (!type.ok()) return type.status();
+  auto kv = model_->NewKvCache(shard_.context(), *type);
+  if (!kv.ok()) return kv.status();
+  Session& s = sessions_[id];
+  s.kv = *std::move(kv);
+  return &s;
+}
+
+absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
+    const wire::ForwardRequest& request) {
+  if (model_ == nullptr || model_->experts_only()) {
+    return absl::FailedPreconditionError("this worker holds no pipeline stage");
+  }
+  if (request.stage() != shard_.stage()) {
+    return absl::InvalidArgumentError(absl::StrCat("stage ", request.stage(),
+                                                   " is not this worker's stage ",
+                                                   shard_.stage()));
+  }
+  const ModelConfig& c = model_->config();
+  const int64_t hidden = c.hidden;
+  const bool first = model_->has_embeddings();
+  if (first == request.has_activations()) {
+    return absl::InvalidArgumentError(first ? "stage 0 embeds tokens and takes no activations"
+                                            : "this stage needs activations");
+  }
+  int64_t total_rows = 0;
+  for (const wire::Segment& seg : request.segments()) total_rows += seg.token_ids_size();
+  std::vector<float> input;
+  if (!first) {
+    input.resize(total_rows * hidden);
+    if (absl::Status s = DecodeActivations(request.activations(), total_rows, hidden,
+                                           input.data());
+        !s.ok()) {
+      return s;
+    }
+    activation_bytes_in_ += static_cast<int64_t>(request.activations().data().size());
+  }
+
+  // Validate every segment; the bad ones are reported and left out.
+  wire::ForwardResponse response;
+  std::vector<int> ok;
+  int64_t new_kv_bytes = 0;
+  absl::flat_hash_map<uint64_t, int> seen;
+  for (int i = 0; i < request.segments_size(); ++i) {
+    const wire::Segment& seg = request.segments(i);
+    absl::Status s = seen.contains(seg.session_id())
+                         ? absl::InvalidArgumentError(absl::StrCat(
+                               "session ", seg.session_id(), " appears twice in one step"))
+                         : CheckSegment(seg, &new_kv_bytes);
+    seen[seg.session_id()] = i;
+    if (s.ok()) {
+      ok.push_back(i);
+    } else {
+      wire::SegmentError* e = response.add_errors();
+      e->set_index(i);
+      e->set_code(static_cast<int>(s.code()));
+      e->set_message(std::string(s.message()));
+    }
+  }
+  if (ok.empty()) {
+    const wire::SegmentError& e = response.errors(0);
+    return absl::Status(static_cast<absl::StatusCode>(e.code()), e.message());
+  }
+
+  // Rows of the segments that run, in order.
+  std::vector<int64_t> offsets(request.segments_size() + 1, 0);
+  for (int i = 0; i < request.segments_size(); ++i) {
+    offsets[i + 1] = offsets[i] + request.segments(i).token_ids_size();
+  }
+  int64_t rows = 0;
+  for (int i : ok) rows += request.segments(i).token_ids_size();
+  std::vector<float> x(rows * hidden);
+  std::vector<Model::Segment> segments;
+  std::vector<Session*> sessions;
+  int64_t r = 0;
+  for (int i : ok) {
+    const wire::Segment& seg = request.segments(i);
+    const int64_t count = seg.token_ids_size();
+    if (first) {
+      std::vector<int32_t> ids(seg.token_ids().begin(), seg.token_ids().end());
+      if (absl::Status s = model_->Embed(ids, &x[r * hidden]); !s.ok()) return s;
+    } else {
+      std::memcpy(&x[r * hidden], &input[offsets[i] * hidden], count * hidden * sizeof(float));
+    }
+    auto session = SessionOrNew(seg.session_id());
+    if (!session.ok()) return session.status();
+    sessions.push_back(*session);
+    segments.push_back({(*session)->kv.get(), r, count});
+    r += count;
+  }
+  if (absl::Status s = model_->ForwardLayers(x.data(), rows, segments); !s.ok()) return s;
+  forwarded_positions_ += rows;
+  for (size_t j = 0; j < ok.size(); ++j) {
+    const wire::Segment& seg = request.segments(ok[j]);
+    sessions[j]->history.insert(sessions[j]->history.end(), seg.token_ids().begin(),
+                                seg.token_ids().end());
+  }
+
+  if (!model_->has_head()) {
+    EncodeActivations(x.data(), rows, hidden, shard_.activation_type(),
+                      response.mutable_activations());
+    activation_bytes_out_ += static_cast<int64_t>(response.activations().data().size());
+    return response;
+  }
+
+  // Last stage: the head over each sampling segment's last row (one pass for all of them) and
+  // over every row of the all-logits ones.
+  const int64_t vocab = c.vocab_size;
+  std::vector<float> last_rows;
+  std::vector<size_t> sampling;
+  for (size_t j = 0; j < ok.size(); ++j) {
+    const wire::Segment& seg = request.segments(ok[j]);
+    if (seg.all_logits()) continue;
+    const Model::Segment& ms = segments[j];
+    const float* row = &x[(ms.begin + ms.count - 1) * hidden];
+    last_rows.insert(last_rows.end(), row, row + hidden);
+    sampling.push_back(j);
+  }
+  std::vector<float> logits(std::max<size_t>(sampling.size(), 1) * vocab);
+  if (!sampling.empty()) {
+    if (absl::Status s = model_->Head(last_rows.data(), static_cast<int64_t>(sampling.size()),
+                                      logits.data());
+        !s.ok()) {
+      return s;
+    }
+  }
+  size_t next_sample = 0;
+  for (size_t j = 0; j < ok.size(); ++j) {
+    const wire::Segment& seg = request.segments(ok[j]);
+    Session& session = *sessions[j];
+    wire::SegmentResult* result = response.add_results();
+    result->set_session_id(seg.session_id());
+    if (seg.all_logits()) {
+      const Model::Segment& ms = segments[j];
+      std::vector<float> all(ms.count * vocab);
+      if (absl::Status s = model_->Head(&x[ms.begin * hidden], ms.count, all.data()); !s.ok()) {
+        return s;
+      }
+      result->mutable_logits()->Assign(all.begin(), all.end());
+      continue;
+    }
+    if (seg.has_sampling()) {
+      session.sampler = std::make_unique<Sampler>(FromProto(seg.sampling()));
+    }
+    const std::span<const float> row(&logits[next_sample++ * vocab], vocab);
+    SampleResult sample = session.sampler->Sample(row, session.history);
+    result->set_token(sample.id);
+    result->set_logprob(sample.logprob);
+    for (const TokenLogprob& t : sample.top) {
+      wire::TokenLogprob* top = result->add_top();
+      top->set_id(t.id);
+      top->set_logprob(t.logprob);
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
+    const wire::ExpertForwardRequest& request) {
+  if (model_ == nullptr) return absl::FailedPreconditionError("no shard loaded");
+  const ModelConfig& c = model_->config();
+  if (request.hidden() != c.hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden ", request.hidden(), ", expected ",
+                                                   c.hidden));
+  }
+  const int64_t row_bytes = c.hidden * static_cast<int64_t>(sizeof(float));
+  if (request.x().size() % row_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("x has ", request.x().size(),
+                                                   " bytes, not a multiple of a row (",
+                                                   row_bytes, ")"));
+  }
+  const int64_t rows = static_cast<int64_t>(request.x().size()) / row_bytes;
+  if (request.pair_rows_size() != request.pair_experts_size()) {
+    return absl::InvalidArgumentError("pair_rows and pair_experts differ in length");
+  }
+  if (request.layer() < model_->first_layer() || request.layer() >= model_->last_layer()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", request.layer(), " is outside [",
+                                                   model_->first_layer(), ", ",
+                                                   model_->last_layer(), ")"));
+  }
+  for (int32_t row : request.pair_rows()) {
+    if (row < 0 || row >= rows) {
+      return absl::InvalidArgumentError(absl::StrCat("pair row ", row, " outside [0, ", rows,
+                                                     ")"));
+    }
+  }
+  if (shard_.stage() < 0) {
+    for (int32_t e : request.pair_experts()) {
+      if (std::find(shard_.serve_experts().begin(), shard_.serve_experts().end(), e) ==
+          shard_.serve_experts().end()) {
+        return absl::InvalidArgumentError(absl::StrCat("expert ", e, " is not served here"));
+      }
+    }
+  }
+  // Copy out of the message: protobuf bytes need not be float-aligned.
+  std::vector<float> x(rows * c.hidden);
+  std::memcpy(x.data(), request.x().data(), request.x().size());
+  std::vector<int32_t> pair_rows(request.pair_rows().begin(), request.pair_rows().end());
+  std::vector<int32_t> pair_experts(request.pair_experts().begin(), request.pair_experts().end());
+  std::vector<float> y(pair_rows.size() * c.hidden);
+  if (absl::Status s = model_->ExpertOutputs(request.layer(), x.data(), pair_rows, pair_experts,
+                                             y.data());
+      !s.ok()) {
+    return s;
+  }
+  expert_tokens_ += static_cast<int64_t>(pair_rows.size());
+  activation_bytes_in_ += static_cast<int64_t>(request.x().size());
+  wire::ExpertForwardResponse response;
+  response.set_y(reinterpret_cast<const char*>(y.data()), y.size() * sizeof(float));
+  activation_bytes_out_ += static_cast<int64_t>(response.y().size());
+  return response;
+}
+
+absl::StatusOr<wire::SessionReply> WorkerActor::DoCopyPrefix(
+    const wire::CopyPrefixRequest& request) {
+  if (model_ == nullptr || model_->experts_only()) {
+    return absl::FailedPreconditionError("this worker holds no pipeline stage");
+  }
+  auto from = sessions_.find(request.from_session());
+  if (from == sessions_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown session ", request.from_session()));
+  }
+  if (request.from_session() == request.to_session()) {
+    return absl::InvalidArgumentError("copy from a session to itself");
+  }
+  if (request.length() < 0 || request.length() > from->second.kv->len()) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", request.from_session(), " holds ",
+                                                   from->second.kv->len(),
+                                                   " positions; cannot copy ", request.length()));
+  }
+  if (!sessions_.contains(request.to_session()) && options_.memory_budget > 0 &&
+      weight_bytes_ + KvBytes() + kv_bytes_per_session_ > options_.memory_budget) {
+    return absl::ResourceExhaustedError("no memory budget left for another session");
+  }
+  auto to = SessionOrNew(request.to_session());
+  if (!to.ok()) return to.status();
+  from = sessions_.find(request.from_session());  // SessionOrNew may rehash
+  if (absl::Status s = (*to)->kv->CopyPrefixFrom(*from->second.kv, request.length()); !s.ok()) {
+    return s;
+  }
+  (*to)->history.assign(from->second.history.begin(),
+                        from->second.history.begin() + request.length());
+  (*to)->sampler.reset();
+  wire::SessionReply reply;
+  reply.set_length(request.length());
+  return reply;
+}
+
+}  // namespace fucina

@@ -1,0 +1,105 @@
+// The worker actor: owns one shard of a model (a layer range with or without embeddings and
+// head, or a set of MoE experts) and the KV caches of the sessions the coordinator runs
+// through it.
+//
+// Threading: all state lives on the actor's SerialExecutor; every public method posts to it and
+// waits, so gRPC handlers and in-process callers may call from any thread. Forward steps run
+// one at a time on the executor, each using the shard's whole thread pool.
+//
+// Ownership of sessions: a session's KV is created by its first Forward (pos0 = 0) or by
+// CopyPrefix, and freed only by ReleaseSession or by loading another shard: the coordinator owns
+// the slot table and every eviction decision. The worker refuses new sessions beyond its
+// memory budget (RESOURCE_EXHAUSTED) rather than evicting on its own.
+#ifndef FUCINA_WORKER_WORKER_ACTOR_H_
+#define FUCINA_WORKER_WORKER_ACTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/node_hash_map.h"
+#include "kernels/cpu/thread_pool.h"
+#include "models/engine/model.h"
+#include "models/sampler/sampler.h"
+#include "worker/serial_executor.h"
+#include "worker/worker_client.h"
+
+namespace fucina {
+
+struct WorkerOptions {
+  int threads = 0;            // 0: ThreadPool::Default()'s count
+  int64_t memory_budget = 0;  // bytes for weights + KV; 0: unlimited
+};
+
+class WorkerActor : public WorkerClient {
+ public:
+  // Resolves an expert peer named in a shard to a client (gRPC by address by default; the
+  // embedded mode maps worker ids to in-process actors).
+  using PeerResolver =
+      std::function<std::shared_ptr<WorkerClient>(const wire::ExpertPeer& peer)>;
+
+  explicit WorkerActor(const WorkerOptions& options, PeerResolver resolver = nullptr);
+  ~WorkerActor() override;
+
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(
+      const wire::LoadShardRequest& request) override;
+  absl::StatusOr<wire::ForwardResponse> Forward(
+      const wire::ForwardRequest& request) override;
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& request) override;
+  absl::StatusOr<wire::SessionReply> TruncateSession(
+      const wire::TruncateSessionRequest& request) override;
+  absl::StatusOr<wire::SessionReply> CopyPrefix(
+      const wire::CopyPrefixRequest& request) override;
+  absl::StatusOr<wire::SessionReply> ReleaseSession(
+      const wire::ReleaseSessionRequest& request) override;
+  absl::StatusOr<wire::WorkerStats> GetStats() override;
+
+  int64_t memory_budget() const { return options_.memory_budget; }
+  int num_threads() const { return pool_.num_threads(); }
+
+ private:
+  struct Session {
+    std::unique_ptr<KvCache> kv;
+    std::vector<int32_t> history;       // tokens in kv (the last stage's penalty window)
+    std::unique_ptr<Sampler> sampler;   // last stage, set by a segment's sampling
+    int32_t top_logprobs = 0;
+  };
+  class RemoteExperts;
+
+  // The bodies, run on the executor.
+  absl::StatusOr<wire::LoadShardResponse> DoLoadShard(const wire::LoadShardRequest& request);
+  absl::StatusOr<wire::ForwardResponse> DoForward(const wire::ForwardRequest& request);
+  absl::StatusOr<wire::ExpertForwardResponse> DoExpertForward(
+      const wire::ExpertForwardRequest& request);
+  absl::StatusOr<wire::SessionReply> DoCopyPrefix(const wire::CopyPrefixRequest& request);
+  wire::WorkerStats DoStats() const;
+
+  // Checks one segment against its session (or its creation); OK or the reason it cannot run.
+  absl::Status CheckSegment(const wire::Segment& segment, int64_t* new_kv_bytes) const;
+  absl::StatusOr<Session*> SessionOrNew(uint64_t id);
+  int64_t KvBytes() const;
+
+  WorkerOptions options_;
+  PeerResolver resolver_;
+  ThreadPool pool_;
+  // ---- State below is touched on the executor only. ----
+  wire::LoadShardRequest shard_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<RemoteExperts> remote_experts_;
+  int64_t weight_bytes_ = 0;
+  int64_t kv_bytes_per_session_ = 0;
+  // node_hash_map: Session pointers stay valid while a step creates other sessions.
+  absl::node_hash_map<uint64_t, Session> sessions_;
+  int64_t forwarded_positions_ = 0;
+  int64_t expert_tokens_ = 0;
+  int64_t activation_bytes_in_ = 0;
+  int64_t activation_bytes_out_ = 0;
+  SerialExecutor executor_;  // last: destroyed first, so no task outlives the state
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_WORKER_WORKER_ACTOR_H_

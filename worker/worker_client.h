@@ -1,0 +1,53 @@
+// How a coordinator (or a stage computing MoE layers) reaches a worker: one interface with an
+// in-process implementation (embedded mode, unit tests) and a gRPC one (separate processes).
+//
+// Calls are synchronous and thread-safe; the messages are the internal protocol's
+// (proto/fucina/cluster/v1/worker.proto), so both implementations carry exactly the same data.
+// Errors are the worker's status, or UNAVAILABLE / DEADLINE_EXCEEDED when the peer is gone.
+#ifndef FUCINA_WORKER_WORKER_CLIENT_H_
+#define FUCINA_WORKER_WORKER_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fucina/cluster/v1/worker.pb.h"
+
+namespace fucina {
+
+namespace wire = ::fucina::cluster::v1;  // the internal protocol's messages
+
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+  virtual absl::StatusOr<wire::LoadShardResponse> LoadShard(
+      const wire::LoadShardRequest& request) = 0;
+  virtual absl::StatusOr<wire::ForwardResponse> Forward(
+      const wire::ForwardRequest& request) = 0;
+  virtual absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& request) = 0;
+  virtual absl::StatusOr<wire::SessionReply> TruncateSession(
+      const wire::TruncateSessionRequest& request) = 0;
+  virtual absl::StatusOr<wire::SessionReply> CopyPrefix(
+      const wire::CopyPrefixRequest& request) = 0;
+  virtual absl::StatusOr<wire::SessionReply> ReleaseSession(
+      const wire::ReleaseSessionRequest& request) = 0;
+  virtual absl::StatusOr<wire::WorkerStats> GetStats() = 0;
+};
+
+// Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a
+// long prefill chunk on a slow machine can take seconds.
+struct WorkerDeadlines {
+  int load_ms = 600'000;
+  int forward_ms = 120'000;
+  int control_ms = 10'000;  // truncate, copy, release, stats
+};
+
+// A client for the worker serving gRPC at `address` (host:port). Message size limits are set
+// for the largest forward reply (all-position logits of a prefill chunk).
+std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   const WorkerDeadlines& deadlines = {});
+
+}  // namespace fucina
+
+#endif  // FUCINA_WORKER_WORKER_CLIENT_H_

@@ -1,0 +1,123 @@
+#include "worker/worker_service.h"
+
+#include <chrono>
+
+#include "worker/grpc_util.h"
+
+namespace fucina {
+namespace {
+
+template <typename Reply>
+grpc::Status Answer(absl::StatusOr<Reply> result, Reply* response) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+// The worker's side of an RPC client: one channel, one stub, a deadline per call.
+class GrpcWorkerClient final : public WorkerClient {
+ public:
+  GrpcWorkerClient(const std::string& address, const WorkerDeadlines& deadlines)
+      : deadlines_(deadlines) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    stub_ = wire::Worker::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(
+      const wire::LoadShardRequest& request) override {
+    return Call(&wire::Worker::Stub::LoadShard, request, deadlines_.load_ms);
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(
+      const wire::ForwardRequest& request) override {
+    return Call(&wire::Worker::Stub::Forward, request, deadlines_.forward_ms);
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& request) override {
+    return Call(&wire::Worker::Stub::ExpertForward, request, deadlines_.forward_ms);
+  }
+  absl::StatusOr<wire::SessionReply> TruncateSession(
+      const wire::TruncateSessionRequest& request) override {
+    return Call(&wire::Worker::Stub::TruncateSession, request, deadlines_.control_ms);
+  }
+  absl::StatusOr<wire::SessionReply> CopyPrefix(
+      const wire::CopyPrefixRequest& request) override {
+    return Call(&wire::Worker::Stub::CopyPrefix, request, deadlines_.control_ms);
+  }
+  absl::StatusOr<wire::SessionReply> ReleaseSession(
+      const wire::ReleaseSessionRequest& request) override {
+    return Call(&wire::Worker::Stub::ReleaseSession, request, deadlines_.control_ms);
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override {
+    return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
+                deadlines_.control_ms);
+  }
+
+ private:
+  template <typename Request, typename Reply>
+  absl::StatusOr<Reply> Call(grpc::Status (wire::Worker::Stub::*method)(
+                                 grpc::ClientContext*, const Request&, Reply*),
+                             const Request& request, int deadline_ms) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(deadline_ms));
+    Reply reply;
+    grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
+    if (!status.ok()) return FromGrpc(status);
+    return reply;
+  }
+
+  WorkerDeadlines deadlines_;
+  std::unique_ptr<wire::Worker::Stub> stub_;
+};
+
+}  // namespace
+
+grpc::Status WorkerService::LoadShard(grpc::ServerContext*,
+                                      const wire::LoadShardRequest* request,
+                                      wire::LoadShardResponse* response) {
+  return Answer(worker_.LoadShard(*request), response);
+}
+
+grpc::Status WorkerService::Forward(grpc::ServerContext*, const wire::ForwardRequest* request,
+                                    wire::ForwardResponse* response) {
+  return Answer(worker_.Forward(*request), response);
+}
+
+grpc::Status WorkerService::ExpertForward(grpc::ServerContext*,
+                                          const wire::ExpertForwardRequest* request,
+                                          wire::ExpertForwardResponse* response) {
+  return Answer(worker_.ExpertForward(*request), response);
+}
+
+grpc::Status WorkerService::TruncateSession(grpc::ServerContext*,
+                                            const wire::TruncateSessionRequest* request,
+                                            wire::SessionReply* response) {
+  return Answer(worker_.TruncateSession(*request), response);
+}
+
+grpc::Status WorkerService::CopyPrefix(grpc::ServerContext*,
+                                       const wire::CopyPrefixRequest* request,
+                                       wire::SessionReply* response) {
+  return Answer(worker_.CopyPrefix(*request), response);
+}
+
+grpc::Status WorkerService::ReleaseSession(grpc::ServerContext*,
+                                           const wire::ReleaseSessionRequest* request,
+                                           wire::SessionReply* response) {
+  return Answer(worker_.ReleaseSession(*request), response);
+}
+
+grpc::Status WorkerService::GetStats(grpc::ServerContext*, const wire::StatsRequest*,
+                                     wire::WorkerStats* response) {
+  return Answer(worker_.GetStats(), response);
+}
+
+std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   const WorkerDeadlines& deadlines) {
+  return std::make_unique<GrpcWorkerClient>(address, deadlines);
+}
+
+}  // namespace fucina
