@@ -1,6 +1,7 @@
 #include "worker/worker_actor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -35,8 +36,8 @@ SamplingParams FromProto(const wire::Sampling& s) {
 class WorkerActor::RemoteExperts : public ExpertFfn {
  public:
   RemoteExperts(Model& model, std::vector<std::shared_ptr<WorkerClient>> peers,
-                std::vector<int> owner)
-      : model_(model), peers_(std::move(peers)), owner_(std::move(owner)) {}
+                std::vector<int> owner, std::vector<int64_t>* counts)
+      : model_(model), peers_(std::move(peers)), owner_(std::move(owner)), counts_(counts) {}
 
   absl::Status Forward(int64_t layer, const float* x, int64_t n, const int32_t* experts,
                        const float* weights, int k, float* out) override {
@@ -59,6 +60,7 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
       }
       if (rows.empty()) continue;
       if (p < 0) {
+        for (int32_t e : ids) ++(*counts_)[e];
         out_.resize(rows.size() * hidden);
         absl::Status s = model_.ExpertOutputs(layer, x, rows, ids, out_.data());
         if (!s.ok()) return s;
@@ -103,6 +105,7 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
   Model& model_;
   std::vector<std::shared_ptr<WorkerClient>> peers_;
   std::vector<int> owner_;  // [num_experts]: index into peers_, -1 local
+  std::vector<int64_t>* counts_;  // the actor's per-expert counts
   std::vector<float> slots_, out_;
 };
 
@@ -196,6 +199,7 @@ wire::WorkerStats WorkerActor::DoStats() const {
     stats.add_session_ids(static_cast<int64_t>(id));
     stats.add_session_lengths(len);
   }
+  for (int64_t n : expert_counts_) stats.add_expert_token_counts(n);
   return stats;
 }
 
@@ -243,8 +247,12 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
                                                      " bytes of weights; budget is ",
                                                      options_.memory_budget));
   }
-  if (request.expert_peers_size() > 0) {
-    if (!c.IsMoe()) return absl::InvalidArgumentError("expert peers for a dense model");
+  expert_counts_.assign(c.num_experts, 0);
+  if (request.expert_peers_size() > 0 && !c.IsMoe()) {
+    return absl::InvalidArgumentError("expert peers for a dense model");
+  }
+  if (c.IsMoe() && !options.experts_only) {
+    // Experts go through RemoteExperts even when all are local, so they are counted.
     std::vector<int> owner(c.num_experts, -1);
     std::vector<std::shared_ptr<WorkerClient>> peers;
     for (const wire::ExpertPeer& peer : request.expert_peers()) {
@@ -262,7 +270,8 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
       }
       peers.push_back(std::move(client));
     }
-    remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(owner));
+    remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(owner),
+                                                      &expert_counts_);
     (*model)->SetExpertFfn(remote_experts_.get());
   }
   model_ = *std::move(model);
@@ -299,7 +308,7 @@ absl::Status WorkerActor::CheckSegment(const wire::Segment& seg, int64_t* new_kv
                                                      vocab, ")"));
     }
   }
-  if (model_->has_head() && !seg.all_logits() && !seg.has_sampling() &&
+  if (model_->has_head() && !seg.all_logits() && !seg.prefill_only() && !seg.has_sampling() &&
       (it == sessions_.end() || it->second.sampler == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(),
                                                    " has no sampling parameters"));
@@ -410,6 +419,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     segments.push_back({(*session)->kv.get(), r, count});
     r += count;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   if (absl::Status s = model_->ForwardLayers(x.data(), rows, segments); !s.ok()) return s;
   forwarded_positions_ += rows;
   for (size_t j = 0; j < ok.size(); ++j) {
@@ -418,10 +428,17 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
                                 seg.token_ids().end());
   }
 
+  auto observe = [&] {
+    if (options_.on_forward) {
+      options_.on_forward(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  };
   if (!model_->has_head()) {
     EncodeActivations(x.data(), rows, hidden, shard_.activation_type(),
                       response.mutable_activations());
     activation_bytes_out_ += static_cast<int64_t>(response.activations().data().size());
+    observe();
     return response;
   }
 
@@ -432,7 +449,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   std::vector<size_t> sampling;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
-    if (seg.all_logits()) continue;
+    if (seg.all_logits() || seg.prefill_only()) continue;
     const Model::Segment& ms = segments[j];
     const float* row = &x[(ms.begin + ms.count - 1) * hidden];
     last_rows.insert(last_rows.end(), row, row + hidden);
@@ -450,6 +467,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
     Session& session = *sessions[j];
+    if (seg.prefill_only()) continue;
     wire::SegmentResult* result = response.add_results();
     result->set_session_id(seg.session_id());
     if (seg.all_logits()) {
@@ -474,6 +492,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       top->set_logprob(t.logprob);
     }
   }
+  observe();
   return response;
 }
 
@@ -526,6 +545,7 @@ absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
     return s;
   }
   expert_tokens_ += static_cast<int64_t>(pair_rows.size());
+  for (int32_t e : pair_experts) ++expert_counts_[e];
   activation_bytes_in_ += static_cast<int64_t>(request.x().size());
   wire::ExpertForwardResponse response;
   response.set_y(reinterpret_cast<const char*>(y.data()), y.size() * sizeof(float));

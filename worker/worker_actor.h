@@ -31,6 +31,8 @@ namespace fucina {
 struct WorkerOptions {
   int threads = 0;            // 0: ThreadPool::Default()'s count
   int64_t memory_budget = 0;  // bytes for weights + KV; 0: unlimited
+  // Observes each forward step's wall time (the worker's latency histogram); on the executor.
+  std::function<void(double seconds)> on_forward;
 };
 
 class WorkerActor : public WorkerClient {
@@ -95,6 +97,7 @@ class WorkerActor : public WorkerClient {
   absl::node_hash_map<uint64_t, Session> sessions_;
   int64_t forwarded_positions_ = 0;
   int64_t expert_tokens_ = 0;
+  std::vector<int64_t> expert_counts_;  // [num_experts]: (row, expert) pairs computed here
   int64_t activation_bytes_in_ = 0;
   int64_t activation_bytes_out_ = 0;
   SerialExecutor executor_;  // last: destroyed first, so no task outlives the state

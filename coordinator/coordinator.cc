@@ -1,0 +1,356 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "models/engine/kv_cache.h"
+#include "models/engine/registry.h"
+#include "worker/activations.h"
+
+namespace fucina {
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry) {
+  std::unique_ptr<Coordinator> c(new Coordinator());
+  c->options_ = options;
+  if (options.context < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("--ctx must be at least 2, got ",
+                                                   options.context));
+  }
+  if (auto type = ParseKvCacheType(options.cache_type); !type.ok()) return type.status();
+  wire::ActivationType activation;
+  if (absl::Status s = ParseActivationType(options.activation_type, &activation); !s.ok()) {
+    return s;
+  }
+  if (options.scheduler.batch < 1 || options.scheduler.max_queue < 1 || options.kv_slots < 1) {
+    return absl::InvalidArgumentError("--batch, --max-queue and --kv-slots must be at least 1");
+  }
+  auto file = gguf::File::Open(options.model_path);
+  if (!file.ok()) return file.status();
+  c->file_ = *std::move(file);
+  auto config = ReadModelConfig(*c->file_);
+  if (!config.ok()) return config.status();
+  c->config_ = *std::move(config);
+  c->size_ = MeasureModel(*c->file_, c->config_);
+  auto tokenizer = Tokenizer::FromGguf(*c->file_);
+  if (!tokenizer.ok()) return tokenizer.status();
+  c->tokenizer_ = *std::move(tokenizer);
+  if (auto tmpl = ChatTemplate::FromGguf(*c->file_); tmpl.ok()) {
+    c->chat_template_ = *std::move(tmpl);
+  }
+  c->served_name_ = !options.served_name.empty() ? options.served_name
+                    : !c->config_.name.empty()   ? c->config_.name
+                                                 : std::filesystem::path(options.model_path)
+                                                       .stem()
+                                                       .string();
+  c->metrics_ = std::make_unique<Metrics>(std::move(registry), c->served_name_);
+  Coordinator* self = c.get();
+  c->scheduler_ = std::make_unique<Scheduler>(
+      options.scheduler, *c->tokenizer_, [self] { return self->BuildPipeline(); },
+      [self](const std::string& id, const absl::Status& why) { self->MarkDead(id, why); },
+      c->metrics_.get());
+  c->watcher_ = std::thread([self] { self->WatchHeartbeats(); });
+  return c;
+}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  scheduler_.reset();  // before the workers' clients it calls go away
+}
+
+std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo& info,
+                                   std::shared_ptr<WorkerClient> client) {
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A worker restarted at the same address replaces its dead (or stale) record.
+    if (!address.empty()) {
+      std::erase_if(workers_, [&](const WorkerRecord& w) { return w.address == address; });
+    }
+    WorkerRecord w;
+    w.id = absl::StrCat("w", next_id_++);
+    w.address = address;
+    w.info = info;
+    w.info.id = w.id;
+    w.client = std::move(client);
+    w.last_seen = std::chrono::steady_clock::now();
+    id = w.id;
+    workers_.push_back(std::move(w));
+  }
+  scheduler_->RequestReplan();
+  return id;
+}
+
+bool Coordinator::Heartbeat(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (WorkerRecord& w : workers_) {
+    if (w.id == worker_id && w.alive) {
+      w.last_seen = std::chrono::steady_clock::now();
+      return true;
+    }
+  }
+  return false;
+}
+
+void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why) {
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (WorkerRecord& w : workers_) {
+      if (w.id == worker_id && w.alive) {
+        w.alive = false;
+        changed = true;
+        std::fprintf(stderr, "worker %s (%s) marked dead: %s\n", w.id.c_str(),
+                     w.address.c_str(), std::string(why.message()).c_str());
+      }
+    }
+  }
+  if (changed) scheduler_->RequestReplan();
+}
+
+std::shared_ptr<WorkerClient> Coordinator::ClientFor(const std::string& worker_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const WorkerRecord& w : workers_) {
+    if (w.id == worker_id) return w.client;
+  }
+  return nullptr;
+}
+
+std::vector<WorkerRecord> Coordinator::Workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return workers_;
+}
+
+void Coordinator::WatchHeartbeats() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(std::max(50, options_.heartbeat_ms / 2)));
+    if (stopping_) break;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::string> silent;
+    for (const WorkerRecord& w : workers_) {
+      if (w.alive && !w.address.empty() &&
+          now - w.last_seen > std::chrono::milliseconds(options_.dead_after_ms)) {
+        silent.push_back(w.id);
+      }
+    }
+    lock.unlock();
+    for (const std::string& id : silent) {
+      MarkDead(id, absl::DeadlineExceededError("no heartbeat"));
+    }
+    lock.lock();
+  }
+}
+
+Pipeline Coordinator::BuildPipeline() {
+  Pipeline pipeline;
+  pipeline.context = options_.context;
+  pipeline.hidden = config_.hidden;
+  while (true) {
+    std::vector<WorkerRecord> alive;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const WorkerRecord& w : workers_) {
+        if (w.alive) alive.push_back(w);
+      }
+    }
+    std::vector<WorkerInfo> infos;
+    for (const WorkerRecord& w : alive) infos.push_back(w.info);
+    PlanRequest request;
+    request.config = config_;
+    request.size = size_;
+    request.context = options_.context;
+    request.cache_type = *ParseKvCacheType(options_.cache_type);
+    request.kv_slots = options_.kv_slots;
+    request.expert_workers = options_.expert_workers;
+    Plan plan = PlanPlacement(request, infos);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      plan_ = plan;
+    }
+    pipeline.status = plan.status;
+    if (!plan.ready) {
+      pipeline.ready = false;
+      std::fprintf(stderr, "model not ready: %s\n", plan.status.c_str());
+      return pipeline;
+    }
+    auto record = [&](const std::string& id) -> const WorkerRecord& {
+      return *std::find_if(alive.begin(), alive.end(),
+                           [&](const WorkerRecord& w) { return w.id == id; });
+    };
+    wire::ActivationType activation;
+    ParseActivationType(options_.activation_type, &activation).IgnoreError();
+    // Expert workers first: stages name them as peers.
+    absl::Status failed;
+    std::string failed_worker;
+    for (const ExpertPlan& e : plan.experts) {
+      wire::LoadShardRequest load;
+      load.set_model_path(options_.model_path);
+      load.set_stage(-1);
+      load.set_first_layer(0);
+      load.set_last_layer(config_.num_layers);
+      load.set_context(options_.context);
+      load.set_cache_type(options_.cache_type);
+      for (int32_t x : e.experts) load.add_serve_experts(x);
+      auto r = record(e.worker_id).client->LoadShard(load);
+      if (!r.ok()) {
+        failed = r.status();
+        failed_worker = e.worker_id;
+        break;
+      }
+    }
+    pipeline.stages.clear();
+    for (size_t i = 0; i < plan.stages.size() && failed.ok(); ++i) {
+      const StagePlan& s = plan.stages[i];
+      wire::LoadShardRequest load;
+      load.set_model_path(options_.model_path);
+      load.set_stage(static_cast<int32_t>(i));
+      load.set_first_layer(s.first_layer);
+      load.set_last_layer(s.last_layer);
+      load.set_embeddings(s.embeddings);
+      load.set_head(s.head);
+      load.set_context(options_.context);
+      load.set_cache_type(options_.cache_type);
+      load.set_activation_type(activation);
+      for (const ExpertPlan& e : plan.experts) {
+        wire::ExpertPeer* peer = load.add_expert_peers();
+        peer->set_worker_id(e.worker_id);
+        peer->set_address(record(e.worker_id).address);
+        for (int32_t x : e.experts) peer->add_experts(x);
+      }
+      const WorkerRecord& w = record(s.worker_id);
+      auto r = w.client->LoadShard(load);
+      if (!r.ok()) {
+        failed = r.status();
+        failed_worker = s.worker_id;
+        break;
+      }
+      pipeline.stages.push_back({w.id, w.client, s.first_layer, s.last_layer});
+    }
+    if (failed.ok()) {
+      pipeline.ready = true;
+      pipeline.kv_slots = plan.kv_slots;
+      std::fprintf(stderr, "placement: %s\n", plan.status.c_str());
+      return pipeline;
+    }
+    if (absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) {
+      MarkDead(failed_worker, failed);  // plan again without it
+      continue;
+    }
+    pipeline.ready = false;
+    pipeline.status = absl::StrCat("loading on worker ", failed_worker, " failed: ",
+                                   failed.message());
+    std::fprintf(stderr, "model not ready: %s\n", pipeline.status.c_str());
+    return pipeline;
+  }
+}
+
+::fucina::v1::Placement Coordinator::placement() const {
+  ::fucina::v1::Placement out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.set_model(served_name_);
+  out.set_ready(plan_.ready);
+  out.set_status(plan_.status);
+  out.set_kv_slots(plan_.kv_slots);
+  auto address = [&](const std::string& id) {
+    for (const WorkerRecord& w : workers_) {
+      if (w.id == id) return w.address;
+    }
+    return std::string();
+  };
+  for (const StagePlan& s : plan_.stages) {
+    auto* p = out.add_stages();
+    p->set_worker_id(s.worker_id);
+    p->set_address(address(s.worker_id));
+    p->set_first_layer(s.first_layer);
+    p->set_last_layer(s.last_layer);
+    p->set_embeddings(s.embeddings);
+    p->set_head(s.head);
+  }
+  for (const ExpertPlan& e : plan_.experts) {
+    auto* p = out.add_experts();
+    p->set_worker_id(e.worker_id);
+    p->set_address(address(e.worker_id));
+    for (int32_t x : e.experts) p->add_experts(x);
+  }
+  return out;
+}
+
+absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
+                                           const ::fucina::v1::GenerateRequest& request) {
+  const CoordinatorOptions& o = c.options();
+  GenerateJob job;
+  job.sampling = o.sampling;
+  job.max_tokens = o.max_tokens;
+  const ::fucina::v1::Sampling& s = request.sampling();
+  if (s.has_temperature()) job.sampling.temperature = s.temperature();
+  if (s.has_top_k()) job.sampling.top_k = s.top_k();
+  if (s.has_top_p()) job.sampling.top_p = s.top_p();
+  if (s.has_min_p()) job.sampling.min_p = s.min_p();
+  if (s.has_repetition_penalty()) job.sampling.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) job.sampling.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) job.sampling.frequency_penalty = s.frequency_penalty();
+  if (s.has_penalty_last_n()) job.sampling.penalty_last_n = s.penalty_last_n();
+  if (s.has_seed()) job.sampling.seed = s.seed();
+  if (request.has_max_tokens()) {
+    if (request.max_tokens() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("max_tokens must be at least 1, got ",
+                                                     request.max_tokens()));
+    }
+    job.max_tokens = request.max_tokens();
+  }
+  if (request.top_logprobs() < 0 || request.top_logprobs() > 20) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ",
+                                                   request.top_logprobs()));
+  }
+  job.sampling.top_logprobs = request.top_logprobs();
+  if (!std::isfinite(job.sampling.temperature) || !std::isfinite(job.sampling.top_p) ||
+      !std::isfinite(job.sampling.min_p)) {
+    return absl::InvalidArgumentError("sampling parameters must be finite");
+  }
+  job.stop.assign(request.stop().begin(), request.stop().end());
+  job.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  job.ignore_eos = request.ignore_eos();
+  switch (request.input_case()) {
+    case ::fucina::v1::GenerateRequest::kPrompt:
+      job.prompt = c.tokenizer().Encode(request.prompt(), true, true);
+      break;
+    case ::fucina::v1::GenerateRequest::kTokenIds:
+      job.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case ::fucina::v1::GenerateRequest::kMessages: {
+      std::vector<ChatMessage> messages;
+      for (const auto& m : request.messages().messages()) {
+        if (m.role() != "system" && m.role() != "user" && m.role() != "assistant" &&
+            m.role() != "tool") {
+          return absl::InvalidArgumentError("messages: unknown role '" + m.role() + "'");
+        }
+        ChatMessage msg;
+        msg.role = m.role();
+        msg.content = m.content();
+        messages.push_back(std::move(msg));
+      }
+      if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
+      ChatRenderOptions render;
+      if (request.messages().has_enable_thinking()) {
+        render.enable_thinking = request.messages().enable_thinking();
+      }
+      auto text = c.chat_template().Render(messages, render);
+      if (!text.ok()) return text.status();
+      job.prompt = c.tokenizer().Encode(*text, true, true);
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("one of prompt, token_ids or messages is required");
+  }
+  if (job.prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
+  return job;
+}
+
+}  // namespace fucina

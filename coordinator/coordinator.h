@@ -1,0 +1,120 @@
+// The coordinator of one model: its tokenizer and chat template, the worker registry, the
+// placement plan and the scheduler. Front ends (gRPC, HTTP) talk to it; workers register with
+// it (in-process ones through AddWorker, remote ones through the Registry service).
+//
+// Liveness: remote workers heartbeat; one silent for `dead_after_ms`, or failing a call, is
+// marked dead and the model is re-planned on the survivors (not ready when they cannot hold
+// it). A worker that registers again later is planned in.
+#ifndef FUCINA_COORDINATOR_COORDINATOR_H_
+#define FUCINA_COORDINATOR_COORDINATOR_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/metrics.h"
+#include "coordinator/placement.h"
+#include "coordinator/scheduler.h"
+#include "fucina/v1/generate.pb.h"
+#include "models/chat/chat_template.h"
+#include "models/engine/config.h"
+#include "models/gguf/gguf.h"
+#include "models/tokenizer/tokenizer.h"
+#include "worker/worker_client.h"
+
+namespace fucina {
+
+struct CoordinatorOptions {
+  std::string model_path;
+  std::string served_name;  // empty: general.name, else the file stem
+  int64_t context = 4096;
+  std::string cache_type = "f16";
+  std::string activation_type = "f32";
+  int kv_slots = 8;
+  int expert_workers = 0;
+  SchedulerOptions scheduler;
+  // Defaults for what a request leaves unset (those of `fucina run`).
+  SamplingParams sampling;
+  int64_t max_tokens = 128;
+  int heartbeat_ms = 1000;
+  int dead_after_ms = 3000;
+};
+
+struct WorkerRecord {
+  std::string id;
+  std::string address;  // empty: in process
+  WorkerInfo info;
+  std::shared_ptr<WorkerClient> client;
+  bool alive = true;
+  std::chrono::steady_clock::time_point last_seen;
+};
+
+class Coordinator {
+ public:
+  // Opens the model's GGUF for its metadata, tokenizer and template (the weights stay on the
+  // workers). Metrics register in `registry`.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
+      const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry);
+  ~Coordinator();
+
+  // A worker joins (in process: empty address). Returns its id; the model is re-planned.
+  std::string AddWorker(const std::string& address, const WorkerInfo& info,
+                        std::shared_ptr<WorkerClient> client);
+  // False when the id is unknown or was declared dead (the worker should register again).
+  bool Heartbeat(const std::string& worker_id);
+  void MarkDead(const std::string& worker_id, const absl::Status& why);
+  std::shared_ptr<WorkerClient> ClientFor(const std::string& worker_id) const;
+  std::vector<WorkerRecord> Workers() const;
+
+  const CoordinatorOptions& options() const { return options_; }
+  const std::string& served_name() const { return served_name_; }
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ChatTemplate& chat_template() const { return chat_template_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  Metrics& metrics() { return *metrics_; }
+  ::fucina::v1::Placement placement() const;
+  // Called on the scheduler thread after every (re-)plan with the model's readiness (gRPC
+  // health follows it). Set before the first worker is added.
+  void SetReadyListener(std::function<void(bool ready)> listener) {
+    scheduler_->SetReadyHook(std::move(listener));
+  }
+
+ private:
+  Coordinator() = default;
+  Pipeline BuildPipeline();  // the scheduler's planner, on its thread
+  void WatchHeartbeats();
+
+  CoordinatorOptions options_;
+  std::string served_name_;
+  std::unique_ptr<gguf::File> file_;
+  ModelConfig config_;
+  ModelSize size_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ChatTemplate chat_template_ = ChatTemplate::ChatMl();
+  std::unique_ptr<Metrics> metrics_;
+
+  mutable std::mutex mu_;  // workers_, plan_, next_id_, stopping_
+  std::condition_variable cv_;
+  std::vector<WorkerRecord> workers_;
+  Plan plan_;
+  int next_id_ = 0;
+  bool stopping_ = false;
+  std::thread watcher_;
+  std::unique_ptr<Scheduler> scheduler_;  // after the state its planner reads
+};
+
+// Fills a scheduler job from a public request, applying the server's defaults; renders chat
+// messages with the model's template. Errors are INVALID_ARGUMENT naming the field.
+absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& coordinator,
+                                           const ::fucina::v1::GenerateRequest& request);
+
+}  // namespace fucina
+
+#endif  // FUCINA_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,172 @@
+#include "coordinator/grpc_services.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/grpc_util.h"
+
+namespace fucina {
+namespace {
+
+namespace api = ::fucina::v1;
+
+// How often a waiting handler checks whether its client went away.
+constexpr int kPollMs = 50;
+
+void AppendDelta(const Tokenizer& tokenizer, const Delta& d, bool logprobs,
+                 api::GenerateResponse* out) {
+  out->mutable_text()->append(d.text);
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    out->add_token_ids(d.ids[i]);
+    if (!logprobs) continue;
+    api::LogprobEntry* e = out->add_logprobs();
+    const int32_t one[] = {d.ids[i]};
+    e->mutable_token()->set_id(d.ids[i]);
+    e->mutable_token()->set_text(tokenizer.Decode(one));
+    e->mutable_token()->set_logprob(d.samples[i].logprob);
+    for (const TokenLogprob& t : d.samples[i].top) {
+      api::TokenLogprob* top = e->add_top();
+      const int32_t id[] = {t.id};
+      top->set_id(t.id);
+      top->set_text(tokenizer.Decode(id));
+      top->set_logprob(t.logprob);
+    }
+  }
+}
+
+void SetFinal(const Outcome& o, api::GenerateResponse* out) {
+  out->set_finish_reason(o.finish_reason);
+  out->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(o.prompt_tokens));
+  out->mutable_usage()->set_completion_tokens(static_cast<int32_t>(o.completion_tokens));
+  out->mutable_usage()->set_cached_tokens(static_cast<int32_t>(o.cached_tokens));
+}
+
+}  // namespace
+
+grpc::Status GenerationService::CheckModel(const std::string& model) const {
+  if (model.empty() || model == c_.served_name()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                      absl::StrCat("model '", model, "' is not served here (serving '",
+                                   c_.served_name(), "')"));
+}
+
+absl::StatusOr<std::shared_ptr<Request>> GenerationService::Start(
+    const api::GenerateRequest& request) {
+  if (grpc::Status s = CheckModel(request.model()); !s.ok()) return FromGrpc(s);
+  // The queue place comes first: a full server refuses before spending time on tokenization.
+  auto reserved = c_.scheduler().Reserve();
+  if (!reserved.ok()) return reserved.status();
+  auto job = JobFromRequest(c_, request);
+  if (!job.ok()) {
+    c_.scheduler().Unreserve(*reserved);
+    return job.status();
+  }
+  if (absl::Status s = c_.scheduler().Submit(*reserved, *std::move(job)); !s.ok()) return s;
+  return reserved;
+}
+
+grpc::Status GenerationService::Generate(grpc::ServerContext* context,
+                                         const api::GenerateRequest* request,
+                                         api::GenerateResponse* response) {
+  auto running = Start(*request);
+  if (!running.ok()) return ToGrpc(running.status());
+  Request& r = **running;
+  while (!r.done()) {
+    if (context->IsCancelled()) r.Cancel();
+    if (auto d = r.Next(kPollMs)) AppendDelta(c_.tokenizer(), *d, request->logprobs(), response);
+  }
+  const Outcome o = r.outcome();
+  if (!o.status.ok()) return ToGrpc(o.status);
+  SetFinal(o, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context,
+                                               const api::GenerateRequest* request,
+                                               grpc::ServerWriter<api::GenerateResponse>* writer) {
+  auto running = Start(*request);
+  if (!running.ok()) return ToGrpc(running.status());
+  Request& r = **running;
+  while (!r.done()) {
+    if (context->IsCancelled()) r.Cancel();
+    auto d = r.Next(kPollMs);
+    if (!d) continue;
+    api::GenerateResponse chunk;
+    AppendDelta(c_.tokenizer(), *d, request->logprobs(), &chunk);
+    if (!writer->Write(chunk)) r.Cancel();  // the client went away
+  }
+  const Outcome o = r.outcome();
+  if (!o.status.ok()) return ToGrpc(o.status);
+  api::GenerateResponse last;
+  SetFinal(o, &last);
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const api::TokenizeRequest* request,
+                                         api::TokenizeResponse* response) {
+  if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
+  const bool add_special = !request->has_add_special() || request->add_special();
+  for (int32_t id : c_.tokenizer().Encode(request->text(), add_special, true)) {
+    response->add_ids(id);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
+                                           const api::DetokenizeRequest* request,
+                                           api::DetokenizeResponse* response) {
+  if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
+  const int32_t vocab = c_.tokenizer().vocab_size();
+  for (int32_t id : request->ids()) {
+    if (id < 0 || id >= vocab) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("token id ", id, " outside the vocabulary [0, ", vocab,
+                                       ")"));
+    }
+  }
+  std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
+  response->set_text(c_.tokenizer().Decode(ids));
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::ListModels(grpc::ServerContext*, const api::ListModelsRequest*,
+                                           api::ListModelsResponse* response) {
+  api::ModelInfo* m = response->add_models();
+  m->set_name(c_.served_name());
+  m->set_arch(c_.config().arch);
+  m->set_context_length(c_.options().context);
+  m->set_ready(c_.scheduler().ready());
+  m->set_status(c_.scheduler().status());
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::GetPlacement(grpc::ServerContext*,
+                                             const api::GetPlacementRequest* request,
+                                             api::Placement* response) {
+  if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
+  *response = c_.placement();
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Register(grpc::ServerContext*,
+                                       const wire::RegisterRequest* request,
+                                       wire::RegisterResponse* response) {
+  if (request->address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: address is empty");
+  }
+  WorkerInfo info;
+  info.cores = std::max(1, request->capabilities().cores());
+  info.memory_budget = std::max<int64_t>(0, request->capabilities().memory_budget());
+  response->set_worker_id(
+      c_.AddWorker(request->address(), info, MakeGrpcWorkerClient(request->address())));
+  response->set_heartbeat_interval_ms(c_.options().heartbeat_ms);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
+                                        const wire::HeartbeatRequest* request,
+                                        wire::HeartbeatResponse* response) {
+  response->set_known(c_.Heartbeat(request->worker_id()));
+  return grpc::Status::OK;
+}
+
+}  // namespace fucina

@@ -1,0 +1,83 @@
+#include "coordinator/metrics.h"
+
+#include "coordinator/scheduler.h"
+
+namespace fucina {
+namespace {
+
+// vLLM's bucket boundaries (vllm/engine/metrics.py).
+const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const prometheus::Histogram::BucketBoundaries kItlBuckets = {
+    0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
+    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const prometheus::Histogram::BucketBoundaries kE2eBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,  15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+}  // namespace
+
+Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::string& model_name)
+    : registry_(std::move(registry)), model_name_(model_name) {
+  const prometheus::Labels labels = {{"model_name", model_name}};
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add(labels);
+  };
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add(labels);
+  };
+  auto histogram = [&](const char* name, const char* help,
+                       const prometheus::Histogram::BucketBoundaries& buckets) {
+    return &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_).Add(labels,
+                                                                                        buckets);
+  };
+  running_ = gauge("fucina_num_requests_running", "Requests being stepped through the pipeline.");
+  waiting_ = gauge("fucina_num_requests_waiting", "Requests admitted and waiting to run.");
+  kv_usage_ = gauge("fucina_kv_cache_usage_perc",
+                    "Fraction of KV slots resident on the workers (1 = all in use).");
+  prompt_tokens_ = counter("fucina_prompt_tokens_total", "Prompt tokens of finished requests.");
+  generation_tokens_ = counter("fucina_generation_tokens_total", "Generated tokens.");
+  prefix_queries_ = counter("fucina_prefix_cache_queries_total",
+                            "Prompt tokens looked up in the resident KV slots.");
+  prefix_hits_ = counter("fucina_prefix_cache_hits_total",
+                         "Prompt tokens served from a resident KV slot.");
+  success_ = &prometheus::BuildCounter()
+                  .Name("fucina_request_success_total")
+                  .Help("Requests finished, by finish reason.")
+                  .Register(*registry_);
+  for (const char* reason : {"stop", "length"}) {
+    success_->Add({{"model_name", model_name}, {"finished_reason", reason}});
+  }
+  failed_ = counter("fucina_request_failure_total", "Requests that ended with an error.");
+  ttft_ = histogram("fucina_time_to_first_token_seconds", "Time to first token.", kTtftBuckets);
+  itl_ = histogram("fucina_inter_token_latency_seconds", "Time between generated tokens.",
+                   kItlBuckets);
+  e2e_ = histogram("fucina_e2e_request_latency_seconds", "Request latency, admission to finish.",
+                   kE2eBuckets);
+}
+
+void Metrics::SetQueue(int running, int waiting) {
+  running_->Set(running);
+  waiting_->Set(waiting);
+}
+
+void Metrics::SetKvUsage(double fraction) { kv_usage_->Set(fraction); }
+
+void Metrics::OnPrefixQuery(int64_t prompt_tokens, int64_t cached_tokens) {
+  prefix_queries_->Increment(static_cast<double>(prompt_tokens));
+  prefix_hits_->Increment(static_cast<double>(cached_tokens));
+}
+
+void Metrics::OnFinished(const Outcome& outcome, double e2e_seconds) {
+  if (!outcome.status.ok()) {
+    failed_->Increment();
+    return;
+  }
+  prompt_tokens_->Increment(static_cast<double>(outcome.prompt_tokens));
+  success_->Add({{"model_name", model_name_}, {"finished_reason", outcome.finish_reason}})
+      .Increment();
+  e2e_->Observe(e2e_seconds);
+}
+
+}  // namespace fucina

@@ -1,0 +1,149 @@
+#include "coordinator/placement.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace fucina {
+namespace {
+
+constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max() / 4;
+
+int64_t Budget(const WorkerInfo& w) { return w.memory_budget > 0 ? w.memory_budget : kUnlimited; }
+
+}  // namespace
+
+Plan PlanPlacement(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
+  Plan plan;
+  const ModelConfig& c = r.config;
+  const int64_t num_layers = c.num_layers;
+  const bool moe = c.IsMoe();
+  const int expert_workers = moe ? r.expert_workers : 0;
+  if (workers.empty()) {
+    plan.status = "no workers";
+    return plan;
+  }
+  if (expert_workers >= static_cast<int>(workers.size())) {
+    plan.status = absl::StrCat(workers.size(), " workers cannot hold a stage and ",
+                               expert_workers, " expert workers");
+    return plan;
+  }
+  std::vector<WorkerInfo> stage_workers(workers.begin(), workers.end() - expert_workers);
+  if (r.max_stages > 0 && static_cast<int>(stage_workers.size()) > r.max_stages) {
+    stage_workers.resize(r.max_stages);
+  }
+  const int64_t local_experts = expert_workers > 0 ? 0 : c.num_experts;
+  const int64_t kv_per_layer = KvBytesPerSession(c, 1, r.context, r.cache_type);
+  const int wanted_slots = std::max(1, r.kv_slots);
+
+  // Bytes a worker needs for layers [first, last) with `slots` resident sessions.
+  auto stage_bytes = [&](int64_t first, int64_t last, bool emb, bool head, int slots) {
+    return r.size.LayersBytes(first, last, local_experts) + (emb ? r.size.embedding_bytes : 0) +
+           (head ? r.size.head_bytes : 0) + slots * kv_per_layer * (last - first);
+  };
+
+  // Target layer counts in proportion to cores, then assign front to back: each stage takes
+  // its target, or less if its budget is smaller, or more when later stages would overflow.
+  int64_t total_cores = 0;
+  for (const WorkerInfo& w : stage_workers) total_cores += std::max(1, w.cores);
+  const int n = static_cast<int>(stage_workers.size());
+  std::vector<int64_t> target(n);
+  int64_t assigned = 0;
+  for (int i = 0; i < n; ++i) {
+    target[i] = i + 1 == n ? num_layers - assigned
+                           : num_layers * std::max(1, stage_workers[i].cores) / total_cores;
+    assigned += target[i];
+  }
+  // Capacity of each worker in layers if it started at `first` (monotone in count).
+  auto fits = [&](int i, int64_t first, int64_t count) {
+    const bool emb = first == 0, head = first + count == num_layers;
+    return stage_bytes(first, first + count, emb, head, wanted_slots) <=
+           Budget(stage_workers[i]);
+  };
+  int64_t first = 0;
+  for (int i = 0; i < n && first < num_layers; ++i) {
+    // Layers the remaining workers could take at most (greedy from the back is not needed:
+    // budgets only shrink what a stage takes; the last one takes the rest).
+    int64_t count = i + 1 == n ? num_layers - first : std::min(target[i], num_layers - first);
+    while (count > 0 && !fits(i, first, count)) --count;
+    if (i + 1 < n) {
+      // Take more when the rest cannot hold what is left.
+      int64_t rest_capacity = 0;
+      for (int j = i + 1; j < n; ++j) {
+        int64_t k = 0;
+        while (first + count + rest_capacity + k < num_layers &&
+               fits(j, first + count + rest_capacity, k + 1)) {
+          ++k;
+        }
+        rest_capacity += k;
+      }
+      while (first + count + rest_capacity < num_layers && fits(i, first, count + 1)) ++count;
+    }
+    if (count == 0 && !(i + 1 == n && first == num_layers)) continue;
+    if (i + 1 == n && count < num_layers - first) break;
+    StagePlan stage;
+    stage.worker_id = stage_workers[i].id;
+    stage.first_layer = first;
+    stage.last_layer = first + count;
+    stage.embeddings = first == 0;
+    stage.head = first + count == num_layers;
+    stage.weight_bytes = stage_bytes(first, first + count, stage.embeddings, stage.head, 0);
+    plan.stages.push_back(stage);
+    first += count;
+  }
+  if (first < num_layers || plan.stages.empty()) {
+    int64_t need = stage_bytes(0, num_layers, true, true, 1), have = 0;
+    for (const WorkerInfo& w : stage_workers) have += std::min(Budget(w), kUnlimited / 64);
+    plan.stages.clear();
+    plan.status = absl::StrCat("not enough memory: the model needs ", need,
+                               " bytes with one KV slot; the stage workers' budgets total ",
+                               have);
+    return plan;
+  }
+  if (!plan.stages.back().head) plan.stages.back().head = true;
+
+  // Slots: as many as every stage can hold, up to the wanted count.
+  int slots = wanted_slots;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const StagePlan& s = plan.stages[i];
+    const int64_t kv = kv_per_layer * (s.last_layer - s.first_layer);
+    if (kv == 0) continue;
+    const WorkerInfo& w = *std::find_if(stage_workers.begin(), stage_workers.end(),
+                                        [&](const WorkerInfo& x) { return x.id == s.worker_id; });
+    const int64_t room = (Budget(w) - s.weight_bytes) / kv;
+    slots = static_cast<int>(std::min<int64_t>(slots, room));
+  }
+  if (slots < 1) {
+    plan.stages.clear();
+    plan.status = "not enough memory for one KV slot";
+    return plan;
+  }
+  plan.kv_slots = slots;
+
+  // Experts: round-robin over the expert workers.
+  if (expert_workers > 0) {
+    for (int j = 0; j < expert_workers; ++j) {
+      const WorkerInfo& w = workers[workers.size() - expert_workers + j];
+      ExpertPlan e;
+      e.worker_id = w.id;
+      for (int32_t x = j; x < c.num_experts; x += expert_workers) e.experts.push_back(x);
+      for (int64_t l = 0; l < num_layers; ++l) {
+        e.weight_bytes += r.size.expert_bytes[l] * static_cast<int64_t>(e.experts.size());
+      }
+      if (e.weight_bytes > Budget(w)) {
+        plan.stages.clear();
+        plan.status = absl::StrCat("not enough memory: expert worker ", w.id, " needs ",
+                                   e.weight_bytes, " bytes; its budget is ", w.memory_budget);
+        return plan;
+      }
+      plan.experts.push_back(std::move(e));
+    }
+  }
+  plan.ready = true;
+  plan.status = absl::StrCat(plan.stages.size(), " stage(s), ", plan.experts.size(),
+                             " expert worker(s), ", plan.kv_slots, " KV slot(s)");
+  return plan;
+}
+
+}  // namespace fucina

@@ -1,0 +1,533 @@
+// `fucina serve | coordinator | worker | client`: the cluster's processes and a gRPC client.
+//
+// Every server prints one line `listening grpc=HOST:PORT metrics=HOST:PORT` on stdout once its
+// sockets are bound (port 0 picks a free one), then serves until SIGINT/SIGTERM, which drains
+// in-flight calls. Readiness (model loaded) is reported through grpc.health.v1.Health.
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/grpc_services.h"
+#include "fucina/cluster/v1/worker.grpc.pb.h"
+#include "fucina/v1/generate.grpc.pb.h"
+#include "tools/commands.h"
+#include "worker/grpc_util.h"
+#include "worker/worker_actor.h"
+#include "worker/worker_service.h"
+
+namespace fucina::cli {
+namespace {
+
+namespace api = ::fucina::v1;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+// SIGINT/SIGTERM are blocked in every thread (call before starting any) and taken by
+// WaitForStop on the main thread.
+void BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void WaitForStop() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "signal %d: draining\n", sig);
+}
+
+// "123", "512M", "4G" (binary units).
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  if (text.empty()) return 0;
+  int64_t scale = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K': case 'k': scale = int64_t{1} << 10; break;
+    case 'M': case 'm': scale = int64_t{1} << 20; break;
+    case 'G': case 'g': scale = int64_t{1} << 30; break;
+    case 'T': case 't': scale = int64_t{1} << 40; break;
+    default: scale = 1;
+  }
+  if (scale != 1) digits.pop_back();
+  int64_t n;
+  if (!absl::SimpleAtoi(digits, &n) || n < 0 || n > (int64_t{1} << 50) / scale) {
+    return absl::InvalidArgumentError("--memory-budget must be a byte count like 4G, got '" +
+                                      text + "'");
+  }
+  return n * scale;
+}
+
+std::string Host(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+// A gRPC server with the given services, health and reflection, on `listen`.
+struct GrpcServer {
+  std::unique_ptr<grpc::Server> server;
+  std::string address;  // host:bound-port
+};
+
+absl::StatusOr<GrpcServer> StartGrpc(const std::string& listen,
+                                     const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  GrpcServer out;
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || port == 0) {
+    return absl::UnavailableError("cannot listen on " + listen + " (gRPC)");
+  }
+  out.address = absl::StrCat(Host(listen), ":", port);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetrics(const std::string& listen,
+                                                                  std::string* bound) {
+  try {
+    auto exposer = std::make_unique<prometheus::Exposer>(listen);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    *bound = absl::StrCat(Host(listen), ":", ports.empty() ? 0 : ports[0]);
+    return exposer;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError("cannot listen on " + listen + " (metrics): " + e.what());
+  }
+}
+
+void SetHealth(grpc::Server* server, bool ready) {
+  if (auto* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(ready);
+    health->SetServingStatus("fucina.v1.Generation", ready);
+  }
+}
+
+// ---- serve / coordinator ----
+
+struct ModelArgs {
+  std::string model;
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics = "127.0.0.1:9401";
+  int workers = 1;
+  int threads = 0;
+  std::string memory_budget;
+  CoordinatorOptions options;
+};
+
+void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
+  CoordinatorOptions& o = a->options;
+  cmd->add_option("--listen", a->listen, "gRPC address (port 0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--metrics", a->metrics, "Prometheus /metrics address")->capture_default_str();
+  cmd->add_option("--served-model-name", o.served_name, "Name clients use (default: general.name)");
+  cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
+      ->capture_default_str();
+  cmd->add_option("--cache-type", o.cache_type, "KV cache type: f32 | f16 | q8_0")
+      ->capture_default_str();
+  cmd->add_option("--activations", o.activation_type,
+                  "Activations between stages: f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--kv-slots", o.kv_slots, "Finished conversations kept resident for reuse")
+      ->capture_default_str();
+  cmd->add_option("--batch", o.scheduler.batch, "Requests stepped together")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", o.scheduler.max_queue, "Waiting requests before refusing")
+      ->capture_default_str();
+  cmd->add_option("--expert-workers", o.expert_workers,
+                  "MoE: workers dedicated to expert streams")
+      ->capture_default_str();
+  cmd->add_option("--gen", o.max_tokens, "Default maximum new tokens")->capture_default_str();
+  cmd->add_option("--temp", o.sampling.temperature, "Default temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", o.sampling.top_k)->capture_default_str();
+  cmd->add_option("--top-p", o.sampling.top_p)->capture_default_str();
+  cmd->add_option("--min-p", o.sampling.min_p)->capture_default_str();
+  cmd->add_option("--repeat-penalty", o.sampling.repetition_penalty)->capture_default_str();
+  cmd->add_option("--presence-penalty", o.sampling.presence_penalty)->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.sampling.frequency_penalty)->capture_default_str();
+  cmd->add_option("--seed", o.sampling.seed)->capture_default_str();
+  cmd->add_option("--heartbeat-ms", o.heartbeat_ms, "Worker heartbeat interval")
+      ->capture_default_str();
+  cmd->add_option("--dead-after-ms", o.dead_after_ms, "Silence after which a worker is dead")
+      ->capture_default_str();
+}
+
+int RunCoordinator(ModelArgs a, bool embedded) {
+  BlockStopSignals();
+  if (a.model.empty()) {
+    const char* def = std::getenv("FUCINA_DEFAULT_MODEL");
+    if (def == nullptr || *def == '\0') {
+      return Fail(absl::InvalidArgumentError(
+          "no MODEL given and FUCINA_DEFAULT_MODEL is not set (scripts/serve.sh sets it)"));
+    }
+    a.model = def;
+  }
+  a.options.model_path = a.model;
+  auto budget = ParseBytes(a.memory_budget);
+  if (!budget.ok()) return Fail(budget.status());
+  if (embedded && a.workers < 1) return Fail(absl::InvalidArgumentError("--workers must be >= 1"));
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto coordinator = Coordinator::Create(a.options, registry);
+  if (!coordinator.ok()) return Fail(coordinator.status());
+  Coordinator& c = **coordinator;
+  GenerationService generation(c);
+  RegistryService registry_service(c);
+  std::vector<grpc::Service*> services = {&generation};
+  if (!embedded) services.push_back(&registry_service);
+  auto server = StartGrpc(a.listen, services);
+  if (!server.ok()) return Fail(server.status());
+  SetHealth(server->server.get(), false);
+  c.SetReadyListener([s = server->server.get()](bool ready) { SetHealth(s, ready); });
+  std::string metrics_address;
+  auto exposer = StartMetrics(a.metrics, &metrics_address);
+  if (!exposer.ok()) return Fail(exposer.status());
+  (*exposer)->RegisterCollectable(registry);
+  std::printf("listening grpc=%s metrics=%s\n", server->address.c_str(), metrics_address.c_str());
+  std::fflush(stdout);
+
+  // Embedded workers: in-process actors reached through the same interface as remote ones.
+  std::vector<std::shared_ptr<WorkerActor>> actors;
+  if (embedded) {
+    const int total = a.threads > 0 ? a.threads : ThreadPool::Default().num_threads();
+    for (int i = 0; i < a.workers; ++i) {
+      WorkerOptions wo;
+      wo.threads = std::max(1, total / a.workers);
+      wo.memory_budget = *budget;
+      auto actor = std::make_shared<WorkerActor>(
+          wo, [&c](const wire::ExpertPeer& peer) { return c.ClientFor(peer.worker_id()); });
+      WorkerInfo info;
+      info.cores = wo.threads;
+      info.memory_budget = wo.memory_budget;
+      c.AddWorker("", info, actor);
+      actors.push_back(std::move(actor));
+    }
+  }
+  WaitForStop();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return 0;
+}
+
+// ---- worker ----
+
+struct WorkerArgs {
+  std::string listen = "127.0.0.1:50052";
+  std::string coordinator;
+  std::string advertise;
+  std::string metrics = "127.0.0.1:9402";
+  std::string memory_budget;
+  int threads = 0;
+};
+
+// Exposes the actor's stats at scrape time.
+class WorkerCollectable : public prometheus::Collectable {
+ public:
+  WorkerCollectable(WorkerActor& actor, std::shared_ptr<prometheus::Registry> own)
+      : actor_(actor), own_(std::move(own)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out = own_->Collect();
+    auto stats = actor_.GetStats();
+    if (!stats.ok()) return out;
+    auto family = [&](const char* name, const char* help, prometheus::MetricType type) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      return f;
+    };
+    auto gauge = [&](const char* name, const char* help, double v) {
+      auto f = family(name, help, prometheus::MetricType::Gauge);
+      prometheus::ClientMetric m;
+      m.gauge.value = v;
+      f.metric.push_back(m);
+      out.push_back(std::move(f));
+    };
+    auto counter = [&](const char* name, const char* help, double v) {
+      auto f = family(name, help, prometheus::MetricType::Counter);
+      prometheus::ClientMetric m;
+      m.counter.value = v;
+      f.metric.push_back(m);
+      out.push_back(std::move(f));
+    };
+    gauge("fucina_worker_resident_sessions", "Sessions whose KV this worker holds.",
+          stats->sessions());
+    gauge("fucina_worker_kv_bytes", "Bytes of KV cache allocated.", stats->kv_bytes());
+    gauge("fucina_worker_weight_bytes", "Bytes of weights in the shard.", stats->weight_bytes());
+    gauge("fucina_worker_memory_budget_bytes", "Memory budget (0: unlimited).",
+          stats->memory_budget());
+    gauge("fucina_worker_queue_depth", "Calls waiting for the actor.", stats->queue_depth());
+    counter("fucina_worker_forwarded_positions_total", "Rows run through this worker's layers.",
+            stats->forwarded_positions());
+    counter("fucina_worker_activation_bytes_received_total", "Activation bytes received.",
+            stats->activation_bytes_in());
+    counter("fucina_worker_activation_bytes_sent_total", "Activation bytes sent.",
+            stats->activation_bytes_out());
+    auto experts = family("fucina_worker_expert_tokens_total",
+                          "Token rows computed per expert on this worker.",
+                          prometheus::MetricType::Counter);
+    for (int e = 0; e < stats->expert_token_counts_size(); ++e) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"expert", std::to_string(e)});
+      m.counter.value = static_cast<double>(stats->expert_token_counts(e));
+      experts.metric.push_back(m);
+    }
+    if (!experts.metric.empty()) out.push_back(std::move(experts));
+    return out;
+  }
+
+ private:
+  WorkerActor& actor_;
+  std::shared_ptr<prometheus::Registry> own_;
+};
+
+int RunWorker(const WorkerArgs& a) {
+  BlockStopSignals();
+  if (a.coordinator.empty()) return Fail(absl::InvalidArgumentError("--coordinator is required"));
+  auto budget = ParseBytes(a.memory_budget);
+  if (!budget.ok()) return Fail(budget.status());
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& latency = prometheus::BuildHistogram()
+                      .Name("fucina_worker_forward_latency_seconds")
+                      .Help("Wall time of one forward step through this worker's stage.")
+                      .Register(*registry)
+                      .Add({}, prometheus::Histogram::BucketBoundaries{
+                                   0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                   2.5, 5, 10});
+  WorkerOptions wo;
+  wo.threads = a.threads;
+  wo.memory_budget = *budget;
+  wo.on_forward = [&latency](double s) { latency.Observe(s); };
+  WorkerActor actor(wo);
+  WorkerService service(actor);
+  auto server = StartGrpc(a.listen, {&service});
+  if (!server.ok()) return Fail(server.status());
+  SetHealth(server->server.get(), true);
+  std::string metrics_address;
+  auto exposer = StartMetrics(a.metrics, &metrics_address);
+  if (!exposer.ok()) return Fail(exposer.status());
+  auto collectable = std::make_shared<WorkerCollectable>(actor, registry);
+  (*exposer)->RegisterCollectable(collectable);
+  std::printf("listening grpc=%s metrics=%s\n", server->address.c_str(), metrics_address.c_str());
+  std::fflush(stdout);
+
+  // Registration and heartbeats: register until it works, heartbeat every interval, register
+  // again when the coordinator forgot us (it restarted or declared us dead).
+  const std::string advertise =
+      !a.advertise.empty() ? a.advertise
+                           : absl::StrCat(Host(server->address) == "0.0.0.0"
+                                              ? "127.0.0.1"
+                                              : Host(server->address),
+                                          ":", server->address.substr(server->address.rfind(':') + 1));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread beat([&] {
+    auto stub = wire::Registry::NewStub(
+        grpc::CreateChannel(a.coordinator, grpc::InsecureChannelCredentials()));
+    std::string id;
+    int interval_ms = 1000;
+    bool warned = false;
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stopping) {
+      lock.unlock();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      int wait_ms = interval_ms;
+      if (id.empty()) {
+        wire::RegisterRequest req;
+        req.set_address(advertise);
+        req.mutable_capabilities()->set_cores(actor.num_threads());
+        req.mutable_capabilities()->set_memory_budget(actor.memory_budget());
+        req.mutable_capabilities()->set_device("cpu");
+        wire::RegisterResponse resp;
+        grpc::Status s = stub->Register(&ctx, req, &resp);
+        if (s.ok()) {
+          id = resp.worker_id();
+          interval_ms = std::max(50, resp.heartbeat_interval_ms());
+          std::fprintf(stderr, "registered with %s as %s\n", a.coordinator.c_str(), id.c_str());
+          warned = false;
+          wait_ms = interval_ms;
+        } else {
+          if (!warned) {
+            std::fprintf(stderr, "cannot register with %s: %s (retrying)\n",
+                         a.coordinator.c_str(), s.error_message().c_str());
+          }
+          warned = true;
+          wait_ms = 500;
+        }
+      } else {
+        wire::HeartbeatRequest req;
+        req.set_worker_id(id);
+        wire::HeartbeatResponse resp;
+        grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+        if (s.ok() && !resp.known()) id.clear();
+      }
+      lock.lock();
+      cv.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping; });
+    }
+  });
+  WaitForStop();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  beat.join();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return 0;
+}
+
+// ---- client ----
+
+struct ClientArgs {
+  std::string addr = "127.0.0.1:50051";
+  std::string prompt;
+  std::string chat;
+  std::string model;
+  int64_t gen = -1;
+  float temp = -1;
+  int64_t seed = -1;
+  int top_k = -1;
+  float top_p = -1, min_p = -1;
+  bool stream = false;
+  int timeout_s = 600;
+};
+
+int RunClient(const ClientArgs& a) {
+  if (a.prompt.empty() == a.chat.empty()) {
+    return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --chat"));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  auto stub = api::Generation::NewStub(
+      grpc::CreateCustomChannel(a.addr, grpc::InsecureChannelCredentials(), args));
+  api::GenerateRequest req;
+  req.set_model(a.model);
+  if (!a.prompt.empty()) {
+    req.set_prompt(a.prompt);
+  } else {
+    auto* m = req.mutable_messages()->add_messages();
+    m->set_role("user");
+    m->set_content(a.chat);
+  }
+  if (a.gen > 0) req.set_max_tokens(static_cast<int32_t>(a.gen));
+  if (a.temp >= 0) req.mutable_sampling()->set_temperature(a.temp);
+  if (a.seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(a.seed));
+  if (a.top_k >= 0) req.mutable_sampling()->set_top_k(a.top_k);
+  if (a.top_p >= 0) req.mutable_sampling()->set_top_p(a.top_p);
+  if (a.min_p >= 0) req.mutable_sampling()->set_min_p(a.min_p);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(a.timeout_s));
+  grpc::Status status;
+  if (a.stream) {
+    auto reader = stub->GenerateStream(&ctx, req);
+    api::GenerateResponse chunk;
+    while (reader->Read(&chunk)) {
+      std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+      std::fflush(stdout);
+    }
+    status = reader->Finish();
+  } else {
+    api::GenerateResponse resp;
+    status = stub->Generate(&ctx, req, &resp);
+    if (status.ok()) std::fwrite(resp.text().data(), 1, resp.text().size(), stdout);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "\nerror: %s: %s\n",
+                 absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
+                     .c_str(),
+                 status.error_message().c_str());
+    return 1;
+  }
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+void RegisterClusterCommands(CLI::App& app, int* exit_code) {
+  {
+    auto a = std::make_shared<ModelArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "serve", "Serve a model: coordinator + in-process workers (the one-machine default)");
+    cmd->add_option("MODEL", a->model, "GGUF path or reference (default: the SmolLM2 model)");
+    cmd->add_option("--workers", a->workers, "In-process worker actors (pipeline stages)")
+        ->capture_default_str();
+    cmd->add_option("--threads", a->threads, "Threads in all (split across workers)");
+    cmd->add_option("--memory-budget", a->memory_budget, "Per-worker memory budget, e.g. 4G");
+    AddModelFlags(cmd, a.get());
+    cmd->callback([a, exit_code] { *exit_code = RunCoordinator(*a, true); });
+  }
+  {
+    auto a = std::make_shared<ModelArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "coordinator", "Coordinate workers that register over gRPC (fucina worker)");
+    cmd->add_option("MODEL", a->model, "GGUF path or reference")->required();
+    AddModelFlags(cmd, a.get());
+    cmd->callback([a, exit_code] { *exit_code = RunCoordinator(*a, false); });
+  }
+  {
+    auto a = std::make_shared<WorkerArgs>();
+    CLI::App* cmd = app.add_subcommand("worker", "A worker process: holds shards for a coordinator");
+    cmd->add_option("--listen", a->listen, "gRPC address")->capture_default_str();
+    cmd->add_option("--coordinator", a->coordinator, "Coordinator address")->required();
+    cmd->add_option("--advertise", a->advertise, "Address registered (default: the bound one)");
+    cmd->add_option("--metrics", a->metrics, "Prometheus /metrics address")->capture_default_str();
+    cmd->add_option("--memory-budget", a->memory_budget, "Bytes for weights + KV, e.g. 4G");
+    cmd->add_option("--threads", a->threads, "Threads (default: all)");
+    cmd->callback([a, exit_code] { *exit_code = RunWorker(*a); });
+  }
+  {
+    CLI::App* client = app.add_subcommand("client", "gRPC client of a coordinator");
+    client->require_subcommand(1);
+    auto a = std::make_shared<ClientArgs>();
+    CLI::App* gen = client->add_subcommand("generate", "Generate text and print it");
+    gen->add_option("--addr", a->addr, "Coordinator address")->capture_default_str();
+    gen->add_option("--prompt", a->prompt, "Raw prompt text");
+    gen->add_option("--chat", a->chat, "One user message, rendered with the chat template");
+    gen->add_option("--model", a->model, "Model name (default: the served one)");
+    gen->add_option("--gen", a->gen, "Maximum new tokens (default: the server's)");
+    gen->add_option("--temp", a->temp, "Temperature (default: the server's)");
+    gen->add_option("--seed", a->seed, "Sampling seed");
+    gen->add_option("--top-k", a->top_k);
+    gen->add_option("--top-p", a->top_p);
+    gen->add_option("--min-p", a->min_p);
+    gen->add_flag("--stream", a->stream, "Print text as it is generated");
+    gen->add_option("--timeout", a->timeout_s, "Deadline in seconds")->capture_default_str();
+    gen->callback([a, exit_code] { *exit_code = RunClient(*a); });
+  }
+}
+
+}  // namespace fucina::cli
