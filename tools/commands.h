@@ -12,6 +12,7 @@ namespace fucina::cli {
 void RegisterGgufCommands(CLI::App& app, int* exit_code);
 void RegisterBenchCommands(CLI::App& app, int* exit_code);
 void RegisterRunCommand(CLI::App& app, int* exit_code);
+void RegisterPullCommand(CLI::App& app, int* exit_code);
 
 }  // namespace fucina::cli
 
