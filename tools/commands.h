@@ -13,6 +13,7 @@ void RegisterGgufCommands(CLI::App& app, int* exit_code);
 void RegisterBenchCommands(CLI::App& app, int* exit_code);
 void RegisterRunCommand(CLI::App& app, int* exit_code);
 void RegisterClusterCommands(CLI::App& app, int* exit_code);
+void RegisterPullCommand(CLI::App& app, int* exit_code);
 
 }  // namespace fucina::cli
 

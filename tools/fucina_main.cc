@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   fucina::cli::RegisterRunCommand(app, &exit_code);
   fucina::cli::RegisterClusterCommands(app, &exit_code);
+  fucina::cli::RegisterPullCommand(app, &exit_code);
   fucina::cli::RegisterGgufCommands(app, &exit_code);
   fucina::cli::RegisterBenchCommands(app, &exit_code);
   CLI11_PARSE(app, argc, argv);

@@ -19,6 +19,7 @@
 #include "models/chat/chat_template.h"
 #include "models/engine/model.h"
 #include "models/engine/session.h"
+#include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
 #include "tools/commands.h"
 
@@ -124,8 +125,10 @@ int RunModel(RunArgs args) {
   auto cache_type = ParseKvCacheType(args.cache_type);
   if (!cache_type.ok()) return Fail(cache_type.status());
   if (args.streams < 1) return Fail(absl::InvalidArgumentError("--streams must be >= 1"));
+  auto model_path = ResolveModel(args.model, isatty(STDERR_FILENO));
+  if (!model_path.ok()) return Fail(model_path.status());
   ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());
-  auto model = Model::Load(args.model, {}, pool);
+  auto model = Model::Load(*model_path, {}, pool);
   if (!model.ok()) return Fail(model.status());
   auto tokenizer = Tokenizer::FromGguf((*model)->file());
   if (!tokenizer.ok()) return Fail(tokenizer.status());
@@ -232,7 +235,8 @@ int RunModel(RunArgs args) {
 void RegisterRunCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<RunArgs>();
   CLI::App* run = app.add_subcommand("run", "Run a model in this process: complete, chat, bench");
-  run->add_option("MODEL", a->model, "GGUF model file")->required();
+  run->add_option("MODEL", a->model, "GGUF model file, or a reference to pull (see `fucina pull`)")
+      ->required();
   run->add_option("IDS", a->ids, "Prompt as comma-separated token ids");
   run->add_option("--prompt", a->prompt, "Prompt text (raw completion)");
   run->add_option("--chat", a->chat, "One chat turn, rendered with the model's chat template");
