@@ -18,6 +18,9 @@ FUCINA_APT_PACKAGES=(
   prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev
   clang libclang-rt-14-dev
 )
+# Only the test suite needs these: Debian's grpcio (an independent gRPC client), promtool
+# (from prometheus) to lint live scrapes, and HTTP load generators.
+FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf prometheus wrk hey)
 
 # Installs those of the given Debian packages that are missing.
 apt_install_missing() {
@@ -36,6 +39,7 @@ apt_install_missing() {
 }
 
 ensure_apt_packages() { apt_install_missing "${FUCINA_APT_PACKAGES[@]}"; }
+ensure_test_apt_packages() { apt_install_missing "${FUCINA_TEST_APT_PACKAGES[@]}"; }
 
 # Rust (cargo) builds the kept Rust libraries with C APIs (minijinja for chat templates).
 # Debian's rustc is too old for their crates: use rustup's toolchain, never install one here.

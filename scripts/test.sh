@@ -6,6 +6,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ensure_apt_packages
+ensure_test_apt_packages
 ensure_rust
 ensure_python_venv
 ensure_default_model
