@@ -55,53 +55,56 @@ Plan PlanPlacement(const PlanRequest& r, const std::vector<WorkerInfo>& workers)
                            : num_layers * std::max(1, stage_workers[i].cores) / total_cores;
     assigned += target[i];
   }
-  // Capacity of each worker in layers if it started at `first` (monotone in count).
-  auto fits = [&](int i, int64_t first, int64_t count) {
-    const bool emb = first == 0, head = first + count == num_layers;
-    return stage_bytes(first, first + count, emb, head, wanted_slots) <=
-           Budget(stage_workers[i]);
-  };
-  int64_t first = 0;
-  for (int i = 0; i < n && first < num_layers; ++i) {
-    // Layers the remaining workers could take at most (greedy from the back is not needed:
-    // budgets only shrink what a stage takes; the last one takes the rest).
-    int64_t count = i + 1 == n ? num_layers - first : std::min(target[i], num_layers - first);
-    while (count > 0 && !fits(i, first, count)) --count;
-    if (i + 1 < n) {
-      // Take more when the rest cannot hold what is left.
-      int64_t rest_capacity = 0;
-      for (int j = i + 1; j < n; ++j) {
-        int64_t k = 0;
-        while (first + count + rest_capacity + k < num_layers &&
-               fits(j, first + count + rest_capacity, k + 1)) {
-          ++k;
+  // Splits the layers so each stage also holds `slots` sessions' KV; empty when impossible.
+  auto split = [&](int slots) {
+    std::vector<StagePlan> stages;
+    auto fits = [&](int i, int64_t first, int64_t count) {
+      const bool emb = first == 0, head = first + count == num_layers;
+      return stage_bytes(first, first + count, emb, head, slots) <= Budget(stage_workers[i]);
+    };
+    int64_t first = 0;
+    for (int i = 0; i < n && first < num_layers; ++i) {
+      // Its target, or less if its budget is smaller, or more when the workers after it could
+      // not hold the rest; the last takes everything left.
+      int64_t count = i + 1 == n ? num_layers - first : std::min(target[i], num_layers - first);
+      while (count > 0 && !fits(i, first, count)) --count;
+      if (i + 1 < n) {
+        int64_t rest_capacity = 0;
+        for (int j = i + 1; j < n; ++j) {
+          int64_t k = 0;
+          while (first + count + rest_capacity + k < num_layers &&
+                 fits(j, first + count + rest_capacity, k + 1)) {
+            ++k;
+          }
+          rest_capacity += k;
         }
-        rest_capacity += k;
+        while (first + count + rest_capacity < num_layers && fits(i, first, count + 1)) ++count;
       }
-      while (first + count + rest_capacity < num_layers && fits(i, first, count + 1)) ++count;
+      if (count == 0) continue;
+      StagePlan stage;
+      stage.worker_id = stage_workers[i].id;
+      stage.first_layer = first;
+      stage.last_layer = first + count;
+      stage.embeddings = first == 0;
+      stage.head = first + count == num_layers;
+      stage.weight_bytes = stage_bytes(first, first + count, stage.embeddings, stage.head, 0);
+      stages.push_back(stage);
+      first += count;
     }
-    if (count == 0 && !(i + 1 == n && first == num_layers)) continue;
-    if (i + 1 == n && count < num_layers - first) break;
-    StagePlan stage;
-    stage.worker_id = stage_workers[i].id;
-    stage.first_layer = first;
-    stage.last_layer = first + count;
-    stage.embeddings = first == 0;
-    stage.head = first + count == num_layers;
-    stage.weight_bytes = stage_bytes(first, first + count, stage.embeddings, stage.head, 0);
-    plan.stages.push_back(stage);
-    first += count;
+    if (first < num_layers) stages.clear();
+    return stages;
+  };
+  for (int slots = wanted_slots; slots >= 1 && plan.stages.empty(); --slots) {
+    plan.stages = split(slots);
   }
-  if (first < num_layers || plan.stages.empty()) {
+  if (plan.stages.empty()) {
     int64_t need = stage_bytes(0, num_layers, true, true, 1), have = 0;
     for (const WorkerInfo& w : stage_workers) have += std::min(Budget(w), kUnlimited / 64);
-    plan.stages.clear();
     plan.status = absl::StrCat("not enough memory: the model needs ", need,
                                " bytes with one KV slot; the stage workers' budgets total ",
                                have);
     return plan;
   }
-  if (!plan.stages.back().head) plan.stages.back().head = true;
 
   // Slots: as many as every stage can hold, up to the wanted count.
   int slots = wanted_slots;

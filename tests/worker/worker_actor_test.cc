@@ -1,0 +1,247 @@
+// The worker actor through its WorkerClient interface, in process (no sockets): shard loading,
+// the session contract, malformed messages and the memory budget.
+#include "worker/worker_actor.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "models/gguf/fixture.h"
+#include "worker/activations.h"
+
+namespace fucina {
+namespace {
+
+class WorkerActorTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = new std::string(testing::TempDir() + "/worker_actor_" + std::to_string(getpid()) +
+                            ".gguf");
+    gguf::FixtureOptions o;
+    o.arch = "qwen3";
+    o.num_layers = 4;
+    ThreadPool pool(1);
+    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
+  }
+  static void TearDownTestSuite() {
+    std::remove(path_->c_str());
+    delete path_;
+  }
+
+  static wire::LoadShardRequest Shard(int stage, int64_t first, int64_t last, bool emb,
+                                      bool head) {
+    wire::LoadShardRequest r;
+    r.set_model_path(*path_);
+    r.set_stage(stage);
+    r.set_first_layer(first);
+    r.set_last_layer(last);
+    r.set_embeddings(emb);
+    r.set_head(head);
+    r.set_context(32);
+    r.set_cache_type("f32");
+    return r;
+  }
+
+  static wire::Segment Seg(uint64_t session, int64_t pos0, std::vector<int32_t> ids,
+                           bool sample = true) {
+    wire::Segment s;
+    s.set_session_id(session);
+    s.set_pos0(pos0);
+    for (int32_t id : ids) s.add_token_ids(id);
+    if (sample) s.mutable_sampling()->set_temperature(0);
+    return s;
+  }
+
+  static std::string* path_;
+};
+
+std::string* WorkerActorTest::path_ = nullptr;
+
+TEST_F(WorkerActorTest, ForwardBeforeLoadIsAnError) {
+  WorkerActor w({.threads = 1});
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {1, 2});
+  auto r = w.Forward(f);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+}
+
+TEST_F(WorkerActorTest, TwoStagesMatchOneAndKeepSessions) {
+  WorkerActor whole({.threads = 1}), s0({.threads = 1}), s1({.threads = 1});
+  ASSERT_TRUE(whole.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  ASSERT_TRUE(s0.LoadShard(Shard(0, 0, 2, true, false)).ok());
+  ASSERT_TRUE(s1.LoadShard(Shard(1, 2, 4, false, true)).ok());
+
+  std::vector<int32_t> ids = {5, 17, 99, 3};
+  for (int step = 0; step < 4; ++step) {
+    wire::ForwardRequest f;
+    const int64_t pos0 = step == 0 ? 0 : 3 + step;
+    *f.add_segments() = Seg(7, pos0, ids, step == 0);
+    auto a = whole.Forward(f);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto mid = s0.Forward(f);
+    ASSERT_TRUE(mid.ok()) << mid.status();
+    ASSERT_TRUE(mid->has_activations());
+    f.set_stage(1);
+    *f.mutable_activations() = mid->activations();
+    auto b = s1.Forward(f);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(a->results_size(), 1);
+    ASSERT_EQ(b->results_size(), 1);
+    EXPECT_EQ(a->results(0).token(), b->results(0).token()) << "step " << step;
+    EXPECT_FLOAT_EQ(a->results(0).logprob(), b->results(0).logprob());
+    ids = {a->results(0).token()};
+  }
+  auto stats = s1.GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->sessions(), 1);
+  EXPECT_EQ(stats->forwarded_positions(), 4 + 3);
+  ASSERT_EQ(stats->session_lengths_size(), 1);
+  EXPECT_EQ(stats->session_lengths(0), 7);
+  EXPECT_GT(stats->activation_bytes_in(), 0);
+}
+
+TEST_F(WorkerActorTest, MalformedMessagesAreInvalidArgument) {
+  WorkerActor s0({.threads = 1}), s1({.threads = 1});
+  ASSERT_TRUE(s0.LoadShard(Shard(0, 0, 2, true, false)).ok());
+  ASSERT_TRUE(s1.LoadShard(Shard(1, 2, 4, false, true)).ok());
+
+  wire::ForwardRequest wrong_stage;
+  wrong_stage.set_stage(3);
+  *wrong_stage.add_segments() = Seg(1, 0, {1});
+  auto r = s0.Forward(wrong_stage);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("stage 3"), std::string::npos) << r.status();
+
+  wire::ForwardRequest bad_size;
+  bad_size.set_stage(1);
+  *bad_size.add_segments() = Seg(1, 0, {1, 2});
+  std::vector<float> x(3 * 64, 0.5f);  // 3 rows for 2 tokens
+  EncodeActivations(x.data(), 3, 64, wire::ACTIVATION_F32, bad_size.mutable_activations());
+  r = s1.Forward(bad_size);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  bad_size.mutable_activations()->set_rows(2);
+  bad_size.mutable_activations()->mutable_data()->resize(2 * 64 * 4 - 1);
+  r = s1.Forward(bad_size);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("bytes"), std::string::npos) << r.status();
+
+  wire::ForwardRequest unknown;
+  *unknown.add_segments() = Seg(42, 5, {1});
+  r = s0.Forward(unknown);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("unknown session 42"), std::string::npos) << r.status();
+
+  wire::ForwardRequest bad_token;
+  *bad_token.add_segments() = Seg(1, 0, {1, 1 << 20});
+  r = s0.Forward(bad_token);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+
+  wire::ForwardRequest activations_on_stage0;
+  *activations_on_stage0.add_segments() = Seg(1, 0, {1});
+  EncodeActivations(x.data(), 1, 64, wire::ACTIVATION_F32,
+                    activations_on_stage0.mutable_activations());
+  EXPECT_TRUE(absl::IsInvalidArgument(s0.Forward(activations_on_stage0).status()));
+
+  wire::TruncateSessionRequest t;
+  t.set_session_id(99);
+  EXPECT_TRUE(absl::IsInvalidArgument(s0.TruncateSession(t).status()));
+  wire::CopyPrefixRequest c;
+  c.set_from_session(99);
+  c.set_to_session(100);
+  EXPECT_TRUE(absl::IsInvalidArgument(s0.CopyPrefix(c).status()));
+
+  // Nothing above created a session.
+  EXPECT_EQ(s0.GetStats()->sessions(), 0);
+  EXPECT_EQ(s1.GetStats()->sessions(), 0);
+}
+
+TEST_F(WorkerActorTest, BadSegmentsFailAloneInABatch) {
+  WorkerActor w({.threads = 1});
+  ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {3, 4});
+  *f.add_segments() = Seg(2, 9, {5});       // unknown session
+  *f.add_segments() = Seg(3, 0, {6, 7, 8});
+  auto r = w.Forward(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->errors_size(), 1);
+  EXPECT_EQ(r->errors(0).index(), 1);
+  EXPECT_EQ(r->errors(0).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_EQ(r->results_size(), 2);
+  EXPECT_EQ(r->results(0).session_id(), 1u);
+  EXPECT_EQ(r->results(1).session_id(), 3u);
+  EXPECT_EQ(w.GetStats()->sessions(), 2);
+}
+
+TEST_F(WorkerActorTest, TruncateCopyAndRelease) {
+  WorkerActor w({.threads = 1});
+  ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {3, 4, 5, 6, 7});
+  auto cold = w.Forward(f);
+  ASSERT_TRUE(cold.ok());
+
+  // Copy 4 positions to session 2 and recompute the 5th there: same token as the cold run.
+  wire::CopyPrefixRequest c;
+  c.set_from_session(1);
+  c.set_to_session(2);
+  c.set_length(4);
+  ASSERT_TRUE(w.CopyPrefix(c).ok());
+  wire::ForwardRequest g;
+  *g.add_segments() = Seg(2, 4, {7});
+  auto warm = w.Forward(g);
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  EXPECT_EQ(warm->results(0).token(), cold->results(0).token());
+  EXPECT_FLOAT_EQ(warm->results(0).logprob(), cold->results(0).logprob());
+
+  wire::TruncateSessionRequest t;
+  t.set_session_id(1);
+  t.set_length(2);
+  auto tr = w.TruncateSession(t);
+  ASSERT_TRUE(tr.ok());
+  EXPECT_EQ(tr->length(), 2);
+  t.set_length(3);  // longer than what it holds
+  EXPECT_TRUE(absl::IsInvalidArgument(w.TruncateSession(t).status()));
+
+  wire::ReleaseSessionRequest rel;
+  rel.set_session_id(1);
+  ASSERT_TRUE(w.ReleaseSession(rel).ok());
+  ASSERT_TRUE(w.ReleaseSession(rel).ok());  // idempotent
+  auto stats = w.GetStats();
+  EXPECT_EQ(stats->sessions(), 1);
+  EXPECT_EQ(stats->session_ids(0), 2);
+}
+
+TEST_F(WorkerActorTest, MemoryBudgetRefusesNewSessions) {
+  WorkerActor probe({.threads = 1});
+  auto loaded = probe.LoadShard(Shard(0, 0, 4, true, true));
+  ASSERT_TRUE(loaded.ok());
+  // Room for the weights and exactly one session.
+  WorkerActor w({.threads = 1,
+                 .memory_budget = loaded->weight_bytes() + loaded->kv_bytes_per_session()});
+  ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {3});
+  ASSERT_TRUE(w.Forward(f).ok());
+  wire::ForwardRequest g;
+  *g.add_segments() = Seg(2, 0, {3});
+  auto r = w.Forward(g);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  // A budget below the weights refuses the shard itself.
+  WorkerActor tiny({.threads = 1, .memory_budget = 1000});
+  EXPECT_TRUE(absl::IsResourceExhausted(tiny.LoadShard(Shard(0, 0, 4, true, true)).status()));
+}
+
+TEST_F(WorkerActorTest, ContextOverflowIsOutOfRange) {
+  WorkerActor w({.threads = 1});
+  ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, std::vector<int32_t>(33, 3));
+  EXPECT_TRUE(absl::IsOutOfRange(w.Forward(f).status()));
+}
+
+}  // namespace
+}  // namespace fucina
