@@ -192,10 +192,16 @@ void Scheduler::RequestReplan() {
   cv_.notify_all();
 }
 
-bool Scheduler::WaitReady(int timeout_ms) {
+bool Scheduler::WaitForPlans(int count, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return planned_; });
+  cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+               [&] { return plans_ >= count && !replan_ && !planning_; });
   return ready_;
+}
+
+int Scheduler::plans() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plans_;
 }
 
 std::string Scheduler::status() const {
@@ -219,6 +225,7 @@ void Scheduler::Loop() {
       if (stopping_) break;
       replan = replan_;
       replan_ = false;
+      planning_ = replan;
     }
     if (replan) Replan();
     Admit();
@@ -244,7 +251,8 @@ void Scheduler::Replan() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     status_ = pipeline_.status;
-    planned_ = true;
+    ++plans_;
+    planning_ = false;
     ready_ = pipeline_.ready;
     if (!ready_) {
       // Fail fast: nothing queued can run until a worker joins.

@@ -134,8 +134,9 @@ class Scheduler {
   }
   // Asks the loop to re-plan before its next step (a worker joined or died).
   void RequestReplan();
-  // Blocks until the first plan was made; the current readiness.
-  bool WaitReady(int timeout_ms);
+  // Blocks until `count` plans have been made since start (or the timeout); the readiness.
+  bool WaitForPlans(int count, int timeout_ms);
+  int plans() const;
   bool ready() const { return ready_; }
   std::string status() const;
   int running() const { return running_; }
@@ -166,12 +167,13 @@ class Scheduler {
   FailureHook on_failure_;
   Metrics* metrics_;
 
-  mutable std::mutex mu_;  // guards queue_, replan_, stopping_, status_, planned_
+  mutable std::mutex mu_;  // guards queue_, replan_, planning_, stopping_, status_, plans_
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
   bool replan_ = true;
   bool stopping_ = false;
-  bool planned_ = false;
+  int plans_ = 0;
+  bool planning_ = false;
   std::string status_ = "loading";
   std::function<void(bool)> ready_hook_;
   std::atomic<bool> ready_{false};

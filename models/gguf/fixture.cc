@@ -65,7 +65,7 @@ std::vector<std::string> ByteLevelTokens() {
 // ChatML control tokens, padded to `vocab`.
 HfTokenizer ByteTokenizer(int64_t vocab) {
   HfTokenizer t;
-  t.pre = "gpt2";
+  t.pre = "gpt-2";  // llama.cpp's name for the GPT-2 pre-tokenizer
   t.tokens = ByteLevelTokens();
   t.token_types.assign(256, static_cast<int32_t>(TokenType::kNormal));
   for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {

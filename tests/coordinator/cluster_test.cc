@@ -1,0 +1,474 @@
+// The coordinator with in-process worker actors (the embedded mode, no sockets): pipelines of
+// 1-3 stages and expert workers against the single-process engine, KV reuse, batching,
+// cancellation, stop strings, queue limits, metrics and a worker dying mid-generation.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "coordinator/coordinator.h"
+#include "models/engine/model.h"
+#include "models/engine/model_size.h"
+#include "models/engine/registry.h"
+#include "models/engine/session.h"
+#include "models/gguf/fixture.h"
+#include "worker/worker_actor.h"
+
+namespace fucina {
+namespace {
+
+std::string FixturePath(const std::string& name) {
+  return testing::TempDir() + "/cluster_" + std::to_string(getpid()) + "_" + name + ".gguf";
+}
+
+// A worker that forwards to a real actor until it "dies": after `fail_after` forward calls
+// every call fails with UNAVAILABLE, as a killed process's would.
+class DyingWorker : public WorkerClient {
+ public:
+  DyingWorker(std::shared_ptr<WorkerActor> actor, int fail_after)
+      : actor_(std::move(actor)), left_(fail_after) {}
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
+    if (dead()) return Dead();
+    return actor_->LoadShard(r);
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
+    if (left_-- <= 0) return Dead();
+    return actor_->Forward(r);
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& r) override {
+    if (dead()) return Dead();
+    return actor_->ExpertForward(r);
+  }
+  absl::StatusOr<wire::SessionReply> TruncateSession(
+      const wire::TruncateSessionRequest& r) override {
+    if (dead()) return Dead();
+    return actor_->TruncateSession(r);
+  }
+  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest& r) override {
+    if (dead()) return Dead();
+    return actor_->CopyPrefix(r);
+  }
+  absl::StatusOr<wire::SessionReply> ReleaseSession(
+      const wire::ReleaseSessionRequest& r) override {
+    if (dead()) return Dead();
+    return actor_->ReleaseSession(r);
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override {
+    if (dead()) return Dead();
+    return actor_->GetStats();
+  }
+
+ private:
+  bool dead() const { return left_ < 0; }
+  static absl::Status Dead() { return absl::UnavailableError("connection refused"); }
+  std::shared_ptr<WorkerActor> actor_;
+  std::atomic<int> left_;
+};
+
+struct Cluster {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<Coordinator> coordinator;
+  std::vector<std::shared_ptr<WorkerActor>> actors;
+};
+
+// A coordinator with `stages` stage workers and `expert_workers` expert workers, all in
+// process with one thread each; waits for the plan.
+std::unique_ptr<Cluster> StartCluster(const std::string& path, int stages, int expert_workers,
+                                      CoordinatorOptions options = {},
+                                      int64_t budget = 0) {
+  auto cluster = std::make_unique<Cluster>();
+  options.model_path = path;
+  options.expert_workers = expert_workers;
+  if (options.context == 4096) options.context = 256;
+  if (options.cache_type == "f16") options.cache_type = "f32";
+  auto c = Coordinator::Create(options, cluster->registry);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  cluster->coordinator = *std::move(c);
+  Coordinator* coordinator = cluster->coordinator.get();
+  for (int i = 0; i < stages + expert_workers; ++i) {
+    auto actor = std::make_shared<WorkerActor>(
+        WorkerOptions{.threads = 1, .memory_budget = budget},
+        [coordinator](const wire::ExpertPeer& p) { return coordinator->ClientFor(p.worker_id()); });
+    coordinator->AddWorker("", WorkerInfo{"", 1, budget}, actor);
+    cluster->actors.push_back(std::move(actor));
+  }
+  coordinator->scheduler().WaitForPlans(1, 60000);
+  return cluster;
+}
+
+struct Output {
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<std::string> deltas;
+  Outcome outcome;
+};
+
+std::shared_ptr<Request> Submit(Coordinator& c, GenerateJob job) {
+  auto r = c.scheduler().Reserve();
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return nullptr;
+  absl::Status s = c.scheduler().Submit(*r, std::move(job));
+  EXPECT_TRUE(s.ok()) << s;
+  return *r;
+}
+
+Output Drain(Request& r) {
+  Output out;
+  while (!r.done()) {
+    if (auto d = r.Next(1000)) {
+      out.ids.insert(out.ids.end(), d->ids.begin(), d->ids.end());
+      out.text += d->text;
+      out.deltas.push_back(d->text);
+    }
+  }
+  out.outcome = r.outcome();
+  return out;
+}
+
+Output Generate(Coordinator& c, GenerateJob job) {
+  auto r = Submit(c, std::move(job));
+  if (r == nullptr) return {};
+  return Drain(*r);
+}
+
+GenerateJob Job(std::vector<int32_t> prompt, int64_t max_tokens, float temp = 0,
+                uint64_t seed = 0) {
+  GenerateJob job;
+  job.prompt = std::move(prompt);
+  job.max_tokens = max_tokens;
+  job.sampling.temperature = temp;
+  job.sampling.seed = seed;
+  return job;
+}
+
+// The single-process reference: Session::Generate on the whole model.
+std::vector<int32_t> Reference(const std::string& path, const GenerateJob& job) {
+  ThreadPool pool(1);
+  auto model = Model::Load(path, {}, pool);
+  EXPECT_TRUE(model.ok()) << model.status();
+  auto tokenizer = Tokenizer::FromGguf((*model)->file());
+  EXPECT_TRUE(tokenizer.ok());
+  auto kv = (*model)->NewKvCache(256, GgmlType::kF32);
+  Session session(**model, **tokenizer, *std::move(kv));
+  GenerationOptions o;
+  o.max_tokens = job.max_tokens;
+  o.sampling = job.sampling;
+  auto r = session.Generate(job.prompt, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+double MetricValue(prometheus::Registry& registry, const std::string& name) {
+  double total = 0;
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      total += f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  return total;
+}
+
+class ClusterTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ThreadPool pool(2);
+    gguf::FixtureOptions dense;
+    dense.arch = "qwen3";
+    dense.num_layers = 6;
+    dense.peaked = true;
+    dense.seed = 11;
+    ASSERT_TRUE(gguf::MakeFixture(dense, FixturePath("dense"), pool).ok());
+    gguf::FixtureOptions moe = dense;
+    moe.arch = "qwen3moe";
+    moe.num_layers = 3;
+    moe.num_experts = 8;
+    moe.num_experts_used = 2;
+    ASSERT_TRUE(gguf::MakeFixture(moe, FixturePath("moe"), pool).ok());
+  }
+  static void TearDownTestSuite() {
+    std::remove(FixturePath("dense").c_str());
+    std::remove(FixturePath("moe").c_str());
+  }
+};
+
+const std::vector<int32_t> kPrompt = {12, 200, 33, 47, 5, 91, 18, 64};
+
+TEST_F(ClusterTest, GreedyThroughOneTwoThreeStagesEqualsTheEngine) {
+  const std::string path = FixturePath("dense");
+  const std::vector<int32_t> want = Reference(path, Job(kPrompt, 24));
+  ASSERT_EQ(want.size(), 24u);
+  for (int stages : {1, 2, 3}) {
+    auto cluster = StartCluster(path, stages, 0);
+    ASSERT_TRUE(cluster->coordinator->scheduler().ready()) << cluster->coordinator->scheduler().status();
+    EXPECT_EQ(cluster->coordinator->placement().stages_size(), stages);
+    Output out = Generate(*cluster->coordinator, Job(kPrompt, 24));
+    ASSERT_TRUE(out.outcome.status.ok()) << out.outcome.status;
+    EXPECT_EQ(out.ids, want) << stages << " stages";
+    EXPECT_EQ(out.outcome.finish_reason, "length");
+    EXPECT_EQ(out.outcome.completion_tokens, 24);
+    EXPECT_EQ(out.outcome.prompt_tokens, static_cast<int64_t>(kPrompt.size()));
+  }
+}
+
+TEST_F(ClusterTest, SampledWithASeedEqualsTheEngine) {
+  const std::string path = FixturePath("dense");
+  const GenerateJob job = Job(kPrompt, 20, 0.9f, 7);
+  const std::vector<int32_t> want = Reference(path, job);
+  auto cluster = StartCluster(path, 2, 0);
+  Output out = Generate(*cluster->coordinator, job);
+  ASSERT_TRUE(out.outcome.status.ok()) << out.outcome.status;
+  EXPECT_EQ(out.ids, want);
+}
+
+TEST_F(ClusterTest, MoeWithExpertWorkersEqualsTheEngine) {
+  const std::string path = FixturePath("moe");
+  const std::vector<int32_t> want = Reference(path, Job(kPrompt, 16));
+  auto local = StartCluster(path, 2, 0);
+  Output a = Generate(*local->coordinator, Job(kPrompt, 16));
+  EXPECT_EQ(a.ids, want);
+
+  auto spread = StartCluster(path, 1, 2);
+  ASSERT_TRUE(spread->coordinator->scheduler().ready()) << spread->coordinator->scheduler().status();
+  const ::fucina::v1::Placement placement = spread->coordinator->placement();
+  ASSERT_EQ(placement.experts_size(), 2);
+  EXPECT_EQ(placement.experts(0).experts_size(), 4);
+  Output b = Generate(*spread->coordinator, Job(kPrompt, 16));
+  ASSERT_TRUE(b.outcome.status.ok()) << b.outcome.status;
+  EXPECT_EQ(b.ids, want);
+  // Both expert workers computed rows, and the stage none locally.
+  for (int w : {1, 2}) {
+    auto stats = spread->actors[w]->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_GT(stats->expert_tokens(), 0) << "expert worker " << w;
+  }
+  auto stage = spread->actors[0]->GetStats();
+  int64_t local_rows = 0;
+  for (int64_t n : stage->expert_token_counts()) local_rows += n;
+  EXPECT_EQ(local_rows, 0);
+}
+
+TEST_F(ClusterTest, RealModelThroughTwoStagesEqualsTheEngine) {
+  const char* model = std::getenv("FUCINA_DEFAULT_MODEL");
+  if (model == nullptr || *model == '\0') GTEST_SKIP() << "FUCINA_DEFAULT_MODEL not set";
+  auto cluster = StartCluster(model, 2, 0);
+  const Tokenizer& tok = cluster->coordinator->tokenizer();
+  GenerateJob job = Job(tok.Encode("The capital of France is", true, true), 16);
+  const std::vector<int32_t> want = Reference(model, job);
+  Output out = Generate(*cluster->coordinator, job);
+  ASSERT_TRUE(out.outcome.status.ok()) << out.outcome.status;
+  EXPECT_EQ(out.ids, want);
+  EXPECT_NE(out.text.find("Paris"), std::string::npos) << out.text;
+}
+
+TEST_F(ClusterTest, SecondTurnPrefillsOnlyNewTokens) {
+  const std::string path = FixturePath("dense");
+  auto cluster = StartCluster(path, 2, 0);
+  Coordinator& c = *cluster->coordinator;
+  Output first = Generate(c, Job(kPrompt, 6));
+  ASSERT_TRUE(first.outcome.status.ok());
+  EXPECT_EQ(first.outcome.cached_tokens, 0);
+
+  std::vector<int32_t> second = kPrompt;
+  second.insert(second.end(), first.ids.begin(), first.ids.end());
+  second.insert(second.end(), {7, 8, 9});
+  std::vector<int64_t> before;
+  for (auto& a : cluster->actors) before.push_back(a->GetStats()->forwarded_positions());
+  Output warm = Generate(c, Job(second, 5));
+  ASSERT_TRUE(warm.outcome.status.ok());
+  // The first turn's KV holds the prompt and every generated token but the last sampled one.
+  const int64_t cached = static_cast<int64_t>(kPrompt.size() + first.ids.size() - 1);
+  EXPECT_EQ(warm.outcome.cached_tokens, cached);
+  for (size_t w = 0; w < cluster->actors.size(); ++w) {
+    const int64_t forwarded = cluster->actors[w]->GetStats()->forwarded_positions() - before[w];
+    EXPECT_EQ(forwarded, static_cast<int64_t>(second.size()) - cached + 5 - 1) << "worker " << w;
+  }
+  // Same output as a cold run on a fresh cluster.
+  auto fresh = StartCluster(path, 2, 0);
+  Output cold = Generate(*fresh->coordinator, Job(second, 5));
+  EXPECT_EQ(cold.outcome.cached_tokens, 0);
+  EXPECT_EQ(warm.ids, cold.ids);
+  EXPECT_GT(MetricValue(*cluster->registry, "fucina_prefix_cache_hits_total"), 0);
+}
+
+TEST_F(ClusterTest, BusySlotPrefixIsCopied) {
+  const std::string path = FixturePath("dense");
+  CoordinatorOptions options;
+  options.scheduler.batch = 2;
+  auto cluster = StartCluster(path, 2, 0, options);
+  Coordinator& c = *cluster->coordinator;
+  ASSERT_TRUE(Generate(c, Job(kPrompt, 4)).outcome.status.ok());
+  // Two requests sharing the prompt: one takes the idle slot over, the other copies the
+  // prefix from it while it is busy.
+  std::vector<int32_t> p1 = kPrompt, p2 = kPrompt;
+  p1.push_back(3);
+  p2.push_back(4);
+  auto r1 = Submit(c, Job(p1, 6));
+  auto r2 = Submit(c, Job(p2, 6));
+  Output o1 = Drain(*r1), o2 = Drain(*r2);
+  EXPECT_EQ(o1.outcome.cached_tokens, static_cast<int64_t>(kPrompt.size()));
+  EXPECT_EQ(o2.outcome.cached_tokens, static_cast<int64_t>(kPrompt.size()));
+  EXPECT_EQ(o1.ids, Reference(path, Job(p1, 6)));
+  EXPECT_EQ(o2.ids, Reference(path, Job(p2, 6)));
+}
+
+TEST_F(ClusterTest, LockstepBatchMatchesOneAtATime) {
+  const std::string path = FixturePath("dense");
+  CoordinatorOptions options;
+  options.scheduler.batch = 4;
+  auto cluster = StartCluster(path, 2, 0, options);
+  std::vector<std::shared_ptr<Request>> requests;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = {static_cast<int32_t>(10 + i), 77, static_cast<int32_t>(3 * i + 1)};
+    prompts.push_back(p);
+    requests.push_back(Submit(*cluster->coordinator, Job(p, 12)));
+  }
+  for (int i = 0; i < 4; ++i) {
+    Output out = Drain(*requests[i]);
+    ASSERT_TRUE(out.outcome.status.ok()) << out.outcome.status;
+    // Greedy on a peaked fixture: batching changes no token.
+    EXPECT_EQ(out.ids, Reference(path, Job(prompts[i], 12))) << "stream " << i;
+  }
+}
+
+TEST_F(ClusterTest, StopStringsNeverLeak) {
+  const std::string path = FixturePath("dense");
+  auto cluster = StartCluster(path, 1, 0);
+  Coordinator& c = *cluster->coordinator;
+  Output full = Generate(c, Job(kPrompt, 24));
+  ASSERT_GE(full.text.size(), 8u);
+  // A stop string from the middle of the output, made of two tokens' text or more.
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  GenerateJob job = Job(kPrompt, 24);
+  job.stop = {stop};
+  Output cut = Generate(c, job);
+  ASSERT_TRUE(cut.outcome.status.ok());
+  EXPECT_EQ(cut.outcome.finish_reason, "stop");
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  for (const std::string& d : cut.deltas) EXPECT_EQ(d.find(stop), std::string::npos);
+}
+
+TEST_F(ClusterTest, CancelFreesKvOnEveryStage) {
+  const std::string path = FixturePath("dense");
+  auto cluster = StartCluster(path, 2, 0);
+  GenerateJob job = Job(kPrompt, 200);
+  job.ignore_eos = true;
+  auto r = Submit(*cluster->coordinator, job);
+  ASSERT_TRUE(r->Next(10000).has_value());
+  r->Cancel();
+  Output rest = Drain(*r);
+  EXPECT_TRUE(absl::IsCancelled(rest.outcome.status)) << rest.outcome.status;
+  for (auto& a : cluster->actors) EXPECT_EQ(a->GetStats()->sessions(), 0);
+  EXPECT_EQ(cluster->coordinator->scheduler().running(), 0);
+}
+
+TEST_F(ClusterTest, FullQueueRefusesBeforeTokenization) {
+  CoordinatorOptions options;
+  options.scheduler.max_queue = 1;
+  auto cluster = StartCluster(FixturePath("dense"), 1, 0, options);
+  Scheduler& s = cluster->coordinator->scheduler();
+  auto a = s.Reserve();
+  ASSERT_TRUE(a.ok());
+  auto b = s.Reserve();
+  EXPECT_TRUE(absl::IsResourceExhausted(b.status())) << b.status();
+  s.Unreserve(*a);
+  EXPECT_TRUE(s.Reserve().ok());
+}
+
+TEST_F(ClusterTest, PromptBeyondContextIsRejected) {
+  CoordinatorOptions options;
+  options.context = 16;
+  auto cluster = StartCluster(FixturePath("dense"), 1, 0, options);
+  Scheduler& s = cluster->coordinator->scheduler();
+  auto r = s.Reserve();
+  ASSERT_TRUE(r.ok());
+  absl::Status st = s.Submit(*r, Job(std::vector<int32_t>(16, 5), 4));
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("context"), std::string::npos);
+  EXPECT_EQ(s.waiting(), 0);
+}
+
+TEST_F(ClusterTest, MetricsFollowRequests) {
+  auto cluster = StartCluster(FixturePath("dense"), 2, 0);
+  prometheus::Registry& reg = *cluster->registry;
+  const double before = MetricValue(reg, "fucina_generation_tokens_total");
+  Output out = Generate(*cluster->coordinator, Job(kPrompt, 9));
+  ASSERT_TRUE(out.outcome.status.ok());
+  EXPECT_EQ(MetricValue(reg, "fucina_generation_tokens_total") - before, 9);
+  EXPECT_EQ(MetricValue(reg, "fucina_num_requests_running"), 0);
+  EXPECT_EQ(MetricValue(reg, "fucina_num_requests_waiting"), 0);
+  EXPECT_EQ(MetricValue(reg, "fucina_request_success_total"), 1);
+  EXPECT_EQ(MetricValue(reg, "fucina_prompt_tokens_total"), kPrompt.size());
+}
+
+TEST_F(ClusterTest, DeadWorkerFailsItsStreamsAndIsReplaced) {
+  const std::string path = FixturePath("dense");
+  CoordinatorOptions options;
+  options.model_path = path;
+  options.context = 256;
+  options.cache_type = "f32";
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto c = Coordinator::Create(options, registry);
+  ASSERT_TRUE(c.ok());
+  auto a0 = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
+  auto a1 = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
+  (*c)->AddWorker("", WorkerInfo{"", 1, 0}, a0);
+  // The second stage dies after 5 steps.
+  (*c)->AddWorker("", WorkerInfo{"", 1, 0}, std::make_shared<DyingWorker>(a1, 5));
+  ASSERT_TRUE((*c)->scheduler().WaitForPlans(1, 60000));
+  const int plans = (*c)->scheduler().plans();
+  GenerateJob job = Job(kPrompt, 50);
+  job.ignore_eos = true;
+  Output out = Generate(**c, job);
+  EXPECT_TRUE(absl::IsUnavailable(out.outcome.status)) << out.outcome.status;
+  EXPECT_NE(out.outcome.status.message().find("failed"), std::string::npos);
+  // Re-planned on the survivor: one stage, and requests succeed again.
+  ASSERT_TRUE((*c)->scheduler().WaitForPlans(plans + 1, 60000));
+  EXPECT_EQ((*c)->placement().stages_size(), 1);
+  Output again = Generate(**c, Job(kPrompt, 8));
+  ASSERT_TRUE(again.outcome.status.ok()) << again.outcome.status;
+  EXPECT_EQ(again.ids, Reference(path, Job(kPrompt, 8)));
+  bool dead_seen = false;
+  for (const WorkerRecord& w : (*c)->Workers()) dead_seen |= !w.alive;
+  EXPECT_TRUE(dead_seen);
+}
+
+TEST_F(ClusterTest, NotReadyWhenSurvivorsCannotHoldTheModel) {
+  // Budgets that hold 60% of what the whole model needs (weights, the tied head's second use
+  // of token_embd, one KV slot): two workers are needed.
+  const std::string path = FixturePath("dense");
+  auto file = gguf::File::Open(path);
+  ASSERT_TRUE(file.ok());
+  auto config = ReadModelConfig(**file);
+  ASSERT_TRUE(config.ok());
+  const ModelSize size = MeasureModel(**file, *config);
+  const int64_t whole = size.LayersBytes(0, config->num_layers, 0) + size.embedding_bytes +
+                        size.head_bytes +
+                        KvBytesPerSession(*config, config->num_layers, 256, GgmlType::kF32);
+  const int64_t budget = whole * 6 / 10;
+  CoordinatorOptions options;
+  options.kv_slots = 1;
+  auto cluster = StartCluster(path, 1, 0, options, budget);
+  Scheduler& s = cluster->coordinator->scheduler();
+  EXPECT_FALSE(s.ready());
+  auto r = s.Reserve();
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("memory"), std::string::npos) << r.status();
+  // A second worker joins: ready.
+  auto actor = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1,
+                                                           .memory_budget = budget});
+  const int plans = s.plans();
+  cluster->coordinator->AddWorker("", WorkerInfo{"", 1, budget}, actor);
+  EXPECT_TRUE(s.WaitForPlans(plans + 1, 60000)) << s.status();
+  EXPECT_EQ(cluster->coordinator->placement().stages_size(), 2);
+}
+
+}  // namespace
+}  // namespace fucina
