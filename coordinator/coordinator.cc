@@ -66,6 +66,22 @@ Coordinator::~Coordinator() {
 
 std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo& info,
                                    std::shared_ptr<WorkerClient> client) {
+  std::string id = Enroll(address, info, std::move(client));
+  // Running requests finish on the old plan first.
+  scheduler_->RequestReplan(/*drain=*/true);
+  return id;
+}
+
+std::vector<std::string> Coordinator::AddWorkers(
+    const std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>>& workers) {
+  std::vector<std::string> ids;
+  for (const auto& [info, client] : workers) ids.push_back(Enroll("", info, client));
+  scheduler_->RequestReplan(/*drain=*/true);
+  return ids;
+}
+
+std::string Coordinator::Enroll(const std::string& address, const WorkerInfo& info,
+                                std::shared_ptr<WorkerClient> client) {
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -83,7 +99,6 @@ std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo&
     id = w.id;
     workers_.push_back(std::move(w));
   }
-  scheduler_->RequestReplan();
   return id;
 }
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -66,6 +67,9 @@ class Coordinator {
   // A worker joins (in process: empty address). Returns its id; the model is re-planned.
   std::string AddWorker(const std::string& address, const WorkerInfo& info,
                         std::shared_ptr<WorkerClient> client);
+  // In-process workers joining together (one plan for all of them).
+  std::vector<std::string> AddWorkers(
+      const std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>>& workers);
   // False when the id is unknown or was declared dead (the worker should register again).
   bool Heartbeat(const std::string& worker_id);
   void MarkDead(const std::string& worker_id, const absl::Status& why);
@@ -89,6 +93,8 @@ class Coordinator {
  private:
   Coordinator() = default;
   Pipeline BuildPipeline();  // the scheduler's planner, on its thread
+  std::string Enroll(const std::string& address, const WorkerInfo& info,
+                     std::shared_ptr<WorkerClient> client);
   void WatchHeartbeats();
 
   CoordinatorOptions options_;

@@ -184,10 +184,10 @@ absl::Status Scheduler::Submit(const std::shared_ptr<Request>& request, Generate
 
 int64_t Scheduler::pipeline_context() const { return context_; }
 
-void Scheduler::RequestReplan() {
+void Scheduler::RequestReplan(bool drain) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    replan_ = true;
+    (drain ? replan_drain_ : replan_) = true;
   }
   cv_.notify_all();
 }
@@ -195,7 +195,7 @@ void Scheduler::RequestReplan() {
 bool Scheduler::WaitForPlans(int count, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-               [&] { return plans_ >= count && !replan_ && !planning_; });
+               [&] { return plans_ >= count && !replan_ && !replan_drain_ && !planning_; });
   return ready_;
 }
 
@@ -220,11 +220,12 @@ void Scheduler::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] {
-        return stopping_ || replan_ || !active_.empty() || (!queue_.empty() && ready_);
+        return stopping_ || replan_ || (replan_drain_ && active_.empty()) || !active_.empty() ||
+               (!queue_.empty() && ready_);
       });
       if (stopping_) break;
-      replan = replan_;
-      replan_ = false;
+      replan = replan_ || (replan_drain_ && active_.empty());
+      if (replan) replan_ = replan_drain_ = false;
       planning_ = replan;
     }
     if (replan) Replan();
@@ -383,7 +384,7 @@ void Scheduler::Admit() {
     std::shared_ptr<Request> request;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty() || !ready_) return;
+      if (queue_.empty() || !ready_ || replan_drain_) return;
       request = queue_.front();
     }
     if (request->cancelled()) {

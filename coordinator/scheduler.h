@@ -132,8 +132,9 @@ class Scheduler {
     std::lock_guard<std::mutex> lock(mu_);
     ready_hook_ = std::move(hook);
   }
-  // Asks the loop to re-plan before its next step (a worker joined or died).
-  void RequestReplan();
+  // Asks the loop to re-plan: at once, failing the running requests (a worker died), or with
+  // `drain` once they finish, admitting no new ones meanwhile (a worker joined).
+  void RequestReplan(bool drain = false);
   // Blocks until `count` plans have been made since start (or the timeout); the readiness.
   bool WaitForPlans(int count, int timeout_ms);
   int plans() const;
@@ -171,6 +172,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
   bool replan_ = true;
+  bool replan_drain_ = false;
   bool stopping_ = false;
   int plans_ = 0;
   bool planning_ = false;

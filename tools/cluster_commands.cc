@@ -218,7 +218,7 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   std::fflush(stdout);
 
   // Embedded workers: in-process actors reached through the same interface as remote ones.
-  std::vector<std::shared_ptr<WorkerActor>> actors;
+  std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>> actors;
   if (embedded) {
     const int total = a.threads > 0 ? a.threads : ThreadPool::Default().num_threads();
     for (int i = 0; i < a.workers; ++i) {
@@ -230,9 +230,9 @@ int RunCoordinator(ModelArgs a, bool embedded) {
       WorkerInfo info;
       info.cores = wo.threads;
       info.memory_budget = wo.memory_budget;
-      c.AddWorker("", info, actor);
-      actors.push_back(std::move(actor));
+      actors.emplace_back(info, std::move(actor));
     }
+    c.AddWorkers(actors);
   }
   WaitForStop();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -421,6 +421,7 @@ struct ClientArgs {
   int64_t seed = -1;
   int top_k = -1;
   float top_p = -1, min_p = -1;
+  float repeat_penalty = -1, presence_penalty = 0, frequency_penalty = 0;
   bool stream = false;
   int timeout_s = 600;
 };
@@ -448,6 +449,11 @@ int RunClient(const ClientArgs& a) {
   if (a.top_k >= 0) req.mutable_sampling()->set_top_k(a.top_k);
   if (a.top_p >= 0) req.mutable_sampling()->set_top_p(a.top_p);
   if (a.min_p >= 0) req.mutable_sampling()->set_min_p(a.min_p);
+  if (a.repeat_penalty >= 0) req.mutable_sampling()->set_repetition_penalty(a.repeat_penalty);
+  if (a.presence_penalty != 0) req.mutable_sampling()->set_presence_penalty(a.presence_penalty);
+  if (a.frequency_penalty != 0) {
+    req.mutable_sampling()->set_frequency_penalty(a.frequency_penalty);
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(a.timeout_s));
   grpc::Status status;
@@ -524,6 +530,9 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     gen->add_option("--top-k", a->top_k);
     gen->add_option("--top-p", a->top_p);
     gen->add_option("--min-p", a->min_p);
+    gen->add_option("--repeat-penalty", a->repeat_penalty);
+    gen->add_option("--presence-penalty", a->presence_penalty);
+    gen->add_option("--frequency-penalty", a->frequency_penalty);
     gen->add_flag("--stream", a->stream, "Print text as it is generated");
     gen->add_option("--timeout", a->timeout_s, "Deadline in seconds")->capture_default_str();
     gen->callback([a, exit_code] { *exit_code = RunClient(*a); });

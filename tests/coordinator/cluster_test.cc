@@ -91,13 +91,15 @@ std::unique_ptr<Cluster> StartCluster(const std::string& path, int stages, int e
   if (!c.ok()) return nullptr;
   cluster->coordinator = *std::move(c);
   Coordinator* coordinator = cluster->coordinator.get();
+  std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>> workers;
   for (int i = 0; i < stages + expert_workers; ++i) {
     auto actor = std::make_shared<WorkerActor>(
         WorkerOptions{.threads = 1, .memory_budget = budget},
         [coordinator](const wire::ExpertPeer& p) { return coordinator->ClientFor(p.worker_id()); });
-    coordinator->AddWorker("", WorkerInfo{"", 1, budget}, actor);
+    workers.emplace_back(WorkerInfo{"", 1, budget}, actor);
     cluster->actors.push_back(std::move(actor));
   }
+  coordinator->AddWorkers(workers);
   coordinator->scheduler().WaitForPlans(1, 60000);
   return cluster;
 }
@@ -438,6 +440,25 @@ TEST_F(ClusterTest, DeadWorkerFailsItsStreamsAndIsReplaced) {
   bool dead_seen = false;
   for (const WorkerRecord& w : (*c)->Workers()) dead_seen |= !w.alive;
   EXPECT_TRUE(dead_seen);
+}
+
+TEST_F(ClusterTest, JoiningWorkerWaitsForRunningRequests) {
+  const std::string path = FixturePath("dense");
+  auto cluster = StartCluster(path, 1, 0);
+  Coordinator& c = *cluster->coordinator;
+  GenerateJob job = Job(kPrompt, 40);
+  job.ignore_eos = true;
+  auto running = Submit(c, job);
+  ASSERT_TRUE(running->Next(10000).has_value());
+  const int plans = c.scheduler().plans();
+  c.AddWorker("", WorkerInfo{"", 1, 0}, std::make_shared<WorkerActor>(WorkerOptions{.threads = 1}));
+  // The running request finishes on the old plan, unharmed.
+  Output rest = Drain(*running);
+  EXPECT_TRUE(rest.outcome.status.ok()) << rest.outcome.status;
+  EXPECT_EQ(rest.outcome.completion_tokens, 40);
+  ASSERT_TRUE(c.scheduler().WaitForPlans(plans + 1, 60000));
+  EXPECT_EQ(c.placement().stages_size(), 2);
+  EXPECT_EQ(Generate(c, Job(kPrompt, 8)).ids, Reference(path, Job(kPrompt, 8)));
 }
 
 TEST_F(ClusterTest, NotReadyWhenSurvivorsCannotHoldTheModel) {
