@@ -192,7 +192,7 @@ Pipeline Coordinator::BuildPipeline() {
     pipeline.status = plan.status;
     if (!plan.ready) {
       pipeline.ready = false;
-      std::fprintf(stderr, "model not ready: %s\n", plan.status.c_str());
+      if (!infos.empty()) std::fprintf(stderr, "model not ready: %s\n", plan.status.c_str());
       return pipeline;
     }
     auto record = [&](const std::string& id) -> const WorkerRecord& {

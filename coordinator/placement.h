@@ -56,7 +56,11 @@ struct PlanRequest {
   int max_stages = 0;      // 0: every stage worker gets layers
 };
 
+// With expert_workers == 0, a MoE model that does not fit is retried with 1, 2, ... expert
+// workers before it is declared not ready.
 Plan PlanPlacement(const PlanRequest& request, const std::vector<WorkerInfo>& workers);
+// Exactly as requested (no automatic expert workers).
+Plan PlanWith(const PlanRequest& request, const std::vector<WorkerInfo>& workers);
 
 }  // namespace fucina
 

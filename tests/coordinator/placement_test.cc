@@ -102,6 +102,19 @@ TEST(Placement, ExpertWorkersGetExpertsRoundRobin) {
   EXPECT_EQ(p.experts[0].weight_bytes, 4 * 4 * 10);
 }
 
+TEST(Placement, ExpertsMoveToDedicatedWorkersWhenTheyDoNotFit) {
+  // Embeddings + head 2000, 4 layers of 100, 8 experts of 100 bytes per layer: 5600 with the
+  // experts, 2400 without.
+  PlanRequest r = Request(4, 8, 100);
+  Plan p = PlanPlacement(r, {W("s", 1, 2600), W("e0", 1, 1700), W("e1", 1, 1700)});
+  ASSERT_TRUE(p.ready) << p.status;
+  ASSERT_EQ(p.stages.size(), 1u);
+  EXPECT_EQ(p.stages[0].worker_id, "s");
+  EXPECT_EQ(p.experts.size(), 2u);
+  // Asked for exactly: not ready.
+  EXPECT_FALSE(PlanWith(r, {W("s", 1, 2600), W("e0", 1, 1700), W("e1", 1, 1700)}).ready);
+}
+
 TEST(Placement, ExpertWorkersNeedAStageWorker) {
   PlanRequest r = Request(4, 8, 10);
   r.expert_workers = 2;
