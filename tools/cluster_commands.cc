@@ -4,6 +4,7 @@
 // sockets are bound (port 0 picks a free one), then serves until SIGINT/SIGTERM, which drains
 // in-flight calls. Readiness (model loaded) is reported through grpc.health.v1.Health.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -28,6 +29,7 @@
 #include "coordinator/grpc_services.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
+#include "models/hub/pull.h"
 #include "tools/commands.h"
 #include "worker/grpc_util.h"
 #include "worker/worker_actor.h"
@@ -186,14 +188,24 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
 int RunCoordinator(ModelArgs a, bool embedded) {
   BlockStopSignals();
   if (a.model.empty()) {
+    // The default model: FUCINA_DEFAULT_MODEL, else the SmolLM2 file scripts/serve.sh fetches
+    // into the model cache.
     const char* def = std::getenv("FUCINA_DEFAULT_MODEL");
-    if (def == nullptr || *def == '\0') {
-      return Fail(absl::InvalidArgumentError(
-          "no MODEL given and FUCINA_DEFAULT_MODEL is not set (scripts/serve.sh sets it)"));
+    if (def != nullptr && *def != '\0') {
+      a.model = def;
+    } else {
+      auto dir = ModelCacheDir();
+      if (!dir.ok()) return Fail(dir.status());
+      a.model = *dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+      if (access(a.model.c_str(), R_OK) != 0) {
+        return Fail(absl::NotFoundError("no MODEL given and the default " + a.model +
+                                        " is missing (scripts/serve.sh fetches it)"));
+      }
     }
-    a.model = def;
   }
-  a.options.model_path = a.model;
+  auto path = ResolveModel(a.model, isatty(STDERR_FILENO));
+  if (!path.ok()) return Fail(path.status());
+  a.options.model_path = *path;
   auto budget = ParseBytes(a.memory_budget);
   if (!budget.ok()) return Fail(budget.status());
   if (embedded && a.workers < 1) return Fail(absl::InvalidArgumentError("--workers must be >= 1"));
