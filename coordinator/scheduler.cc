@@ -412,12 +412,14 @@ void Scheduler::Admit() {
   }
 }
 
-void Scheduler::Finish(Active& a, absl::Status status, const std::string& reason) {
+void Scheduler::Finish(Active& a, absl::Status status, const std::string& reason,
+                       const std::string& stop_sequence) {
   a.finished = true;
   const GenerateJob& job = a.request->job_;
   Outcome o;
   o.status = status;
   o.finish_reason = reason;
+  o.stop_sequence = stop_sequence;
   o.prompt_tokens = static_cast<int64_t>(job.prompt.size());
   o.completion_tokens = a.completion;
   o.cached_tokens = a.cached;
@@ -470,10 +472,14 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
   // Stop strings: cut at the first occurrence; otherwise hold back the longest tail that could
   // still begin one.
   size_t cut = std::string::npos;
+  std::string matched;
   for (const std::string& s : job.stop) {
     if (s.empty()) continue;
     const size_t at = a.held.find(s);
-    if (at != std::string::npos && at < cut) cut = at;
+    if (at != std::string::npos && at < cut) {
+      cut = at;
+      matched = s;
+    }
   }
   if (cut != std::string::npos) {
     a.out.text += a.held.substr(0, cut);
@@ -499,7 +505,7 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
     a.request->Push(std::move(a.out));
     a.out = Delta();
   }
-  if (!reason.empty()) Finish(a, absl::OkStatus(), reason);
+  if (!reason.empty()) Finish(a, absl::OkStatus(), reason, matched);
 }
 
 void Scheduler::Step() {

@@ -54,6 +54,7 @@ struct Delta {
 struct Outcome {
   absl::Status status;
   std::string finish_reason;  // stop | length
+  std::string stop_sequence;  // the stop string that ended it, if one did
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
@@ -159,7 +160,8 @@ class Scheduler {
   // Runs `fn` on every stage; a failure marks the stage's worker as failed.
   absl::Status OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn);
   void FailAll(const absl::Status& status);
-  void Finish(Active& a, absl::Status status, const std::string& reason);
+  void Finish(Active& a, absl::Status status, const std::string& reason,
+              const std::string& stop_sequence = "");
   void Deliver(Active& a, const wire::SegmentResult& result);
 
   SchedulerOptions options_;

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_services.h"
+#include "coordinator/http/http_server.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
 #include "models/hub/pull.h"
@@ -145,6 +146,7 @@ struct ModelArgs {
   int threads = 0;
   std::string memory_budget;
   CoordinatorOptions options;
+  HttpOptions http;
 };
 
 void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
@@ -152,6 +154,15 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--listen", a->listen, "gRPC address (port 0: any free port)")
       ->capture_default_str();
   cmd->add_option("--metrics", a->metrics, "Prometheus /metrics address")->capture_default_str();
+  cmd->add_option("--http", a->http.listen,
+                  "OpenAI/Anthropic-compatible HTTP address ('' to disable)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", a->http.api_key,
+                  "Require this key (Bearer or x-api-key) on HTTP; default $FUCINA_API_KEY");
+  cmd->add_option("--allow-host", a->http.allow_hosts,
+                  "Accept only these Host headers on HTTP (repeatable)");
+  cmd->add_option("--max-body", a->http.max_body_bytes, "Largest HTTP request body in bytes")
+      ->capture_default_str();
   cmd->add_option("--served-model-name", o.served_name, "Name clients use (default: general.name)");
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();
@@ -226,7 +237,17 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   auto exposer = StartMetrics(a.metrics, &metrics_address);
   if (!exposer.ok()) return Fail(exposer.status());
   (*exposer)->RegisterCollectable(registry);
-  std::printf("listening grpc=%s metrics=%s\n", server->address.c_str(), metrics_address.c_str());
+  std::unique_ptr<HttpServer> http;
+  if (!a.http.listen.empty()) {
+    if (a.http.api_key.empty()) {
+      if (const char* key = std::getenv("FUCINA_API_KEY")) a.http.api_key = key;
+    }
+    auto started = HttpServer::Start(c, registry, a.http);
+    if (!started.ok()) return Fail(started.status());
+    http = *std::move(started);
+  }
+  std::printf("listening grpc=%s metrics=%s%s\n", server->address.c_str(),
+              metrics_address.c_str(), http ? (" http=" + http->address()).c_str() : "");
   std::fflush(stdout);
 
   // Embedded workers: in-process actors reached through the same interface as remote ones.
@@ -247,6 +268,7 @@ int RunCoordinator(ModelArgs a, bool embedded) {
     c.AddWorkers(actors);
   }
   WaitForStop();
+  http.reset();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   return 0;
 }

@@ -1,0 +1,63 @@
+// Shared pieces of the HTTP API handlers: typed JSON field access with errors naming the field,
+// the admission -> tokenization -> submission sequence, and relaying a request's output.
+#ifndef FUCINA_COORDINATOR_HTTP_API_COMMON_H_
+#define FUCINA_COORDINATOR_HTTP_API_COMMON_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/http/api.h"
+#include "nlohmann/json.hpp"
+
+namespace fucina::http_api {
+
+using json = nlohmann::json;
+
+// Typed optional fields: absent or null -> nullopt; the wrong type -> INVALID_ARGUMENT naming
+// `name`.
+absl::StatusOr<std::optional<std::string>> OptString(const json& j, const char* name);
+absl::StatusOr<std::optional<double>> OptNumber(const json& j, const char* name);
+absl::StatusOr<std::optional<int64_t>> OptInt(const json& j, const char* name);
+absl::StatusOr<std::optional<bool>> OptBool(const json& j, const char* name);
+
+// Parses the body as a JSON object.
+absl::StatusOr<json> ParseBody(const std::string& body);
+
+// The HTTP status for an error status.
+int HttpStatusFor(const absl::Status& status);
+
+// Answers `status` in the dialect's error shape (503s carry Retry-After).
+void SendStatus(HttpExchange& ex, ApiDialect dialect, const absl::Status& status,
+                const std::string& param = "");
+
+// Common sampling fields (temperature, top_p, top_k, min_p, seed, penalties, stop) into job.
+absl::Status ReadSampling(const json& j, const Coordinator& c, GenerateJob* job,
+                          const char* stop_field);
+
+// The model field: absent means the served model; another name is NOT_FOUND.
+absl::Status CheckModel(const json& j, const Coordinator& c);
+
+// Admits (503 before any tokenization when the queue is full), builds the prompt with
+// `tokenize`, submits. On error the status to answer.
+absl::StatusOr<std::shared_ptr<Request>> StartJob(
+    Coordinator& c, GenerateJob job,
+    const std::function<absl::StatusOr<std::vector<int32_t>>()>& tokenize);
+
+// Relays the request's output to `on_delta` until it finishes or the client goes away (then
+// the request is cancelled). Returns the outcome; `on_delta` returning false also cancels.
+Outcome Relay(Request& request, HttpExchange& ex, const std::function<bool(const Delta&)>& on_delta);
+
+std::string RandomId(const std::string& prefix);
+int64_t UnixTime();
+std::string SseData(const json& j);                          // "data: {...}\n\n"
+std::string SseEvent(const std::string& event, const json& j);  // "event: E\ndata: {...}\n\n"
+
+}  // namespace fucina::http_api
+
+#endif  // FUCINA_COORDINATOR_HTTP_API_COMMON_H_

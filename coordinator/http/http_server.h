@@ -1,0 +1,63 @@
+// The coordinator's HTTP front end: OpenAI- and Anthropic-compatible endpoints, /tokenize,
+// /detokenize, /health and /metrics, on Boost.Beast.
+//
+// Threading: one accept thread and one thread per connection, which reads requests and writes
+// responses synchronously. Generation runs on the scheduler; a connection thread only relays its
+// request's buffered output, so a slow or stalled client holds its own thread and nothing else.
+// A client that disconnects has its request cancelled (its KV freed) within one poll interval.
+#ifndef FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
+#define FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/registry.h>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator.h"
+
+namespace fucina {
+
+struct HttpOptions {
+  std::string listen = "127.0.0.1:8080";  // port 0: any free port
+  std::string api_key;                    // empty: no authentication
+  std::vector<std::string> allow_hosts;   // Host header allowlist (empty: any)
+  size_t max_body_bytes = 8 << 20;
+  int max_connections = 256;
+};
+
+// One request/response as the API handlers see it.
+class HttpExchange {
+ public:
+  virtual ~HttpExchange() = default;
+  virtual void Respond(int status, const std::string& content_type, std::string body,
+                       const std::map<std::string, std::string>& headers = {}) = 0;
+  // Starts a text/event-stream response; false when the client is gone.
+  virtual bool StartEvents() = 0;
+  // Sends bytes of the event stream; false when the client is gone.
+  virtual bool SendEvents(const std::string& data) = 0;
+  // True once the client closed its side (polled while a request waits for output).
+  virtual bool ClientGone() = 0;
+};
+
+class HttpServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      Coordinator& coordinator, std::shared_ptr<prometheus::Registry> registry,
+      const HttpOptions& options);
+  ~HttpServer();
+
+  const std::string& address() const;  // host:bound-port
+
+ private:
+  struct Impl;
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_

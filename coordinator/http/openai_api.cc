@@ -1,0 +1,556 @@
+// OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, and the
+// /tokenize + /detokenize extensions.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/http/api.h"
+#include "coordinator/http/api_common.h"
+#include "coordinator/http/reply_parser.h"
+
+namespace fucina {
+
+using namespace http_api;  // NOLINT: the handlers' shared vocabulary
+
+void SendError(HttpExchange& ex, ApiDialect dialect, int status, const std::string& message,
+               const std::string& param, const std::string& code) {
+  std::map<std::string, std::string> headers;
+  if (status == 503) headers["Retry-After"] = "1";
+  std::string type = status == 401   ? "authentication_error"
+                     : status == 404 ? "not_found_error"
+                     : status == 413 ? "request_too_large"
+                     : status >= 500 ? (status == 503 ? "overloaded_error" : "api_error")
+                                     : "invalid_request_error";
+  json body;
+  if (dialect == ApiDialect::kAnthropic) {
+    body = {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
+  } else {
+    if (status == 400 || status == 404 || status == 413) type = "invalid_request_error";
+    if (status == 503) type = "server_error";
+    body = {{"error",
+             {{"message", message},
+              {"type", type},
+              {"param", param.empty() ? json(nullptr) : json(param)},
+              {"code", code.empty() ? json(nullptr) : json(code)}}}};
+  }
+  ex.Respond(status, "application/json", body.dump(), headers);
+}
+
+namespace {
+
+// Chat messages in the OpenAI shape -> template messages.
+absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& j) {
+  if (!j.contains("messages") || !j["messages"].is_array()) {
+    return absl::InvalidArgumentError("field 'messages' must be an array");
+  }
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < j["messages"].size(); ++i) {
+    const json& m = j["messages"][i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return absl::InvalidArgumentError(where + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) {
+      return absl::InvalidArgumentError(where + ".role must be a string");
+    }
+    ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool") {
+      return absl::InvalidArgumentError(where + ".role '" + msg.role + "' is not one of system, "
+                                        "developer, user, assistant, tool");
+    }
+    const json content = m.contains("content") ? m["content"] : json(nullptr);
+    if (content.is_string()) {
+      msg.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (const json& part : content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return absl::InvalidArgumentError(where + ".content parts must be {\"type\": \"text\", "
+                                            "\"text\": ...} (other part types are not supported)");
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else if (!content.is_null()) {
+      return absl::InvalidArgumentError(where + ".content must be a string or an array of parts");
+    }
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (!m["tool_calls"].is_array()) {
+        return absl::InvalidArgumentError(where + ".tool_calls must be an array");
+      }
+      msg.tool_calls = m["tool_calls"];
+    }
+    if (m.contains("reasoning_content") && m["reasoning_content"].is_string()) {
+      msg.reasoning_content = m["reasoning_content"].get<std::string>();
+    }
+    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) {
+      msg.tool_call_id = m["tool_call_id"].get<std::string>();
+    }
+    if (m.contains("name") && m["name"].is_string()) msg.name = m["name"].get<std::string>();
+    out.push_back(std::move(msg));
+  }
+  if (out.empty()) return absl::InvalidArgumentError("field 'messages' must not be empty");
+  return out;
+}
+
+// response_format until constrained decoding exists: the shape is checked, then refused.
+absl::Status CheckResponseFormat(const json& j) {
+  if (!j.contains("response_format") || j["response_format"].is_null()) return absl::OkStatus();
+  const json& f = j["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
+    return absl::InvalidArgumentError("field 'response_format' must be an object with a 'type'");
+  }
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text") return absl::OkStatus();
+  if (type == "json_object" || type == "json_schema") {
+    if (type == "json_schema" &&
+        (!f.contains("json_schema") || !f["json_schema"].is_object())) {
+      return absl::InvalidArgumentError(
+          "response_format.json_schema must be an object with the schema");
+    }
+    return absl::InvalidArgumentError("response_format '" + type +
+                                      "' is not supported yet: it needs constrained decoding");
+  }
+  return absl::InvalidArgumentError("response_format.type '" + type +
+                                    "' is not one of text, json_object, json_schema");
+}
+
+// tools / tool_choice: declared tools render through the template; only none/auto choices.
+absl::StatusOr<json> ReadTools(const json& j, bool* parse_tools) {
+  *parse_tools = false;
+  json tools = nullptr;
+  if (j.contains("tools") && !j["tools"].is_null()) {
+    if (!j["tools"].is_array()) return absl::InvalidArgumentError("field 'tools' must be an array");
+    for (size_t i = 0; i < j["tools"].size(); ++i) {
+      const json& t = j["tools"][i];
+      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+          !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tools[", i, "] must be {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+      }
+    }
+    if (!j["tools"].empty()) tools = j["tools"];
+  }
+  std::string choice = "auto";
+  if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+    const json& c = j["tool_choice"];
+    if (c.is_string()) {
+      choice = c.get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required") {
+        return absl::InvalidArgumentError("field 'tool_choice' must be none, auto, required or "
+                                          "a named function");
+      }
+    } else if (c.is_object()) {
+      choice = "named";
+    } else {
+      return absl::InvalidArgumentError("field 'tool_choice' must be a string or an object");
+    }
+  }
+  if (choice == "required" || choice == "named") {
+    return absl::InvalidArgumentError("tool_choice '" + choice +
+                                      "' is not supported yet: it needs constrained decoding");
+  }
+  if (choice == "none") return json(nullptr);
+  *parse_tools = !tools.is_null();
+  return tools;
+}
+
+json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
+  const int32_t one[] = {id};
+  const std::string text = tok.Decode(one);
+  json bytes = json::array();
+  for (unsigned char ch : text) bytes.push_back(static_cast<int>(ch));
+  return {{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+json ChatLogprobs(const Tokenizer& tok, const Delta& d) {
+  json content = json::array();
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    json e = LogprobJson(tok, d.ids[i], d.samples[i].logprob);
+    json top = json::array();
+    for (const TokenLogprob& t : d.samples[i].top) top.push_back(LogprobJson(tok, t.id, t.logprob));
+    e["top_logprobs"] = top;
+    content.push_back(e);
+  }
+  return content;
+}
+
+json UsageJson(const Outcome& o) {
+  return {{"prompt_tokens", o.prompt_tokens},
+          {"completion_tokens", o.completion_tokens},
+          {"total_tokens", o.prompt_tokens + o.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", o.cached_tokens}}}};
+}
+
+struct CommonRequest {
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;
+};
+
+absl::Status ReadCommon(const json& j, const Coordinator& c, GenerateJob* job, CommonRequest* r,
+                        bool chat) {
+  if (absl::Status s = CheckModel(j, c); !s.ok()) return s;
+  if (absl::Status s = ReadSampling(j, c, job, "stop"); !s.ok()) return s;
+  for (const char* field : {"max_tokens", "max_completion_tokens"}) {
+    auto v = OptInt(j, field);
+    if (!v.ok()) return v.status();
+    if (*v) {
+      if (**v < 1) return absl::InvalidArgumentError(absl::StrCat("field '", field,
+                                                                  "' must be at least 1"));
+      job->max_tokens = **v;
+    }
+  }
+  auto n = OptInt(j, "n");
+  if (!n.ok()) return n.status();
+  if (*n && **n != 1) return absl::InvalidArgumentError("only n=1 is supported");
+  auto stream = OptBool(j, "stream");
+  if (!stream.ok()) return stream.status();
+  r->stream = stream->value_or(false);
+  if (j.contains("stream_options") && j["stream_options"].is_object()) {
+    auto u = OptBool(j["stream_options"], "include_usage");
+    if (!u.ok()) return u.status();
+    r->include_usage = u->value_or(false);
+  }
+  // Chat: logprobs is a boolean + top_logprobs; completions: logprobs is the count.
+  if (chat) {
+    auto lp = OptBool(j, "logprobs");
+    if (!lp.ok()) return lp.status();
+    r->logprobs = lp->value_or(false);
+    auto top = OptInt(j, "top_logprobs");
+    if (!top.ok()) return top.status();
+    if (*top) {
+      if (**top < 0 || **top > 20) {
+        return absl::InvalidArgumentError("field 'top_logprobs' must be in [0, 20]");
+      }
+      job->sampling.top_logprobs = static_cast<int32_t>(**top);
+    }
+  } else {
+    auto lp = OptInt(j, "logprobs");
+    if (!lp.ok()) return lp.status();
+    if (*lp) {
+      if (**lp < 0 || **lp > 20) {
+        return absl::InvalidArgumentError("field 'logprobs' must be in [0, 20]");
+      }
+      r->logprobs = true;
+      job->sampling.top_logprobs = static_cast<int32_t>(**lp);
+    }
+  }
+  return CheckResponseFormat(j);
+}
+
+}  // namespace
+
+void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
+  const ApiDialect d = ApiDialect::kOpenAi;
+  auto j = ParseBody(body);
+  if (!j.ok()) return SendStatus(ex, d, j.status());
+  GenerateJob job;
+  CommonRequest r;
+  if (absl::Status s = ReadCommon(*j, c_, &job, &r, true); !s.ok()) return SendStatus(ex, d, s);
+  auto messages = ReadMessages(*j);
+  if (!messages.ok()) return SendStatus(ex, d, messages.status(), "messages");
+  bool parse_tools = false;
+  auto tools = ReadTools(*j, &parse_tools);
+  if (!tools.ok()) return SendStatus(ex, d, tools.status());
+  ChatRenderOptions render;
+  render.tools = *tools;
+  if (j->contains("chat_template_kwargs") && (*j)["chat_template_kwargs"].is_object()) {
+    const json& kw = (*j)["chat_template_kwargs"];
+    if (kw.contains("enable_thinking") && kw["enable_thinking"].is_boolean()) {
+      render.enable_thinking = kw["enable_thinking"].get<bool>();
+    }
+  }
+  bool in_think = false;
+  auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
+    auto text = c_.chat_template().Render(*messages, render);
+    if (!text.ok()) return text.status();
+    // A prompt that opens the think block leaves the reply inside it.
+    in_think = text->size() >= 8 && text->rfind("<think>") != std::string::npos &&
+               text->find("</think>", text->rfind("<think>")) == std::string::npos;
+    return c_.tokenizer().Encode(*text, true, true);
+  });
+  if (!request.ok()) return SendStatus(ex, d, request.status());
+
+  const std::string id = RandomId("chatcmpl-");
+  const int64_t created = UnixTime();
+  const bool think = c_.chat_template().source().find("<think>") != std::string::npos;
+  ReplyParser parser(think, in_think, parse_tools);
+  const Tokenizer& tok = c_.tokenizer();
+  auto chunk = [&](json delta, json finish, json logprobs) {
+    return SseData({{"id", id},
+                    {"object", "chat.completion.chunk"},
+                    {"created", created},
+                    {"model", c_.served_name()},
+                    {"choices",
+                     json::array({{{"index", 0},
+                                   {"delta", std::move(delta)},
+                                   {"logprobs", std::move(logprobs)},
+                                   {"finish_reason", std::move(finish)}}})}});
+  };
+  std::string content, reasoning;
+  json tool_calls = json::array();
+  json logprobs = json::array();
+  // One reply event -> a streamed delta (or the accumulated message).
+  auto delta_of = [&](const ReplyEvent& e) -> json {
+    if (e.kind == ReplyEvent::kContent) {
+      content += e.text;
+      return {{"content", e.text}};
+    }
+    if (e.kind == ReplyEvent::kReasoning) {
+      reasoning += e.text;
+      return {{"reasoning_content", e.text}};
+    }
+    json call = {{"id", RandomId("call_")},
+                 {"type", "function"},
+                 {"function", {{"name", e.call.name}, {"arguments", e.call.arguments}}}};
+    tool_calls.push_back(call);
+    call["index"] = tool_calls.size() - 1;
+    return {{"tool_calls", json::array({call})}};
+  };
+
+  if (r.stream) {
+    if (!ex.StartEvents()) return (*request)->Cancel();
+    ex.SendEvents(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+    Outcome o = Relay(**request, ex, [&](const Delta& delta) {
+      json lp = r.logprobs ? json{{"content", ChatLogprobs(tok, delta)}} : json(nullptr);
+      bool sent_lp = false;
+      for (const ReplyEvent& e : parser.Push(delta.text)) {
+        if (!ex.SendEvents(chunk(delta_of(e), nullptr, sent_lp ? json(nullptr) : lp))) {
+          return false;
+        }
+        sent_lp = true;
+      }
+      if (!sent_lp && r.logprobs && !delta.ids.empty()) {
+        return ex.SendEvents(chunk(json::object(), nullptr, lp));
+      }
+      return true;
+    });
+    if (!o.status.ok()) {
+      // Headers are gone: the error travels as an event.
+      ex.SendEvents(SseData({{"error", {{"message", std::string(o.status.message())},
+                                        {"type", "server_error"},
+                                        {"code", HttpStatusFor(o.status)}}}}));
+      ex.SendEvents("data: [DONE]\n\n");
+      return;
+    }
+    for (const ReplyEvent& e : parser.Finish()) ex.SendEvents(chunk(delta_of(e), nullptr, nullptr));
+    const std::string finish = parser.tool_calls() > 0 ? "tool_calls" : o.finish_reason;
+    ex.SendEvents(chunk(json::object(), finish, nullptr));
+    if (r.include_usage) {
+      ex.SendEvents(SseData({{"id", id},
+                             {"object", "chat.completion.chunk"},
+                             {"created", created},
+                             {"model", c_.served_name()},
+                             {"choices", json::array()},
+                             {"usage", UsageJson(o)}}));
+    }
+    ex.SendEvents("data: [DONE]\n\n");
+    return;
+  }
+
+  Outcome o = Relay(**request, ex, [&](const Delta& delta) {
+    for (const ReplyEvent& e : parser.Push(delta.text)) delta_of(e);
+    if (r.logprobs) {
+      for (json& e : ChatLogprobs(tok, delta)) logprobs.push_back(std::move(e));
+    }
+    return true;
+  });
+  if (!o.status.ok()) return SendStatus(ex, d, o.status);
+  for (const ReplyEvent& e : parser.Finish()) delta_of(e);
+  json message = {{"role", "assistant"}, {"content", content}};
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  if (!tool_calls.empty()) {
+    message["tool_calls"] = tool_calls;
+    if (content.empty()) message["content"] = nullptr;
+  }
+  json response = {
+      {"id", id},
+      {"object", "chat.completion"},
+      {"created", created},
+      {"model", c_.served_name()},
+      {"choices", json::array({{{"index", 0},
+                                {"message", message},
+                                {"logprobs", r.logprobs ? json{{"content", logprobs}}
+                                                        : json(nullptr)},
+                                {"finish_reason",
+                                 tool_calls.empty() ? o.finish_reason : "tool_calls"}}})},
+      {"usage", UsageJson(o)}};
+  ex.Respond(200, "application/json", response.dump());
+}
+
+void Api::Completions(const std::string& body, HttpExchange& ex) {
+  const ApiDialect d = ApiDialect::kOpenAi;
+  auto j = ParseBody(body);
+  if (!j.ok()) return SendStatus(ex, d, j.status());
+  GenerateJob job;
+  CommonRequest r;
+  if (absl::Status s = ReadCommon(*j, c_, &job, &r, false); !s.ok()) return SendStatus(ex, d, s);
+  if (!j->contains("prompt")) return SendStatus(ex, d, absl::InvalidArgumentError("field 'prompt' is required"), "prompt");
+  json prompt = (*j)["prompt"];
+  // A one-element batch is the prompt itself.
+  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
+    prompt = prompt[0];
+  }
+  std::vector<int32_t> ids;
+  bool text_prompt = prompt.is_string();
+  if (!text_prompt) {
+    if (!prompt.is_array() || prompt.empty()) {
+      return SendStatus(ex, d, absl::InvalidArgumentError(
+                                   "field 'prompt' must be a string or an array of token ids"),
+                        "prompt");
+    }
+    for (const json& t : prompt) {
+      if (!t.is_number_integer()) {
+        return SendStatus(ex, d, absl::InvalidArgumentError(
+                                     "field 'prompt' must be a string or an array of token ids"),
+                          "prompt");
+      }
+      ids.push_back(t.get<int32_t>());
+    }
+  }
+  auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
+    if (text_prompt) return c_.tokenizer().Encode(prompt.get<std::string>(), true, true);
+    return ids;
+  });
+  if (!request.ok()) return SendStatus(ex, d, request.status());
+  const std::string id = RandomId("cmpl-");
+  const int64_t created = UnixTime();
+  const Tokenizer& tok = c_.tokenizer();
+  auto logprobs_of = [&](const Delta& delta) {
+    json tokens = json::array(), lps = json::array(), tops = json::array();
+    for (size_t i = 0; i < delta.ids.size(); ++i) {
+      const int32_t one[] = {delta.ids[i]};
+      tokens.push_back(tok.Decode(one));
+      lps.push_back(delta.samples[i].logprob);
+      json top = json::object();
+      for (const TokenLogprob& t : delta.samples[i].top) {
+        const int32_t tid[] = {t.id};
+        top[tok.Decode(tid)] = t.logprob;
+      }
+      tops.push_back(top);
+    }
+    return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}};
+  };
+  auto choice = [&](const std::string& text, json finish, json lp) {
+    return json{{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
+  };
+  if (r.stream) {
+    if (!ex.StartEvents()) return (*request)->Cancel();
+    Outcome o = Relay(**request, ex, [&](const Delta& delta) {
+      return ex.SendEvents(SseData({{"id", id},
+                                    {"object", "text_completion"},
+                                    {"created", created},
+                                    {"model", c_.served_name()},
+                                    {"choices", json::array({choice(
+                                                    delta.text, nullptr,
+                                                    r.logprobs ? logprobs_of(delta)
+                                                               : json(nullptr))})}}));
+    });
+    if (o.status.ok()) {
+      ex.SendEvents(SseData({{"id", id},
+                             {"object", "text_completion"},
+                             {"created", created},
+                             {"model", c_.served_name()},
+                             {"choices", json::array({choice("", o.finish_reason, nullptr)})}}));
+      if (r.include_usage) {
+        ex.SendEvents(SseData({{"id", id},
+                               {"object", "text_completion"},
+                               {"created", created},
+                               {"model", c_.served_name()},
+                               {"choices", json::array()},
+                               {"usage", UsageJson(o)}}));
+      }
+    } else {
+      ex.SendEvents(SseData({{"error", {{"message", std::string(o.status.message())},
+                                        {"type", "server_error"}}}}));
+    }
+    ex.SendEvents("data: [DONE]\n\n");
+    return;
+  }
+  std::string text;
+  json lp_all = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()}};
+  Outcome o = Relay(**request, ex, [&](const Delta& delta) {
+    text += delta.text;
+    if (r.logprobs) {
+      json lp = logprobs_of(delta);
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
+        for (json& v : lp[k]) lp_all[k].push_back(std::move(v));
+      }
+    }
+    return true;
+  });
+  if (!o.status.ok()) return SendStatus(ex, d, o.status);
+  ex.Respond(200, "application/json",
+             json{{"id", id},
+                  {"object", "text_completion"},
+                  {"created", created},
+                  {"model", c_.served_name()},
+                  {"choices", json::array({choice(text, o.finish_reason,
+                                                  r.logprobs ? lp_all : json(nullptr))})},
+                  {"usage", UsageJson(o)}}
+                 .dump());
+}
+
+void Api::Models(HttpExchange& ex) {
+  json model = {{"id", c_.served_name()},
+                {"object", "model"},
+                {"created", UnixTime()},
+                {"owned_by", "fucina"},
+                {"max_model_len", c_.options().context}};
+  ex.Respond(200, "application/json",
+             json{{"object", "list"}, {"data", json::array({model})}}.dump());
+}
+
+void Api::Tokenize(const std::string& body, HttpExchange& ex) {
+  const ApiDialect d = ApiDialect::kOpenAi;
+  auto j = ParseBody(body);
+  if (!j.ok()) return SendStatus(ex, d, j.status());
+  if (absl::Status s = CheckModel(*j, c_); !s.ok()) return SendStatus(ex, d, s, "model");
+  // vLLM names the text `prompt`, llama.cpp `content`.
+  auto prompt = OptString(*j, "prompt");
+  if (!prompt.ok()) return SendStatus(ex, d, prompt.status(), "prompt");
+  auto content = OptString(*j, "content");
+  if (!content.ok()) return SendStatus(ex, d, content.status(), "content");
+  if (!*prompt && !*content) {
+    return SendStatus(ex, d, absl::InvalidArgumentError("field 'prompt' (or 'content') is required"),
+                      "prompt");
+  }
+  auto add_special = OptBool(*j, "add_special_tokens");
+  if (!add_special.ok()) return SendStatus(ex, d, add_special.status());
+  auto add_special2 = OptBool(*j, "add_special");
+  if (!add_special2.ok()) return SendStatus(ex, d, add_special2.status());
+  const bool add = add_special->value_or(add_special2->value_or(true));
+  const std::vector<int32_t> ids = c_.tokenizer().Encode(*prompt ? **prompt : **content, add, true);
+  ex.Respond(200, "application/json",
+             json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", c_.options().context}}
+                 .dump());
+}
+
+void Api::Detokenize(const std::string& body, HttpExchange& ex) {
+  const ApiDialect d = ApiDialect::kOpenAi;
+  auto j = ParseBody(body);
+  if (!j.ok()) return SendStatus(ex, d, j.status());
+  if (absl::Status s = CheckModel(*j, c_); !s.ok()) return SendStatus(ex, d, s, "model");
+  if (!j->contains("tokens") || !(*j)["tokens"].is_array()) {
+    return SendStatus(ex, d, absl::InvalidArgumentError("field 'tokens' must be an array of token ids"),
+                      "tokens");
+  }
+  std::vector<int32_t> ids;
+  for (const json& t : (*j)["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= c_.tokenizer().vocab_size()) {
+      return SendStatus(ex, d, absl::InvalidArgumentError(absl::StrCat(
+                                   "field 'tokens' must hold token ids in [0, ",
+                                   c_.tokenizer().vocab_size(), ")")),
+                        "tokens");
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  const std::string text = c_.tokenizer().Decode(ids);
+  ex.Respond(200, "application/json", json{{"prompt", text}, {"content", text}}.dump());
+}
+
+}  // namespace fucina
