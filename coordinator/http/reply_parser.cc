@@ -27,7 +27,9 @@ bool IsBlank(const std::string& s) {
 }  // namespace
 
 ReplyParser::ReplyParser(bool parse_think, bool in_think, bool parse_tools)
-    : state_(in_think ? kThink : parse_think ? kStart : kContent), parse_tools_(parse_tools) {}
+    : state_(in_think ? kThink : parse_think ? kStart : kContent),
+      parse_tools_(parse_tools),
+      think_leading_(in_think) {}
 
 void ReplyParser::Emit(ReplyEvent::Kind kind, std::string text, std::vector<ReplyEvent>* out) {
   if (text.empty()) return;
@@ -63,6 +65,7 @@ std::vector<ReplyEvent> ReplyParser::Push(std::string_view text) {
         if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) {
           pending_.erase(0, first + kThinkOpen.size());
           state_ = kThink;
+          think_leading_ = true;
           continue;
         }
         if (kThinkOpen.substr(0, rest.size()) == rest) return out;  // may still become <think>
@@ -70,14 +73,23 @@ std::vector<ReplyEvent> ReplyParser::Push(std::string_view text) {
         continue;
       }
       case kThink: {
+        // The block's own newlines around the reasoning are layout, not text: leading ones are
+        // dropped, trailing ones held until more reasoning follows.
+        if (think_leading_) {
+          const size_t first = pending_.find_first_not_of('\n');
+          pending_.erase(0, first == std::string::npos ? pending_.size() : first);
+          if (pending_.empty()) return out;
+          think_leading_ = false;
+        }
         const size_t at = pending_.find(kThinkClose);
         if (at == std::string::npos) {
-          EmitUpToPartial(ReplyEvent::kReasoning, std::string(kThinkClose), &out);
+          size_t keep = PartialTagSuffix(pending_, kThinkClose);
+          while (keep < pending_.size() && pending_[pending_.size() - keep - 1] == '\n') ++keep;
+          Emit(ReplyEvent::kReasoning, pending_.substr(0, pending_.size() - keep), &out);
+          pending_.erase(0, pending_.size() - keep);
           return out;
         }
         std::string reasoning = pending_.substr(0, at);
-        // The block's own newlines around the reasoning are layout, not text.
-        while (!reasoning.empty() && reasoning.front() == '\n') reasoning.erase(0, 1);
         while (!reasoning.empty() && reasoning.back() == '\n') reasoning.pop_back();
         Emit(ReplyEvent::kReasoning, std::move(reasoning), &out);
         pending_.erase(0, at + kThinkClose.size());

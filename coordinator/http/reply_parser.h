@@ -46,6 +46,7 @@ class ReplyParser {
 
   State state_;
   bool parse_tools_;
+  bool think_leading_;  // at the start of the think block
   std::string pending_;
   int tool_calls_ = 0;
 };

@@ -1,0 +1,309 @@
+// The HTTP API's rendering, parsing and streaming of Qwen3 think blocks and hermes tool calls.
+// SmolLM2 never emits them, so a scripted backend (a fake worker that "generates" given text) plays
+// the model behind a real coordinator and HTTP server, on a Qwen3 fixture with the real Qwen3
+// tokenizer and chat template ($FUCINA_QWEN3_TOKENIZER).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_split.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/http/http_server.h"
+#include "models/gguf/fixture.h"
+#include "nlohmann/json.hpp"
+
+namespace fucina {
+namespace {
+
+using json = nlohmann::json;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = boost::asio::ip::tcp;
+
+// A last stage that answers every step with the next token of its script (then end-of-turn) and
+// remembers the prompt it was given.
+class ScriptedWorker : public WorkerClient {
+ public:
+  ScriptedWorker(std::vector<int32_t> script, int32_t eos) : script_(std::move(script)), eos_(eos) {}
+
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest&) override {
+    return wire::LoadShardResponse();
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    wire::ForwardResponse response;
+    for (const wire::Segment& seg : request.segments()) {
+      if (seg.pos0() == 0) prompt_.clear();
+      if (prompt_.size() == static_cast<size_t>(seg.pos0()) && next_[seg.session_id()] == 0) {
+        prompt_.insert(prompt_.end(), seg.token_ids().begin(), seg.token_ids().end());
+      }
+      // Sampling parameters come with a request's last prompt chunk: its reply starts over.
+      if (seg.has_sampling()) next_[seg.session_id()] = 0;
+      if (seg.prefill_only()) continue;
+      size_t& i = next_[seg.session_id()];
+      wire::SegmentResult* r = response.add_results();
+      r->set_session_id(seg.session_id());
+      r->set_token(i < script_.size() ? script_[i] : eos_);
+      r->set_logprob(-0.5f);
+      ++i;
+    }
+    return response;
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest&) override {
+    return absl::UnimplementedError("no experts");
+  }
+  absl::StatusOr<wire::SessionReply> TruncateSession(const wire::TruncateSessionRequest&) override {
+    return wire::SessionReply();
+  }
+  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest&) override {
+    return wire::SessionReply();
+  }
+  absl::StatusOr<wire::SessionReply> ReleaseSession(const wire::ReleaseSessionRequest&) override {
+    return wire::SessionReply();
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override { return wire::WorkerStats(); }
+
+  std::vector<int32_t> prompt() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prompt_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int32_t> script_;
+  int32_t eos_;
+  std::map<uint64_t, size_t> next_;
+  std::vector<int32_t> prompt_;
+};
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+
+HttpReply Post(const std::string& address, const std::string& target, const std::string& body) {
+  boost::asio::io_context io;
+  tcp::resolver resolver(io);
+  beast::tcp_stream stream(io);
+  const size_t colon = address.rfind(':');
+  stream.connect(resolver.resolve(address.substr(0, colon), address.substr(colon + 1)));
+  http::request<http::string_body> req{http::verb::post, target, 11};
+  req.set(http::field::host, address);
+  req.set(http::field::content_type, "application/json");
+  req.body() = body;
+  req.prepare_payload();
+  http::write(stream, req);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  http::read(stream, buffer, parser);
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  return {static_cast<int>(parser.get().result_int()), parser.get().body()};
+}
+
+// The `data:` payloads of a server-sent event stream (except [DONE]).
+std::vector<json> Events(const std::string& body) {
+  std::vector<json> out;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (!absl::StartsWith(line, "data: ") || line == "data: [DONE]") continue;
+    out.push_back(json::parse(std::string(line.substr(6))));
+  }
+  return out;
+}
+
+class ScriptedBackendTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* dir = std::getenv("FUCINA_QWEN3_TOKENIZER");
+    if (dir == nullptr || *dir == '\0') return;
+    path_ = new std::string(testing::TempDir() + "/scripted_qwen3_" + std::to_string(getpid()) +
+                            ".gguf");
+    gguf::FixtureOptions o;
+    o.arch = "qwen3";
+    o.num_layers = 1;
+    o.hidden = 32;
+    o.ffn = 32;
+    o.num_heads = 2;
+    o.num_heads_kv = 1;
+    o.tokenizer_dir = dir;
+    ThreadPool pool(1);
+    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
+  }
+  static void TearDownTestSuite() {
+    if (path_ != nullptr) std::remove(path_->c_str());
+    delete path_;
+    path_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (path_ == nullptr) GTEST_SKIP() << "FUCINA_QWEN3_TOKENIZER not set";
+  }
+
+  // A coordinator whose one worker replies with `reply` (tokenized with the model's tokenizer).
+  void Start(const std::string& reply) {
+    CoordinatorOptions o;
+    o.model_path = *path_;
+    o.context = 2048;
+    auto c = Coordinator::Create(o, registry_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+    const Tokenizer& tok = coordinator_->tokenizer();
+    worker_ = std::make_shared<ScriptedWorker>(tok.Encode(reply, false, true),
+                                               *tok.TokenId("<|im_end|>"));
+    coordinator_->AddWorker("", WorkerInfo{"", 1, 0}, worker_);
+    ASSERT_TRUE(coordinator_->scheduler().WaitForPlans(1, 30000));
+    HttpOptions h;
+    h.listen = "127.0.0.1:0";
+    auto server = HttpServer::Start(*coordinator_, registry_, h);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::string Rendered() { return coordinator_->tokenizer().Decode(worker_->prompt()); }
+
+  static std::string* path_;
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<Coordinator> coordinator_;
+  std::shared_ptr<ScriptedWorker> worker_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+std::string* ScriptedBackendTest::path_ = nullptr;
+
+const char kReply[] =
+    "<think>\nThe user asks about the weather.\n</think>\n\nChecking. <tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+const json kTools = json::array({{{"type", "function"},
+                                  {"function",
+                                   {{"name", "get_weather"},
+                                    {"description", "Current weather"},
+                                    {"parameters",
+                                     {{"type", "object"},
+                                      {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+
+TEST_F(ScriptedBackendTest, ToolsRenderIntoThePromptAndCallsAreParsed) {
+  Start(kReply);
+  json req = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+              {"tools", kTools}};
+  HttpReply r = Post(server_->address(), "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  // Qwen3's template lists the tools in the system turn.
+  const std::string prompt = Rendered();
+  EXPECT_NE(prompt.find("<tools>"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("get_weather"), std::string::npos) << prompt;
+  const json j = json::parse(r.body);
+  const json& choice = j["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["reasoning_content"], "The user asks about the weather.");
+  EXPECT_EQ(choice["message"]["content"], "Checking. ");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  const json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_TRUE(call["id"].is_string());
+}
+
+TEST_F(ScriptedBackendTest, ToolCallsAndReasoningStreamAsDeltas) {
+  Start(kReply);
+  json req = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+              {"tools", kTools},
+              {"stream", true}};
+  HttpReply r = Post(server_->address(), "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string reasoning, content;
+  json calls = json::array();
+  std::vector<std::string> finishes;
+  for (const json& e : Events(r.body)) {
+    const json& choice = e["choices"][0];
+    const json& delta = choice["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+    if (delta.contains("tool_calls")) {
+      for (const json& c : delta["tool_calls"]) calls.push_back(c);
+    }
+    if (!choice["finish_reason"].is_null()) finishes.push_back(choice["finish_reason"]);
+  }
+  EXPECT_EQ(reasoning, "The user asks about the weather.");
+  EXPECT_EQ(content, "Checking. ");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_EQ(finishes, std::vector<std::string>{"tool_calls"});
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+}
+
+TEST_F(ScriptedBackendTest, WithoutToolsTheCallIsPlainContent) {
+  Start(kReply);
+  json req = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}};
+  HttpReply r = Post(server_->address(), "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_NE(j["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"),
+            std::string::npos);
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+}
+
+TEST_F(ScriptedBackendTest, ThinkingBecomesAnAnthropicThinkingBlock) {
+  Start("<think>\nShort thought.\n</think>\n\nThe answer.");
+  json req = {{"max_tokens", 64}, {"messages", {{{"role", "user"}, {"content", "Q?"}}}}};
+  HttpReply r = Post(server_->address(), "/v1/messages", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  ASSERT_EQ(j["content"].size(), 2u) << r.body;
+  EXPECT_EQ(j["content"][0]["type"], "thinking");
+  EXPECT_EQ(j["content"][0]["thinking"], "Short thought.");
+  EXPECT_EQ(j["content"][1]["type"], "text");
+  EXPECT_EQ(j["content"][1]["text"], "The answer.");
+  EXPECT_EQ(j["stop_reason"], "end_turn");
+
+  req["stream"] = true;
+  r = Post(server_->address(), "/v1/messages", req.dump());
+  ASSERT_EQ(r.status, 200);
+  std::vector<std::string> types;
+  std::string thinking, text;
+  for (const json& e : Events(r.body)) {
+    types.push_back(e["type"]);
+    if (e["type"] == "content_block_delta") {
+      if (e["delta"]["type"] == "thinking_delta") thinking += e["delta"]["thinking"].get<std::string>();
+      if (e["delta"]["type"] == "text_delta") text += e["delta"]["text"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(thinking, "Short thought.");
+  EXPECT_EQ(text, "The answer.");
+  ASSERT_GE(types.size(), 7u);
+  EXPECT_EQ(types.front(), "message_start");
+  EXPECT_EQ(types[1], "content_block_start");
+  EXPECT_EQ(types[types.size() - 3], "content_block_stop");
+  EXPECT_EQ(types[types.size() - 2], "message_delta");
+  EXPECT_EQ(types.back(), "message_stop");
+}
+
+TEST_F(ScriptedBackendTest, DisabledThinkingRendersTheEmptyThinkBlock) {
+  Start("Plain answer.");
+  json req = {{"messages", {{{"role", "user"}, {"content", "Q?"}}}},
+              {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  HttpReply r = Post(server_->address(), "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(Rendered().find("<think>\n\n</think>"), std::string::npos) << Rendered();
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"], "Plain answer.");
+}
+
+}  // namespace
+}  // namespace fucina
