@@ -163,6 +163,9 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
                   "Accept only these Host headers on HTTP (repeatable)");
   cmd->add_option("--max-body", a->http.max_body_bytes, "Largest HTTP request body in bytes")
       ->capture_default_str();
+  cmd->add_option("--max-connections", a->http.max_connections,
+                  "Open HTTP connections served at once (more get 503)")
+      ->capture_default_str();
   cmd->add_option("--served-model-name", o.served_name, "Name clients use (default: general.name)");
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();
