@@ -185,9 +185,12 @@ Pipeline Coordinator::BuildPipeline() {
     request.kv_slots = options_.kv_slots;
     request.expert_workers = options_.expert_workers;
     Plan plan = PlanPlacement(request, infos);
+    // What GetPlacement reports: not ready until the shards below are loaded.
     {
       std::lock_guard<std::mutex> lock(mu_);
       plan_ = plan;
+      plan_.ready = false;
+      if (plan.ready) plan_.status = "loading: " + plan.status;
     }
     pipeline.status = plan.status;
     if (!plan.ready) {
@@ -249,6 +252,10 @@ Pipeline Coordinator::BuildPipeline() {
       pipeline.stages.push_back({w.id, w.client, s.first_layer, s.last_layer});
     }
     if (failed.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        plan_ = plan;
+      }
       pipeline.ready = true;
       pipeline.kv_slots = plan.kv_slots;
       std::fprintf(stderr, "placement: %s\n", plan.status.c_str());
@@ -261,6 +268,10 @@ Pipeline Coordinator::BuildPipeline() {
     pipeline.ready = false;
     pipeline.status = absl::StrCat("loading on worker ", failed_worker, " failed: ",
                                    failed.message());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      plan_.status = pipeline.status;
+    }
     std::fprintf(stderr, "model not ready: %s\n", pipeline.status.c_str());
     return pipeline;
   }

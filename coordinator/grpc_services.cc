@@ -20,13 +20,13 @@ void AppendDelta(const Tokenizer& tokenizer, const Delta& d, bool logprobs,
     api::LogprobEntry* e = out->add_logprobs();
     const int32_t one[] = {d.ids[i]};
     e->mutable_token()->set_id(d.ids[i]);
-    e->mutable_token()->set_text(tokenizer.Decode(one));
+    e->mutable_token()->set_text(ValidUtf8(tokenizer.Decode(one)));
     e->mutable_token()->set_logprob(d.samples[i].logprob);
     for (const TokenLogprob& t : d.samples[i].top) {
       api::TokenLogprob* top = e->add_top();
       const int32_t id[] = {t.id};
       top->set_id(t.id);
-      top->set_text(tokenizer.Decode(id));
+      top->set_text(ValidUtf8(tokenizer.Decode(id)));
       top->set_logprob(t.logprob);
     }
   }
@@ -124,7 +124,7 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
     }
   }
   std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
-  response->set_text(c_.tokenizer().Decode(ids));
+  response->set_text(ValidUtf8(c_.tokenizer().Decode(ids)));
   return grpc::Status::OK;
 }
 

@@ -242,10 +242,18 @@ void Scheduler::Loop() {
 }
 
 void Scheduler::Replan() {
+  // Not ready (and not serving, for health) until the new plan's shards are loaded.
+  std::function<void(bool)> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = false;
+    status_ = "re-planning: a worker joined or left";
+    hook = ready_hook_;
+  }
+  if (hook) hook(false);
   FailAll(absl::UnavailableError("the cluster is being re-planned (a worker joined or left)"));
   slots_.clear();
-  resident_ = 0;
-  ready_ = false;
+  UpdateSlotMetrics();
   pipeline_ = planner_();
   context_ = pipeline_.context;
   kv_slots_ = pipeline_.ready ? pipeline_.kv_slots : 0;
@@ -265,7 +273,6 @@ void Scheduler::Replan() {
     }
   }
   cv_.notify_all();
-  std::function<void(bool)> hook;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hook = ready_hook_;
@@ -304,7 +311,7 @@ void Scheduler::ReleaseSlot(uint64_t id) {
                          [id](const std::unique_ptr<Slot>& s) { return s->id == id; });
   if (it == slots_.end()) return;
   slots_.erase(it);
-  resident_ = static_cast<int>(slots_.size());
+  UpdateSlotMetrics();
   wire::ReleaseSessionRequest release;
   release.set_session_id(id);
   OnEveryStage([&](WorkerClient& w) { return w.ReleaseSession(release).status(); })
@@ -356,7 +363,7 @@ bool Scheduler::AcquireSlot(Active& a) {
     fresh->id = next_slot_id_++;
     slot = fresh.get();
     slots_.push_back(std::move(fresh));
-    resident_ = static_cast<int>(slots_.size());
+    UpdateSlotMetrics();
     if (best != nullptr) {
       // Another request is using the prefix: copy its rows.
       wire::CopyPrefixRequest copy;
@@ -465,10 +472,10 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
     reason = "stop";
   } else {
     const int32_t one[] = {id};
-    a.held += a.utf8.Push(tokenizer_.Decode(one));
+    a.held += ValidUtf8(a.utf8.Push(tokenizer_.Decode(one)));
     if (a.completion >= a.max_tokens) reason = "length";
   }
-  if (!reason.empty()) a.held += a.utf8.Flush();
+  if (!reason.empty()) a.held += ValidUtf8(a.utf8.Flush());
   // Stop strings: cut at the first occurrence; otherwise hold back the longest tail that could
   // still begin one.
   size_t cut = std::string::npos;
@@ -612,11 +619,15 @@ void Scheduler::Step() {
   }
   std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
   running_ = static_cast<int>(active_.size());
+  if (metrics_) metrics_->SetQueue(running_, waiting_);
+}
+
+void Scheduler::UpdateSlotMetrics() {
+  resident_ = static_cast<int>(slots_.size());
   if (metrics_) {
-    metrics_->SetQueue(running_, waiting_);
-    metrics_->SetKvUsage(pipeline_.kv_slots > 0 ? static_cast<double>(slots_.size()) /
-                                                      pipeline_.kv_slots
-                                                : 0.0);
+    metrics_->SetKvUsage(pipeline_.kv_slots > 0 && pipeline_.ready
+                             ? static_cast<double>(slots_.size()) / pipeline_.kv_slots
+                             : 0.0);
   }
 }
 

@@ -157,6 +157,7 @@ class Scheduler {
   void Step();
   bool AcquireSlot(Active& a);
   void ReleaseSlot(uint64_t slot);
+  void UpdateSlotMetrics();  // resident count and the KV usage gauge
   // Runs `fn` on every stage; a failure marks the stage's worker as failed.
   absl::Status OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn);
   void FailAll(const absl::Status& status);

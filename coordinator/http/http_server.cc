@@ -216,7 +216,13 @@ void HttpServer::Impl::Serve(Connection& conn) {
     }
     const http::request<http::string_body>& req = parser.get();
     BeastExchange ex(conn.socket, req.version(), req.keep_alive());
-    Route(req, ex);
+    try {
+      Route(req, ex);
+    } catch (const std::exception& e) {
+      // A bug must not take the process down with it: answer 500 if nothing was sent yet.
+      if (!ex.responded()) SendError(ex, ApiDialect::kOpenAi, 500, e.what());
+      break;
+    }
     ex.Finish();
     if (ex.gone() || !req.keep_alive()) break;
   }

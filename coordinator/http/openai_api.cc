@@ -158,10 +158,11 @@ absl::StatusOr<json> ReadTools(const json& j, bool* parse_tools) {
 
 json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
   const int32_t one[] = {id};
-  const std::string text = tok.Decode(one);
+  // `token` must be valid UTF-8 (JSON); `bytes` keeps the raw piece, as OpenAI's does.
+  const std::string raw = tok.Decode(one);
   json bytes = json::array();
-  for (unsigned char ch : text) bytes.push_back(static_cast<int>(ch));
-  return {{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+  for (unsigned char ch : raw) bytes.push_back(static_cast<int>(ch));
+  return {{"token", ValidUtf8(raw)}, {"logprob", logprob}, {"bytes", bytes}};
 }
 
 json ChatLogprobs(const Tokenizer& tok, const Delta& d) {
@@ -422,12 +423,12 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
     json tokens = json::array(), lps = json::array(), tops = json::array();
     for (size_t i = 0; i < delta.ids.size(); ++i) {
       const int32_t one[] = {delta.ids[i]};
-      tokens.push_back(tok.Decode(one));
+      tokens.push_back(ValidUtf8(tok.Decode(one)));
       lps.push_back(delta.samples[i].logprob);
       json top = json::object();
       for (const TokenLogprob& t : delta.samples[i].top) {
         const int32_t tid[] = {t.id};
-        top[tok.Decode(tid)] = t.logprob;
+        top[ValidUtf8(tok.Decode(tid))] = t.logprob;
       }
       tops.push_back(top);
     }
@@ -549,7 +550,7 @@ void Api::Detokenize(const std::string& body, HttpExchange& ex) {
     }
     ids.push_back(t.get<int32_t>());
   }
-  const std::string text = c_.tokenizer().Decode(ids);
+  const std::string text = ValidUtf8(c_.tokenizer().Decode(ids));
   ex.Respond(200, "application/json", json{{"prompt", text}, {"content", text}}.dump());
 }
 

@@ -540,4 +540,21 @@ std::string Utf8Stream::Flush() {
   return out;
 }
 
+std::string ValidUtf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const int n = Utf8Complete(bytes.substr(i));
+    if (n > 0) {
+      out.append(bytes.substr(i, n));
+      i += static_cast<size_t>(n);
+    } else {
+      out.append("\xEF\xBF\xBD");  // U+FFFD
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace fucina

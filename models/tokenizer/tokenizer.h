@@ -122,6 +122,10 @@ class Utf8Stream {
   std::string pending_;
 };
 
+// `bytes` with every byte that does not belong to a complete, valid UTF-8 sequence replaced by
+// U+FFFD: text for protocols that require valid UTF-8 (protobuf strings, JSON).
+std::string ValidUtf8(std::string_view bytes);
+
 }  // namespace fucina
 
 #endif  // FUCINA_MODELS_TOKENIZER_TOKENIZER_H_
