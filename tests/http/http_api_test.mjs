@@ -1027,6 +1027,9 @@ describe("fucina HTTP API", {skip: SKIP}, () => {
       assertOpenAiError(await call(server, "POST", "/v1/completions", {body: big, chunked: true}),
                         413);
       await postOk(server, "/v1/completions", {model: SERVED, prompt: "Hi", max_tokens: 2});
+      const small = await call(server, "POST", "/v1/completions",
+                               {body: {model: SERVED, prompt: "Hi", max_tokens: 2}, chunked: true});
+      assert.equal(small.status, 200, small.text);
     });
   });
 
