@@ -387,6 +387,21 @@ bool Scheduler::AcquireSlot(Active& a) {
 }
 
 void Scheduler::Admit() {
+  // A queued request whose client left gives its place back at once, even while every batch
+  // place is taken.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if ((*it)->cancelled()) {
+        (*it)->Finish({absl::CancelledError("cancelled while queued")});
+        --waiting_;
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (metrics_) metrics_->SetQueue(running_, waiting_);
   while (static_cast<int>(active_.size()) < options_.batch) {
     std::shared_ptr<Request> request;
     {

@@ -70,6 +70,8 @@ class Request {
   Outcome outcome() const;
   // Stops the request at the next step and frees its KV on every stage.
   void Cancel() { cancelled_ = true; }
+  // The prompt's length in tokens (known once submitted).
+  int64_t prompt_tokens() const { return static_cast<int64_t>(job_.prompt.size()); }
   bool cancelled() const { return cancelled_; }
 
  private:

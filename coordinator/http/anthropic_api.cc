@@ -142,7 +142,8 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
                                        {"content", json::array()},
                                        {"stop_reason", nullptr},
                                        {"stop_sequence", nullptr},
-                                       {"usage", {{"input_tokens", 0}, {"output_tokens", 0}}}}}});
+                                       {"usage", {{"input_tokens", (*request)->prompt_tokens()},
+                                                  {"output_tokens", 0}}}}}});
   // Content blocks open on their first text; a kind change closes the open one.
   int index = -1;
   ReplyEvent::Kind open_kind = ReplyEvent::kContent;

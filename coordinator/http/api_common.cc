@@ -73,7 +73,15 @@ void SendStatus(HttpExchange& ex, ApiDialect dialect, const absl::Status& status
   const int code = HttpStatusFor(status);
   std::string error_code;
   if (absl::IsNotFound(status)) error_code = "model_not_found";
-  SendError(ex, dialect, code, std::string(status.message()), param, error_code);
+  // Messages about a field start "field 'NAME'": that is the param.
+  std::string p = param;
+  const std::string message(status.message());
+  if (p.empty() && message.rfind("field '", 0) == 0) {
+    const size_t end = message.find('\'', 7);
+    if (end != std::string::npos) p = message.substr(7, end - 7);
+  }
+  if (p.empty() && absl::IsNotFound(status)) p = "model";
+  SendError(ex, dialect, code, message, p, error_code);
 }
 
 absl::Status CheckModel(const json& j, const Coordinator& c) {

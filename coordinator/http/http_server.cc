@@ -199,7 +199,13 @@ void HttpServer::Impl::Serve(Connection& conn) {
     parser.body_limit(options.max_body_bytes);
     parser.header_limit(64 * 1024);
     beast::error_code ec;
-    http::read(conn.socket, buffer, parser, ec);
+    http::read_header(conn.socket, buffer, parser, ec);
+    if (!ec && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+      // Clients that wait for a go-ahead before sending the body (curl does above 1 KiB).
+      http::response<http::empty_body> go{http::status::continue_, parser.get().version()};
+      http::write(conn.socket, go, ec);
+    }
+    if (!ec) http::read(conn.socket, buffer, parser, ec);
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
       break;
@@ -236,7 +242,9 @@ void HttpServer::Impl::Route(const http::request<http::string_body>& req, HttpEx
   const bool anthropic = path == "/v1/messages";
   const ApiDialect dialect = anthropic ? ApiDialect::kAnthropic : ApiDialect::kOpenAi;
 
-  if (!options.allow_hosts.empty()) {
+  const bool open = path == "/health" || path == "/metrics";
+  // Probes and scrapes (health, metrics) come by pod address: the allowlist guards the API.
+  if (!open && !options.allow_hosts.empty()) {
     const std::string host = HostOnly(std::string(req[http::field::host]));
     if (std::find(options.allow_hosts.begin(), options.allow_hosts.end(), host) ==
         options.allow_hosts.end()) {
@@ -244,7 +252,6 @@ void HttpServer::Impl::Route(const http::request<http::string_body>& req, HttpEx
       return;
     }
   }
-  const bool open = path == "/health" || path == "/metrics";
   if (!open && !options.api_key.empty()) {
     const std::string auth(req[http::field::authorization]);
     const std::string key(req["x-api-key"]);
@@ -281,6 +288,12 @@ void HttpServer::Impl::Route(const http::request<http::string_body>& req, HttpEx
     api.Tokenize(body, ex);
   } else if (path == "/detokenize" && post) {
     api.Detokenize(body, ex);
+  } else if (path == "/health" || path == "/metrics" || path == "/v1/models" ||
+             path == "/v1/chat/completions" || path == "/v1/completions" ||
+             path == "/v1/responses" || path == "/v1/messages" || path == "/tokenize" ||
+             path == "/detokenize") {
+    SendError(ex, dialect, 405,
+              absl::StrCat(std::string(req.method_string()), " is not allowed on ", path));
   } else {
     SendError(ex, dialect, 404,
               absl::StrCat("no route for ", std::string(req.method_string()), " ", path));

@@ -168,6 +168,8 @@ json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
 json ChatLogprobs(const Tokenizer& tok, const Delta& d) {
   json content = json::array();
   for (size_t i = 0; i < d.ids.size(); ++i) {
+    // The end-of-turn token ends the reply; it is not part of the content.
+    if (tok.IsEndOfGeneration(d.ids[i])) continue;
     json e = LogprobJson(tok, d.ids[i], d.samples[i].logprob);
     json top = json::array();
     for (const TokenLogprob& t : d.samples[i].top) top.push_back(LogprobJson(tok, t.id, t.logprob));
@@ -323,7 +325,7 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
         }
         sent_lp = true;
       }
-      if (!sent_lp && r.logprobs && !delta.ids.empty()) {
+      if (!sent_lp && r.logprobs && !lp["content"].empty()) {
         return ex.SendEvents(chunk(json::object(), nullptr, lp));
       }
       return true;
@@ -408,7 +410,15 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
                                      "field 'prompt' must be a string or an array of token ids"),
                           "prompt");
       }
-      ids.push_back(t.get<int32_t>());
+      // Checked as 64-bit so a huge id is refused rather than wrapped into the vocabulary.
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id >= c_.tokenizer().vocab_size()) {
+        return SendStatus(ex, d, absl::InvalidArgumentError(absl::StrCat(
+                                     "token id ", t.dump(), " outside the vocabulary [0, ",
+                                     c_.tokenizer().vocab_size(), ")")),
+                          "prompt");
+      }
+      ids.push_back(static_cast<int32_t>(id));
     }
   }
   auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
@@ -422,6 +432,7 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
   auto logprobs_of = [&](const Delta& delta) {
     json tokens = json::array(), lps = json::array(), tops = json::array();
     for (size_t i = 0; i < delta.ids.size(); ++i) {
+      if (tok.IsEndOfGeneration(delta.ids[i])) continue;
       const int32_t one[] = {delta.ids[i]};
       tokens.push_back(ValidUtf8(tok.Decode(one)));
       lps.push_back(delta.samples[i].logprob);

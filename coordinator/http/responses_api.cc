@@ -108,7 +108,7 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
     if (o != nullptr) {
       r["output"].push_back({{"type", "message"},
                              {"id", item_id},
-                             {"status", "completed"},
+                             {"status", o->finish_reason == "length" ? "incomplete" : "completed"},
                              {"role", "assistant"},
                              {"content", json::array({{{"type", "output_text"},
                                                        {"text", text},
@@ -174,10 +174,13 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
   part["text"] = text;
   event("response.content_part.done",
         {{"item_id", item_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
-  item["status"] = "completed";
+  const bool incomplete = o.finish_reason == "length";
+  item["status"] = incomplete ? "incomplete" : "completed";
   item["content"] = json::array({part});
   event("response.output_item.done", {{"output_index", 0}, {"item", item}});
-  event("response.completed", {{"response", response("completed", text, &o)}});
+  // Cut by max_output_tokens: OpenAI ends such a stream with response.incomplete.
+  event(incomplete ? "response.incomplete" : "response.completed",
+        {{"response", response("completed", text, &o)}});
 }
 
 }  // namespace fucina

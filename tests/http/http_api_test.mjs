@@ -862,10 +862,11 @@ describe("fucina HTTP API", {skip: SKIP}, () => {
                              400, {type: "invalid_request_error", messageMatch: /max_tokens/});
       });
 
-      test("unknown route: 404", async () => {
+      test("unknown route: 404; a known route with the wrong method: 405", async () => {
         assertOpenAiError(await call(server, "GET", "/v1/nothing-here"), 404,
                           {messageMatch: /\/v1\/nothing-here/});
-        assertOpenAiError(await call(server, "DELETE", "/v1/models"), 404);
+        assertOpenAiError(await call(server, "DELETE", "/v1/models"), 405);
+        assertOpenAiError(await call(server, "GET", "/v1/chat/completions"), 405);
       });
 
       test("prompt token ids outside the vocabulary: 400", async () => {
