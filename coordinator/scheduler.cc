@@ -453,7 +453,13 @@ void Scheduler::Finish(Active& a, absl::Status status, const std::string& reason
     ReleaseSlot(a.slot->id);
     a.slot = nullptr;
   }
-  if (metrics_) metrics_->OnFinished(o, Now() - a.request->submitted_at_);
+  // The counts are right before the client hears of the end (it may look at them at once).
+  running_ = static_cast<int>(std::count_if(active_.begin(), active_.end(),
+                                            [](const auto& x) { return !x->finished; }));
+  if (metrics_) {
+    metrics_->OnFinished(o, Now() - a.request->submitted_at_);
+    metrics_->SetQueue(running_, waiting_);
+  }
   a.request->Finish(std::move(o));
 }
 
