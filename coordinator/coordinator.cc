@@ -215,6 +215,7 @@ Pipeline Coordinator::BuildPipeline() {
       load.set_last_layer(config_.num_layers);
       load.set_context(options_.context);
       load.set_cache_type(options_.cache_type);
+      load.set_threads(options_.threads);
       for (int32_t x : e.experts) load.add_serve_experts(x);
       auto r = record(e.worker_id).client->LoadShard(load);
       if (!r.ok()) {
@@ -236,6 +237,7 @@ Pipeline Coordinator::BuildPipeline() {
       load.set_context(options_.context);
       load.set_cache_type(options_.cache_type);
       load.set_activation_type(activation);
+      load.set_threads(options_.threads);
       for (const ExpertPlan& e : plan.experts) {
         wire::ExpertPeer* peer = load.add_expert_peers();
         peer->set_worker_id(e.worker_id);

@@ -39,6 +39,7 @@ struct CoordinatorOptions {
   std::string activation_type = "f32";
   int kv_slots = 8;
   int expert_workers = 0;
+  int threads = 0;  // per shard, at most each worker's own --threads; 0: all of a worker's
   SchedulerOptions scheduler;
   // Defaults for what a request leaves unset (those of `fucina run`).
   SamplingParams sampling;

@@ -538,6 +538,8 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     CLI::App* cmd = app.add_subcommand(
         "coordinator", "Coordinate workers that register over gRPC (fucina worker)");
     cmd->add_option("MODEL", a->model, "GGUF path or reference")->required();
+    cmd->add_option("--threads", a->options.threads,
+                    "Threads each shard uses, at most a worker's own --threads (default: all)");
     AddModelFlags(cmd, a.get());
     cmd->callback([a, exit_code] { *exit_code = RunCoordinator(*a, false); });
   }

@@ -112,7 +112,8 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
 WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
     : options_(options),
       resolver_(std::move(resolver)),
-      pool_(options.threads > 0 ? options.threads : ThreadPool::Default().num_threads()) {
+      max_threads_(options.threads > 0 ? options.threads : ThreadPool::Default().num_threads()),
+      pool_(std::make_unique<ThreadPool>(max_threads_)) {
   if (!resolver_) {
     resolver_ = [](const wire::ExpertPeer& peer) -> std::shared_ptr<WorkerClient> {
       return MakeGrpcWorkerClient(peer.address());
@@ -185,6 +186,7 @@ int64_t WorkerActor::KvBytes() const {
 wire::WorkerStats WorkerActor::DoStats() const {
   wire::WorkerStats stats;
   stats.set_memory_budget(options_.memory_budget);
+  stats.set_threads(pool_->num_threads());
   stats.set_weight_bytes(weight_bytes_);
   stats.set_kv_bytes(KvBytes());
   stats.set_sessions(static_cast<int32_t>(sessions_.size()));
@@ -224,7 +226,10 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
   options.experts_only = request.stage() < 0;
   auto file = gguf::File::Open(request.model_path());
   if (!file.ok()) return file.status();
-  auto model = Model::FromFile(*std::move(file), options, pool_);
+  const int threads = request.threads() > 0 ? std::min(request.threads(), max_threads_)
+                                            : max_threads_;
+  if (threads != pool_->num_threads()) pool_ = std::make_unique<ThreadPool>(threads);
+  auto model = Model::FromFile(*std::move(file), options, *pool_);
   if (!model.ok()) return model.status();
   const ModelConfig& c = (*model)->config();
   const ModelSize size = MeasureModel((*model)->file(), c);

@@ -60,7 +60,7 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<wire::WorkerStats> GetStats() override;
 
   int64_t memory_budget() const { return options_.memory_budget; }
-  int num_threads() const { return pool_.num_threads(); }
+  int num_threads() const { return max_threads_; }
 
  private:
   struct Session {
@@ -86,8 +86,9 @@ class WorkerActor : public WorkerClient {
 
   WorkerOptions options_;
   PeerResolver resolver_;
-  ThreadPool pool_;
+  int max_threads_;  // the worker's --threads
   // ---- State below is touched on the executor only. ----
+  std::unique_ptr<ThreadPool> pool_;  // sized per shard (LoadShardRequest.threads)
   wire::LoadShardRequest shard_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<RemoteExperts> remote_experts_;

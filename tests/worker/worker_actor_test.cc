@@ -235,6 +235,20 @@ TEST_F(WorkerActorTest, MemoryBudgetRefusesNewSessions) {
   EXPECT_TRUE(absl::IsResourceExhausted(tiny.LoadShard(Shard(0, 0, 4, true, true)).status()));
 }
 
+TEST_F(WorkerActorTest, ShardThreadsAreCappedByTheWorkers) {
+  WorkerActor w({.threads = 2});
+  wire::LoadShardRequest shard = Shard(0, 0, 4, true, true);
+  shard.set_threads(1);
+  ASSERT_TRUE(w.LoadShard(shard).ok());
+  EXPECT_EQ(w.GetStats()->threads(), 1);
+  shard.set_threads(8);
+  ASSERT_TRUE(w.LoadShard(shard).ok());
+  EXPECT_EQ(w.GetStats()->threads(), 2);
+  shard.set_threads(0);
+  ASSERT_TRUE(w.LoadShard(shard).ok());
+  EXPECT_EQ(w.GetStats()->threads(), 2);
+}
+
 TEST_F(WorkerActorTest, ContextOverflowIsOutOfRange) {
   WorkerActor w({.threads = 1});
   ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
