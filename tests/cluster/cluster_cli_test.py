@@ -496,6 +496,21 @@ class SmolLM2ClusterTest(ClusterTestCase):
         self.assertRegex(p.stderr, r"(?m)^error: NOT_FOUND: .*'nope'")
         self.assertEqual(p.stdout, "")
 
+    def test_server_reflection_lists_the_services(self):
+        # grpc.reflection.v1alpha, called generically: a ServerReflectionRequest with
+        # list_services = "" (field 7, length 0); the reply lists service names as strings.
+        ch = channel(self.c.front.grpc)
+        try:
+            call = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+            replies = list(call(iter([b"\x3a\x00"]), timeout=10))
+        finally:
+            ch.close()
+        self.assertEqual(len(replies), 1)
+        for name in (b"fucina.v1.Generation", b"grpc.health.v1.Health"):
+            self.assertIn(name, replies[0])
+
     def test_kv_reuse_forwards_only_the_new_rows(self):
         c = self.c
         prompt = "Fucina's KV reuse test: the three primary colors are"
@@ -781,6 +796,20 @@ class FixtureTest(ClusterTestCase):
         finally:
             running.cancel()
             queued.cancel()
+
+    def test_sigterm_drains_in_flight_requests(self):
+        # A request running when SIGTERM arrives still completes; then the process exits 0.
+        c = self.cluster()
+        c.serve(fixture("dense"), 1)
+        self.wait_ready(c, 1)
+        stream = c.api.GenerateStream(greedy(PROMPT, 24), timeout=RPC_S)
+        first = next(stream)
+        self.assertTrue(first.token_ids)
+        c.front.p.send_signal(signal.SIGTERM)
+        rest = list(stream)
+        self.assertEqual(rest[-1].usage.completion_tokens, 24)
+        self.assertEqual(c.front.p.wait(timeout=30), 0, c.front.stderr())
+        self.assertIn("draining", c.front.stderr())
 
     def test_text_is_valid_utf8_when_tokens_split_a_character(self):
         # With this prompt the dense fixture's greedy tokens include one that decodes to the
