@@ -166,6 +166,9 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--max-connections", a->http.max_connections,
                   "Open HTTP connections served at once (more get 503)")
       ->capture_default_str();
+  cmd->add_option("--http-idle-timeout", a->http.idle_timeout_s,
+                  "Seconds an HTTP connection may wait for its next request")
+      ->capture_default_str();
   cmd->add_option("--served-model-name", o.served_name, "Name clients use (default: general.name)");
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();

@@ -198,6 +198,13 @@ void HttpServer::Impl::Serve(Connection& conn) {
     http::request_parser<http::string_body> parser;
     parser.body_limit(options.max_body_bytes);
     parser.header_limit(64 * 1024);
+    // An idle keep-alive connection gives its thread back after idle_timeout_s, so idle clients
+    // cannot hold every connection place. (asio's blocking reads retry through SO_RCVTIMEO,
+    // hence the poll.)
+    if (buffer.size() == 0) {
+      pollfd p{conn.socket.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(options.idle_timeout_s * 1000)) <= 0) break;
+    }
     beast::error_code ec;
     http::read_header(conn.socket, buffer, parser, ec);
     if (!ec && beast::iequals(parser.get()[http::field::expect], "100-continue")) {

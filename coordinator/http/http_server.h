@@ -27,6 +27,7 @@ struct HttpOptions {
   std::vector<std::string> allow_hosts;   // Host header allowlist (empty: any)
   size_t max_body_bytes = 8 << 20;
   int max_connections = 256;
+  double idle_timeout_s = 60;  // a connection waiting this long for a request is closed
 };
 
 // One request/response as the API handlers see it.

@@ -165,6 +165,7 @@ class ScriptedBackendTest : public testing::Test {
     ASSERT_TRUE(coordinator_->scheduler().WaitForPlans(1, 30000));
     HttpOptions h;
     h.listen = "127.0.0.1:0";
+    h.idle_timeout_s = 0.5;
     auto server = HttpServer::Start(*coordinator_, registry_, h);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -293,6 +294,23 @@ TEST_F(ScriptedBackendTest, ThinkingBecomesAnAnthropicThinkingBlock) {
   EXPECT_EQ(types[types.size() - 3], "content_block_stop");
   EXPECT_EQ(types[types.size() - 2], "message_delta");
   EXPECT_EQ(types.back(), "message_stop");
+}
+
+TEST_F(ScriptedBackendTest, IdleConnectionsAreClosed) {
+  Start("Hi.");
+  boost::asio::io_context io;
+  tcp::resolver resolver(io);
+  tcp::socket socket(io);
+  const std::string address = server_->address();
+  const size_t colon = address.rfind(':');
+  boost::asio::connect(socket, resolver.resolve(address.substr(0, colon), address.substr(colon + 1)));
+  // The server closes its side after the idle timeout (0.5 s here): the read ends with EOF.
+  const auto t0 = std::chrono::steady_clock::now();
+  char byte;
+  beast::error_code ec;
+  socket.read_some(boost::asio::buffer(&byte, 1), ec);
+  EXPECT_EQ(ec, boost::asio::error::eof);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
 TEST_F(ScriptedBackendTest, DisabledThinkingRendersTheEmptyThinkBlock) {
