@@ -61,7 +61,8 @@ Coordinator::~Coordinator() {
   }
   cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
-  scheduler_.reset();  // before the workers' clients it calls go away
+  // Stopped while this object is whole: its last failures may still call MarkDead.
+  scheduler_->Stop();
 }
 
 std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo& info,
@@ -114,6 +115,10 @@ bool Coordinator::Heartbeat(const std::string& worker_id) {
 }
 
 void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why) {
+  if (Forget(worker_id, why)) scheduler_->RequestReplan();
+}
+
+bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) {
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -126,7 +131,7 @@ void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why
       }
     }
   }
-  if (changed) scheduler_->RequestReplan();
+  return changed;
 }
 
 std::shared_ptr<WorkerClient> Coordinator::ClientFor(const std::string& worker_id) const {
@@ -166,7 +171,6 @@ void Coordinator::WatchHeartbeats() {
 Pipeline Coordinator::BuildPipeline() {
   Pipeline pipeline;
   pipeline.context = options_.context;
-  pipeline.hidden = config_.hidden;
   while (true) {
     std::vector<WorkerRecord> alive;
     {
@@ -264,7 +268,7 @@ Pipeline Coordinator::BuildPipeline() {
       return pipeline;
     }
     if (absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) {
-      MarkDead(failed_worker, failed);  // plan again without it
+      Forget(failed_worker, failed);  // and plan again without it, here
       continue;
     }
     pipeline.ready = false;

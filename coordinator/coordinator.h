@@ -94,6 +94,8 @@ class Coordinator {
  private:
   Coordinator() = default;
   Pipeline BuildPipeline();  // the scheduler's planner, on its thread
+  // Marks a worker dead without asking for a re-plan; true if it was alive.
+  bool Forget(const std::string& worker_id, const absl::Status& why);
   std::string Enroll(const std::string& address, const WorkerInfo& info,
                      std::shared_ptr<WorkerClient> client);
   void WatchHeartbeats();

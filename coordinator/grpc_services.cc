@@ -18,15 +18,13 @@ void AppendDelta(const Tokenizer& tokenizer, const Delta& d, bool logprobs,
     out->add_token_ids(d.ids[i]);
     if (!logprobs) continue;
     api::LogprobEntry* e = out->add_logprobs();
-    const int32_t one[] = {d.ids[i]};
     e->mutable_token()->set_id(d.ids[i]);
-    e->mutable_token()->set_text(ValidUtf8(tokenizer.Decode(one)));
+    e->mutable_token()->set_text(ValidUtf8(tokenizer.TokenToPiece(d.ids[i])));
     e->mutable_token()->set_logprob(d.samples[i].logprob);
     for (const TokenLogprob& t : d.samples[i].top) {
       api::TokenLogprob* top = e->add_top();
-      const int32_t id[] = {t.id};
       top->set_id(t.id);
-      top->set_text(ValidUtf8(tokenizer.Decode(id)));
+      top->set_text(ValidUtf8(tokenizer.TokenToPiece(t.id)));
       top->set_logprob(t.logprob);
     }
   }

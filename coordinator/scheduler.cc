@@ -118,13 +118,15 @@ Scheduler::Scheduler(const SchedulerOptions& options, const Tokenizer& tokenizer
       metrics_(metrics),
       thread_([this] { Loop(); }) {}
 
-Scheduler::~Scheduler() {
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 absl::StatusOr<std::shared_ptr<Request>> Scheduler::Reserve() {
@@ -341,8 +343,8 @@ bool Scheduler::AcquireSlot(Active& a) {
       t.set_session_id(slot->id);
       t.set_length(static_cast<int64_t>(best_len));
       if (!OnEveryStage([&](WorkerClient& w) { return w.TruncateSession(t).status(); }).ok()) {
-        ReleaseSlot(slot->id);
-        slot = nullptr;
+        ReleaseSlot(slot->id);  // frees `best` too
+        slot = best = nullptr;
         best_len = 0;
       }
     }
@@ -373,6 +375,11 @@ bool Scheduler::AcquireSlot(Active& a) {
       if (OnEveryStage([&](WorkerClient& w) { return w.CopyPrefix(copy).status(); }).ok()) {
         slot->tokens.assign(prompt.begin(), prompt.begin() + best_len);
       } else {
+        // Stages that did copy hold rows the slot does not claim: start them all empty.
+        wire::ReleaseSessionRequest release;
+        release.set_session_id(slot->id);
+        OnEveryStage([&](WorkerClient& w) { return w.ReleaseSession(release).status(); })
+            .IgnoreError();
         best_len = 0;
       }
     }
@@ -492,8 +499,7 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
   if (stop_token) {
     reason = "stop";
   } else {
-    const int32_t one[] = {id};
-    a.held += ValidUtf8(a.utf8.Push(tokenizer_.Decode(one)));
+    a.held += ValidUtf8(a.utf8.Push(tokenizer_.TokenToPiece(id)));
     if (a.completion >= a.max_tokens) reason = "length";
   }
   if (!reason.empty()) a.held += ValidUtf8(a.utf8.Flush());
@@ -570,9 +576,6 @@ void Scheduler::Step() {
     }
     order.push_back(a.get());
   }
-  int64_t rows = 0;
-  for (const wire::Segment& seg : request.segments()) rows += seg.token_ids_size();
-
   // Through the stages; a segment failing on one stage is dropped from the rest.
   wire::ForwardResponse response;
   for (size_t s = 0; s < pipeline_.stages.size(); ++s) {

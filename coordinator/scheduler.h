@@ -102,7 +102,6 @@ struct Pipeline {
   std::vector<StageRef> stages;
   int kv_slots = 1;
   int64_t context = 0;
-  int64_t hidden = 0;
 };
 
 struct SchedulerOptions {
@@ -121,6 +120,9 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, const Tokenizer& tokenizer, Planner planner,
             FailureHook on_failure, Metrics* metrics);
   ~Scheduler();
+  // Fails what is running or queued and joins the loop (the destructor does it too); the
+  // planner and failure hook are not called afterwards.
+  void Stop();
 
   // Takes a queue place before any tokenization; RESOURCE_EXHAUSTED when the queue is full,
   // UNAVAILABLE when the model is not ready.

@@ -36,8 +36,13 @@ SamplingParams FromProto(const wire::Sampling& s) {
 class WorkerActor::RemoteExperts : public ExpertFfn {
  public:
   RemoteExperts(Model& model, std::vector<std::shared_ptr<WorkerClient>> peers,
-                std::vector<int> owner, std::vector<int64_t>* counts)
-      : model_(model), peers_(std::move(peers)), owner_(std::move(owner)), counts_(counts) {}
+                std::vector<std::string> names, std::vector<int> owner,
+                std::vector<int64_t>* counts)
+      : model_(model),
+        peers_(std::move(peers)),
+        names_(std::move(names)),
+        owner_(std::move(owner)),
+        counts_(counts) {}
 
   absl::Status Forward(int64_t layer, const float* x, int64_t n, const int32_t* experts,
                        const float* weights, int k, float* out) override {
@@ -83,8 +88,11 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
         }
         auto reply = peers_[p]->ExpertForward(request);
         if (!reply.ok()) {
-          return absl::Status(reply.status().code(),
-                              absl::StrCat("expert peer ", p, ": ", reply.status().message()));
+          // ABORTED, not the peer's own code: a transport failure of the peer must not read as
+          // this stage's (the coordinator would declare the wrong worker dead). The peer's
+          // heartbeats tell the coordinator about the peer.
+          return absl::AbortedError(absl::StrCat("expert worker ", names_[p], " failed: ",
+                                                 reply.status().ToString()));
         }
         if (reply->y().size() != rows.size() * hidden * sizeof(float)) {
           return absl::InternalError(absl::StrCat("expert peer returned ", reply->y().size(),
@@ -104,6 +112,7 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
  private:
   Model& model_;
   std::vector<std::shared_ptr<WorkerClient>> peers_;
+  std::vector<std::string> names_;  // per peer, for errors
   std::vector<int> owner_;  // [num_experts]: index into peers_, -1 local
   std::vector<int64_t>* counts_;  // the actor's per-expert counts
   std::vector<float> slots_, out_;
@@ -260,7 +269,10 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
     // Experts go through RemoteExperts even when all are local, so they are counted.
     std::vector<int> owner(c.num_experts, -1);
     std::vector<std::shared_ptr<WorkerClient>> peers;
+    std::vector<std::string> names;
     for (const wire::ExpertPeer& peer : request.expert_peers()) {
+      names.push_back(absl::StrCat(peer.worker_id(), peer.address().empty() ? "" : " at ",
+                                   peer.address()));
       for (int32_t e : peer.experts()) {
         if (e < 0 || e >= c.num_experts) {
           return absl::InvalidArgumentError(absl::StrCat("expert peer lists expert ", e,
@@ -275,8 +287,8 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
       }
       peers.push_back(std::move(client));
     }
-    remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(owner),
-                                                      &expert_counts_);
+    remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(names),
+                                                      std::move(owner), &expert_counts_);
     (*model)->SetExpertFfn(remote_experts_.get());
   }
   model_ = *std::move(model);
@@ -460,7 +472,8 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     last_rows.insert(last_rows.end(), row, row + hidden);
     sampling.push_back(j);
   }
-  std::vector<float> logits(std::max<size_t>(sampling.size(), 1) * vocab);
+  std::vector<float>& logits = logits_;  // reused: vocabulary-sized rows every step
+  if (logits.size() < sampling.size() * vocab) logits.resize(sampling.size() * vocab);
   if (!sampling.empty()) {
     if (absl::Status s = model_->Head(last_rows.data(), static_cast<int64_t>(sampling.size()),
                                       logits.data());

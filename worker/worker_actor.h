@@ -101,6 +101,7 @@ class WorkerActor : public WorkerClient {
   std::vector<int64_t> expert_counts_;  // [num_experts]: (row, expert) pairs computed here
   int64_t activation_bytes_in_ = 0;
   int64_t activation_bytes_out_ = 0;
+  std::vector<float> logits_;  // the last stage's head output, reused across steps
   SerialExecutor executor_;  // last: destroyed first, so no task outlives the state
 };
 

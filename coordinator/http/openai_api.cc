@@ -157,9 +157,8 @@ absl::StatusOr<json> ReadTools(const json& j, bool* parse_tools) {
 }
 
 json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
-  const int32_t one[] = {id};
   // `token` must be valid UTF-8 (JSON); `bytes` keeps the raw piece, as OpenAI's does.
-  const std::string raw = tok.Decode(one);
+  const std::string raw = tok.TokenToPiece(id);
   json bytes = json::array();
   for (unsigned char ch : raw) bytes.push_back(static_cast<int>(ch));
   return {{"token", ValidUtf8(raw)}, {"logprob", logprob}, {"bytes", bytes}};
@@ -433,13 +432,11 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
     json tokens = json::array(), lps = json::array(), tops = json::array();
     for (size_t i = 0; i < delta.ids.size(); ++i) {
       if (tok.IsEndOfGeneration(delta.ids[i])) continue;
-      const int32_t one[] = {delta.ids[i]};
-      tokens.push_back(ValidUtf8(tok.Decode(one)));
+      tokens.push_back(ValidUtf8(tok.TokenToPiece(delta.ids[i])));
       lps.push_back(delta.samples[i].logprob);
       json top = json::object();
       for (const TokenLogprob& t : delta.samples[i].top) {
-        const int32_t tid[] = {t.id};
-        top[ValidUtf8(tok.Decode(tid))] = t.logprob;
+        top[ValidUtf8(tok.TokenToPiece(t.id))] = t.logprob;
       }
       tops.push_back(top);
     }

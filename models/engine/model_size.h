@@ -17,7 +17,7 @@ struct ModelSize {
   int64_t embedding_bytes = 0;        // token_embd
   int64_t head_bytes = 0;             // output_norm + output (token_embd again when tied)
 
-  // Weights of layers [first, last) with `experts` of their experts (-1: all) local.
+  // Weights of layers [first, last) with `experts` of each layer's experts local.
   int64_t LayersBytes(int64_t first, int64_t last, int64_t experts) const;
 };
 

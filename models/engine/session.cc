@@ -73,8 +73,7 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
                           options.stop_tokens.end();
     std::string text;
     if (!stop) {
-      const int32_t one[] = {id};
-      text = utf8.Push(tokenizer_.Decode(one));
+      text = utf8.Push(tokenizer_.TokenToPiece(id));
       result.text += text;
     }
     if (stop) {
