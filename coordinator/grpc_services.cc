@@ -8,9 +8,6 @@ namespace {
 
 namespace api = ::fucina::v1;
 
-// How often a waiting handler checks whether its client went away.
-constexpr int kPollMs = 50;
-
 void AppendDelta(const Tokenizer& tokenizer, const Delta& d, bool logprobs,
                  api::GenerateResponse* out) {
   out->mutable_text()->append(d.text);
@@ -49,16 +46,7 @@ grpc::Status GenerationService::CheckModel(const std::string& model) const {
 absl::StatusOr<std::shared_ptr<Request>> GenerationService::Start(
     const api::GenerateRequest& request) {
   if (grpc::Status s = CheckModel(request.model()); !s.ok()) return FromGrpc(s);
-  // The queue place comes first: a full server refuses before spending time on tokenization.
-  auto reserved = c_.scheduler().Reserve();
-  if (!reserved.ok()) return reserved.status();
-  auto job = JobFromRequest(c_, request);
-  if (!job.ok()) {
-    c_.scheduler().Unreserve(*reserved);
-    return job.status();
-  }
-  if (absl::Status s = c_.scheduler().Submit(*reserved, *std::move(job)); !s.ok()) return s;
-  return reserved;
+  return StartRequest(c_.scheduler(), [&] { return JobFromRequest(c_, request); });
 }
 
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
@@ -66,12 +54,12 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          api::GenerateResponse* response) {
   auto running = Start(*request);
   if (!running.ok()) return ToGrpc(running.status());
-  Request& r = **running;
-  while (!r.done()) {
-    if (context->IsCancelled()) r.Cancel();
-    if (auto d = r.Next(kPollMs)) AppendDelta(c_.tokenizer(), *d, request->logprobs(), response);
-  }
-  const Outcome o = r.outcome();
+  const Outcome o = RelayRequest(
+      **running, [context] { return context->IsCancelled(); },
+      [&](const Delta& d) {
+        AppendDelta(c_.tokenizer(), d, request->logprobs(), response);
+        return true;
+      });
   if (!o.status.ok()) return ToGrpc(o.status);
   SetFinal(o, response);
   return grpc::Status::OK;
@@ -82,16 +70,13 @@ grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context,
                                                grpc::ServerWriter<api::GenerateResponse>* writer) {
   auto running = Start(*request);
   if (!running.ok()) return ToGrpc(running.status());
-  Request& r = **running;
-  while (!r.done()) {
-    if (context->IsCancelled()) r.Cancel();
-    auto d = r.Next(kPollMs);
-    if (!d) continue;
-    api::GenerateResponse chunk;
-    AppendDelta(c_.tokenizer(), *d, request->logprobs(), &chunk);
-    if (!writer->Write(chunk)) r.Cancel();  // the client went away
-  }
-  const Outcome o = r.outcome();
+  const Outcome o = RelayRequest(
+      **running, [context] { return context->IsCancelled(); },
+      [&](const Delta& d) {
+        api::GenerateResponse chunk;
+        AppendDelta(c_.tokenizer(), d, request->logprobs(), &chunk);
+        return writer->Write(chunk);  // false: the client went away
+      });
   if (!o.status.ok()) return ToGrpc(o.status);
   api::GenerateResponse last;
   SetFinal(o, &last);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/metrics.h"
+#include "coordinator/text_hold.h"
 #include "worker/activations.h"
 
 namespace fucina {
@@ -524,14 +525,7 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
     a.held.clear();
   } else {
     size_t keep = 0;
-    for (const std::string& s : job.stop) {
-      for (size_t k = std::min(s.size() - 1, a.held.size()); k > keep; --k) {
-        if (a.held.compare(a.held.size() - k, k, s, 0, k) == 0) {
-          keep = k;
-          break;
-        }
-      }
-    }
+    for (const std::string& s : job.stop) keep = std::max(keep, PartialPrefixAtEnd(a.held, s));
     a.out.text += a.held.substr(0, a.held.size() - keep);
     a.held.erase(0, a.held.size() - keep);
   }
@@ -653,6 +647,31 @@ void Scheduler::UpdateSlotMetrics() {
                              ? static_cast<double>(slots_.size()) / pipeline_.kv_slots
                              : 0.0);
   }
+}
+
+absl::StatusOr<std::shared_ptr<Request>> StartRequest(
+    Scheduler& scheduler, const std::function<absl::StatusOr<GenerateJob>()>& make_job) {
+  auto reserved = scheduler.Reserve();
+  if (!reserved.ok()) return reserved.status();
+  auto job = make_job();
+  if (!job.ok()) {
+    scheduler.Unreserve(*reserved);
+    return job.status();
+  }
+  if (absl::Status s = scheduler.Submit(*reserved, *std::move(job)); !s.ok()) return s;
+  return reserved;
+}
+
+Outcome RelayRequest(Request& request, const std::function<bool()>& client_gone,
+                     const std::function<bool(const Delta&)>& on_delta) {
+  // Well inside the 1 s a disconnect may take to free its KV.
+  constexpr int kPollMs = 50;
+  while (!request.done()) {
+    if (client_gone()) request.Cancel();
+    auto d = request.Next(kPollMs);
+    if (d && !request.cancelled() && !on_delta(*d)) request.Cancel();
+  }
+  return request.outcome();
 }
 
 }  // namespace fucina

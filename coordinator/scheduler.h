@@ -201,6 +201,17 @@ class Scheduler {
   std::thread thread_;  // last
 };
 
+// What every front end does with a request, in this order: takes a queue place (a full server
+// refuses before spending time on tokenization), builds the job with `make_job` (tokenization,
+// templates), submits. On error the place is given back and the status is what to answer.
+absl::StatusOr<std::shared_ptr<Request>> StartRequest(
+    Scheduler& scheduler, const std::function<absl::StatusOr<GenerateJob>()>& make_job);
+
+// Hands the request's output to `on_delta` until it finishes. `client_gone` is polled every
+// 50 ms; when it says so, or `on_delta` returns false, the request is cancelled (its KV freed).
+Outcome RelayRequest(Request& request, const std::function<bool()>& client_gone,
+                     const std::function<bool(const Delta&)>& on_delta);
+
 }  // namespace fucina
 
 #endif  // FUCINA_COORDINATOR_SCHEDULER_H_

@@ -48,9 +48,11 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
                        const float* weights, int k, float* out) override {
     const int64_t hidden = model_.config().hidden;
     slots_.resize(n * k * hidden);
-    // Local pairs (owner -1) first.
-    std::vector<int32_t> rows, ids;
-    std::vector<int64_t> where;
+    // Local pairs (owner -1) first. The buffers are members: this runs for every MoE layer of
+    // every step.
+    std::vector<int32_t>& rows = rows_;
+    std::vector<int32_t>& ids = ids_;
+    std::vector<int64_t>& where = where_;
     for (int p = -1; p < static_cast<int>(peers_.size()); ++p) {
       rows.clear();
       ids.clear();
@@ -74,7 +76,8 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
         wire::ExpertForwardRequest request;
         request.set_layer(layer);
         request.set_hidden(hidden);
-        std::vector<int32_t> remap(n, -1);
+        std::vector<int32_t>& remap = remap_;
+        remap.assign(n, -1);
         std::string* xs = request.mutable_x();
         for (size_t q = 0; q < rows.size(); ++q) {
           int32_t& r = remap[rows[q]];
@@ -116,6 +119,8 @@ class WorkerActor::RemoteExperts : public ExpertFfn {
   std::vector<int> owner_;  // [num_experts]: index into peers_, -1 local
   std::vector<int64_t>* counts_;  // the actor's per-expert counts
   std::vector<float> slots_, out_;
+  std::vector<int32_t> rows_, ids_, remap_;
+  std::vector<int64_t> where_;
 };
 
 WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)

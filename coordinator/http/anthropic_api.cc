@@ -85,19 +85,12 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   if (j->contains("thinking") && (*j)["thinking"].is_object()) {
     render.enable_thinking = (*j)["thinking"].value("type", "") == "enabled";
   }
-  bool in_think = false;
-  auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
-    auto text = c_.chat_template().Render(messages, render);
-    if (!text.ok()) return text.status();
-    in_think = text->rfind("<think>") != std::string::npos &&
-               text->find("</think>", text->rfind("<think>")) == std::string::npos;
-    return c_.tokenizer().Encode(*text, true, true);
-  });
+  ThinkMode think;
+  auto request = StartJob(c_, job, [&] { return RenderChat(c_, messages, render, &think); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
   const std::string id = RandomId("msg_");
-  const bool think = c_.chat_template().source().find("<think>") != std::string::npos;
-  ReplyParser parser(think, in_think, /*parse_tools=*/false);
+  ReplyParser parser(think.parse, think.open, /*parse_tools=*/false);
   if (!stream->value_or(false)) {
     std::string text, thinking;
     auto take = [&](const std::vector<ReplyEvent>& events) {

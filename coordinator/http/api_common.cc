@@ -8,9 +8,6 @@
 namespace fucina::http_api {
 namespace {
 
-// How often a waiting handler checks for a disconnected client (well inside the 1 s bound).
-constexpr int kPollMs = 50;
-
 absl::Status TypeError(const char* name, const char* want) {
   return absl::InvalidArgumentError(absl::StrCat("field '", name, "' must be ", want));
 }
@@ -141,26 +138,31 @@ absl::Status ReadSampling(const json& j, const Coordinator& c, GenerateJob* job,
 absl::StatusOr<std::shared_ptr<Request>> StartJob(
     Coordinator& c, GenerateJob job,
     const std::function<absl::StatusOr<std::vector<int32_t>>()>& tokenize) {
-  auto reserved = c.scheduler().Reserve();
-  if (!reserved.ok()) return reserved.status();
-  auto prompt = tokenize();
-  if (!prompt.ok()) {
-    c.scheduler().Unreserve(*reserved);
-    return prompt.status();
-  }
-  job.prompt = *std::move(prompt);
-  if (absl::Status s = c.scheduler().Submit(*reserved, std::move(job)); !s.ok()) return s;
-  return reserved;
+  return StartRequest(c.scheduler(), [&]() -> absl::StatusOr<GenerateJob> {
+    auto prompt = tokenize();
+    if (!prompt.ok()) return prompt.status();
+    job.prompt = *std::move(prompt);
+    return std::move(job);
+  });
 }
 
 Outcome Relay(Request& request, HttpExchange& ex,
               const std::function<bool(const Delta&)>& on_delta) {
-  while (!request.done()) {
-    if (ex.ClientGone()) request.Cancel();
-    auto d = request.Next(kPollMs);
-    if (d && !request.cancelled() && !on_delta(*d)) request.Cancel();
+  return RelayRequest(request, [&ex] { return ex.ClientGone(); }, on_delta);
+}
+
+absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
+                                                const std::vector<ChatMessage>& messages,
+                                                const ChatRenderOptions& options,
+                                                ThinkMode* think) {
+  auto text = c.chat_template().Render(messages, options);
+  if (!text.ok()) return text.status();
+  if (think != nullptr) {
+    think->parse = c.chat_template().source().find("<think>") != std::string::npos;
+    const size_t open = text->rfind("<think>");
+    think->open = open != std::string::npos && text->find("</think>", open) == std::string::npos;
   }
-  return request.outcome();
+  return c.tokenizer().Encode(*text, true, true);
 }
 
 std::string RandomId(const std::string& prefix) {

@@ -53,6 +53,19 @@ absl::StatusOr<std::shared_ptr<Request>> StartJob(
 // the request is cancelled). Returns the outcome; `on_delta` returning false also cancels.
 Outcome Relay(Request& request, HttpExchange& ex, const std::function<bool(const Delta&)>& on_delta);
 
+// Whether a reply may open with a think block (the template knows <think>) and whether the
+// rendered prompt already opened one (the reply then starts inside it).
+struct ThinkMode {
+  bool parse = false;
+  bool open = false;
+};
+
+// Renders chat messages with the model's template and tokenizes them; fills *think if given.
+absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
+                                                const std::vector<ChatMessage>& messages,
+                                                const ChatRenderOptions& options,
+                                                ThinkMode* think = nullptr);
+
 std::string RandomId(const std::string& prefix);
 int64_t UnixTime();
 std::string SseData(const json& j);                          // "data: {...}\n\n"

@@ -264,21 +264,13 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
       render.enable_thinking = kw["enable_thinking"].get<bool>();
     }
   }
-  bool in_think = false;
-  auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
-    auto text = c_.chat_template().Render(*messages, render);
-    if (!text.ok()) return text.status();
-    // A prompt that opens the think block leaves the reply inside it.
-    in_think = text->size() >= 8 && text->rfind("<think>") != std::string::npos &&
-               text->find("</think>", text->rfind("<think>")) == std::string::npos;
-    return c_.tokenizer().Encode(*text, true, true);
-  });
+  ThinkMode think;
+  auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, render, &think); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
   const std::string id = RandomId("chatcmpl-");
   const int64_t created = UnixTime();
-  const bool think = c_.chat_template().source().find("<think>") != std::string::npos;
-  ReplyParser parser(think, in_think, parse_tools);
+  ReplyParser parser(think.parse, think.open, parse_tools);
   const Tokenizer& tok = c_.tokenizer();
   auto chunk = [&](json delta, json finish, json logprobs) {
     return SseData({{"id", id},

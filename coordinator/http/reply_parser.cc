@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "coordinator/text_hold.h"
 #include "nlohmann/json.hpp"
 
 namespace fucina {
@@ -11,14 +12,6 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
-
-// Length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t PartialTagSuffix(const std::string& s, std::string_view tag) {
-  for (size_t k = std::min(s.size(), tag.size() - 1); k > 0; --k) {
-    if (s.compare(s.size() - k, k, tag.data(), k) == 0) return k;
-  }
-  return 0;
-}
 
 bool IsBlank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; });
@@ -47,7 +40,7 @@ void ReplyParser::Emit(ReplyEvent::Kind kind, std::string text, std::vector<Repl
 
 void ReplyParser::EmitUpToPartial(ReplyEvent::Kind kind, const std::string& tag,
                                   std::vector<ReplyEvent>* out) {
-  const size_t keep = PartialTagSuffix(pending_, tag);
+  const size_t keep = PartialPrefixAtEnd(pending_, tag);
   Emit(kind, pending_.substr(0, pending_.size() - keep), out);
   pending_.erase(0, pending_.size() - keep);
 }
@@ -83,7 +76,7 @@ std::vector<ReplyEvent> ReplyParser::Push(std::string_view text) {
         }
         const size_t at = pending_.find(kThinkClose);
         if (at == std::string::npos) {
-          size_t keep = PartialTagSuffix(pending_, kThinkClose);
+          size_t keep = PartialPrefixAtEnd(pending_, kThinkClose);
           while (keep < pending_.size() && pending_[pending_.size() - keep - 1] == '\n') ++keep;
           Emit(ReplyEvent::kReasoning, pending_.substr(0, pending_.size() - keep), &out);
           pending_.erase(0, pending_.size() - keep);

@@ -85,11 +85,7 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
   if (!stream.ok()) return SendStatus(ex, d, stream.status(), "stream");
   auto messages = ReadInput(*j);
   if (!messages.ok()) return SendStatus(ex, d, messages.status(), "input");
-  auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
-    auto text = c_.chat_template().Render(*messages, ChatRenderOptions());
-    if (!text.ok()) return text.status();
-    return c_.tokenizer().Encode(*text, true, true);
-  });
+  auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, ChatRenderOptions()); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
   const std::string id = RandomId("resp_");
