@@ -62,7 +62,7 @@ Coordinator::~Coordinator() {
   cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   // Stopped while this object is whole: its last failures may still call MarkDead.
-  scheduler_->Stop();
+  if (scheduler_) scheduler_->Stop();
 }
 
 std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo& info,

