@@ -54,8 +54,8 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
 
   // Bytes a worker needs for layers [first, last) with `slots` resident sessions.
   auto stage_bytes = [&](int64_t first, int64_t last, bool emb, bool head, int slots) {
-    return r.size.LayersBytes(first, last, local_experts) + (emb ? r.size.embedding_bytes : 0) +
-           (head ? r.size.head_bytes : 0) + slots * kv_per_layer * (last - first);
+    return r.size.StageBytes(first, last, local_experts, emb, head) +
+           slots * kv_per_layer * (last - first);
   };
 
   // Target layer counts in proportion to cores, then assign front to back: each stage takes
@@ -146,9 +146,8 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
       ExpertPlan e;
       e.worker_id = w.id;
       for (int32_t x = j; x < c.num_experts; x += expert_workers) e.experts.push_back(x);
-      for (int64_t l = 0; l < num_layers; ++l) {
-        e.weight_bytes += r.size.expert_bytes[l] * static_cast<int64_t>(e.experts.size());
-      }
+      e.weight_bytes =
+          r.size.ExpertBytes(0, num_layers, static_cast<int64_t>(e.experts.size()));
       if (e.weight_bytes > Budget(w)) {
         plan.stages.clear();
         plan.status = absl::StrCat("not enough memory: expert worker ", w.id, " needs ",

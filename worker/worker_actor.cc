@@ -249,16 +249,12 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
   const ModelSize size = MeasureModel((*model)->file(), c);
   const int64_t first = (*model)->first_layer(), last = (*model)->last_layer();
   if (options.experts_only) {
-    weight_bytes_ = 0;
-    for (int64_t l = first; l < last; ++l) {
-      weight_bytes_ += size.expert_bytes[l] * request.serve_experts_size();
-    }
+    weight_bytes_ = size.ExpertBytes(first, last, request.serve_experts_size());
   } else {
     int64_t remote = 0;
     for (const wire::ExpertPeer& peer : request.expert_peers()) remote += peer.experts_size();
-    weight_bytes_ = size.LayersBytes(first, last, c.num_experts - remote) +
-                    (request.embeddings() ? size.embedding_bytes : 0) +
-                    (request.head() ? size.head_bytes : 0);
+    weight_bytes_ = size.StageBytes(first, last, c.num_experts - remote, request.embeddings(),
+                                    request.head());
     kv_bytes_per_session_ = KvBytesPerSession(c, last - first, request.context(), *cache_type);
   }
   if (options_.memory_budget > 0 && weight_bytes_ > options_.memory_budget) {

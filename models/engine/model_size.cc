@@ -17,6 +17,20 @@ int64_t ModelSize::LayersBytes(int64_t first, int64_t last, int64_t experts) con
   return total;
 }
 
+int64_t ModelSize::StageBytes(int64_t first, int64_t last, int64_t experts, bool embeddings,
+                              bool head) const {
+  return LayersBytes(first, last, experts) + (embeddings ? embedding_bytes : 0) +
+         (head ? head_bytes : 0);
+}
+
+int64_t ModelSize::ExpertBytes(int64_t first, int64_t last, int64_t experts) const {
+  int64_t total = 0;
+  for (int64_t l = first; l < last && l < static_cast<int64_t>(expert_bytes.size()); ++l) {
+    total += expert_bytes[l] * experts;
+  }
+  return total;
+}
+
 ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config) {
   ModelSize size;
   size.layer_bytes.assign(config.num_layers, 0);

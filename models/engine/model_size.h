@@ -19,6 +19,12 @@ struct ModelSize {
 
   // Weights of layers [first, last) with `experts` of each layer's experts local.
   int64_t LayersBytes(int64_t first, int64_t last, int64_t experts) const;
+  // A pipeline stage's weights: LayersBytes plus the embeddings and/or head it holds. The
+  // planner and the worker both size shards with this, so they agree on what fits.
+  int64_t StageBytes(int64_t first, int64_t last, int64_t experts, bool embeddings,
+                     bool head) const;
+  // An expert worker's weights: `experts` experts of every layer in [first, last).
+  int64_t ExpertBytes(int64_t first, int64_t last, int64_t experts) const;
 };
 
 ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config);
