@@ -5,6 +5,9 @@ set -euo pipefail
 FUCINA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export FUCINA_CACHE="${FUCINA_CACHE:-$HOME/.cache/fucina}"
 export CCACHE_DIR="${CCACHE_DIR:-$FUCINA_CACHE/ccache}"
+# Paths under the checkout's parent hash as relative ones, so a fresh clone or a second work tree
+# beside this one reuses the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$FUCINA_ROOT")}"
 mkdir -p "$FUCINA_CACHE"
 
 die() { echo "fucina setup: $*" >&2; exit 1; }
