@@ -1,10 +1,15 @@
 #include "coordinator/coordinator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/request_fields.h"
 #include "models/engine/kv_cache.h"
+#include "models/engine/model_size.h"
 #include "models/engine/registry.h"
 #include "worker/activations.h"
 
@@ -33,17 +38,32 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (!config.ok()) return config.status();
   c->config_ = *std::move(config);
   c->size_ = MeasureModel(*c->file_, c->config_);
+  {
+    // A context whose KV cache cannot exist would plan "ready" and then fail every request.
+    const int64_t kv = KvBytesPerSession(c->config_, c->config_.num_layers, options.context,
+                                         *ParseKvCacheType(options.cache_type));
+    const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+    if (options.context > kMaxContext || (ram > 0 && kv > ram)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ctx ", options.context, " needs ", kv, " bytes of ", options.cache_type,
+          " KV cache for one session; this machine has ", ram, " bytes of memory (at most ",
+          kMaxContext, " positions in any case)"));
+    }
+  }
   auto tokenizer = Tokenizer::FromGguf(*c->file_);
   if (!tokenizer.ok()) return tokenizer.status();
   c->tokenizer_ = *std::move(tokenizer);
   if (auto tmpl = ChatTemplate::FromGguf(*c->file_); tmpl.ok()) {
     c->chat_template_ = *std::move(tmpl);
   }
-  c->served_name_ = !options.served_name.empty() ? options.served_name
-                    : !c->config_.name.empty()   ? c->config_.name
-                                                 : std::filesystem::path(options.model_path)
-                                                       .stem()
-                                                       .string();
+  // Model ids are what clients type: the file's stem ("SmolLM2-135M-Instruct.Q4_1"), not
+  // general.name's free text ("Smollm2 135M 8k Lc100K Mix1 Ep2"), which stays an alias.
+  c->served_name_ = !options.served_name.empty()
+                        ? options.served_name
+                        : std::filesystem::path(options.model_path).stem().string();
+  for (int32_t id = 0; id < c->tokenizer_->vocab_size(); ++id) {
+    c->max_token_bytes_ = std::max(c->max_token_bytes_, c->tokenizer_->TokenToPiece(id).size());
+  }
   c->metrics_ = std::make_unique<Metrics>(std::move(registry), c->served_name_);
   Coordinator* self = c.get();
   c->scheduler_ = std::make_unique<Scheduler>(
@@ -115,7 +135,23 @@ bool Coordinator::Heartbeat(const std::string& worker_id) {
 }
 
 void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why) {
-  if (Forget(worker_id, why)) scheduler_->RequestReplan();
+  if (!Forget(worker_id, why)) return;
+  std::string address;
+  bool in_plan = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const StagePlan& s : plan_.stages) in_plan |= s.worker_id == worker_id;
+    for (const ExpertPlan& e : plan_.experts) in_plan |= e.worker_id == worker_id;
+    for (const WorkerRecord& w : workers_) {
+      if (w.id == worker_id) address = w.address;
+    }
+  }
+  // A worker that holds nothing of the current plan (a spare, or a stranger that registered and
+  // left) changes nothing for the running requests.
+  if (!in_plan) return;
+  scheduler_->WorkerDied(absl::UnavailableError(absl::StrCat(
+      "worker ", worker_id, address.empty() ? "" : absl::StrCat(" (", address, ")"),
+      " failed: ", why.message())));
 }
 
 bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) {
@@ -126,6 +162,7 @@ bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) 
       if (w.id == worker_id && w.alive) {
         w.alive = false;
         changed = true;
+        last_failure_ = absl::StrCat("worker ", w.id, " failed: ", why.message());
         std::fprintf(stderr, "worker %s (%s) marked dead: %s\n", w.id.c_str(),
                      w.address.c_str(), std::string(why.message()).c_str());
       }
@@ -199,7 +236,15 @@ Pipeline Coordinator::BuildPipeline() {
     pipeline.status = plan.status;
     if (!plan.ready) {
       pipeline.ready = false;
-      if (!infos.empty()) std::fprintf(stderr, "model not ready: %s\n", plan.status.c_str());
+      {
+        // Health and refusals then say why the workers went, not only that they did.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!last_failure_.empty()) {
+          pipeline.status = plan_.status =
+              absl::StrCat(plan.status, " (last failure: ", last_failure_, ")");
+        }
+      }
+      if (!infos.empty()) std::fprintf(stderr, "model not ready: %s\n", pipeline.status.c_str());
       return pipeline;
     }
     auto record = [&](const std::string& id) -> const WorkerRecord& {
@@ -314,73 +359,104 @@ Pipeline Coordinator::BuildPipeline() {
   return out;
 }
 
+bool Coordinator::Serves(const std::string& model) const {
+  return model.empty() || model == served_name_ || (!config_.name.empty() && model == config_.name);
+}
+
+absl::StatusOr<std::vector<int32_t>> Coordinator::Encode(std::string_view text,
+                                                         bool add_special) const {
+  // Each token stands for at most max_token_bytes_ bytes of text (+1: a prefix space SPM may
+  // add), so longer text has more tokens than the context holds.
+  const uint64_t limit =
+      static_cast<uint64_t>(options_.context) * (max_token_bytes_ + 1) + max_token_bytes_;
+  if (text.size() > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt's ", text.size(), " bytes cannot fit the context of ",
+                     options_.context, " tokens (--ctx; at most ", limit, " bytes)"));
+  }
+  return tokenizer_->Encode(text, add_special, true);
+}
+
+absl::StatusOr<std::vector<int32_t>> Coordinator::EncodeChat(std::vector<ChatMessage> messages,
+                                                             const ChatRenderOptions& options,
+                                                             std::string* rendered) const {
+  const bool has_system = std::any_of(messages.begin(), messages.end(),
+                                      [](const ChatMessage& m) { return m.role == "system"; });
+  if (!has_system && !options_.system_prompt.empty()) {
+    ChatMessage system;
+    system.role = "system";
+    system.content = options_.system_prompt;
+    messages.insert(messages.begin(), std::move(system));
+  }
+  auto text = chat_template_.Render(messages, options);
+  if (!text.ok()) return text.status();
+  auto ids = Encode(*text, true);
+  if (rendered != nullptr) *rendered = *std::move(text);
+  return ids;
+}
+
 absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
                                            const ::fucina::v1::GenerateRequest& request) {
   const CoordinatorOptions& o = c.options();
-  GenerateJob job;
-  job.sampling = o.sampling;
-  job.max_tokens = o.max_tokens;
+  // The fields as sent; the one validation module maps and checks them (request_fields.h).
+  RequestFields fields;
   const ::fucina::v1::Sampling& s = request.sampling();
-  if (s.has_temperature()) job.sampling.temperature = s.temperature();
-  if (s.has_top_k()) job.sampling.top_k = s.top_k();
-  if (s.has_top_p()) job.sampling.top_p = s.top_p();
-  if (s.has_min_p()) job.sampling.min_p = s.min_p();
-  if (s.has_repetition_penalty()) job.sampling.repetition_penalty = s.repetition_penalty();
-  if (s.has_presence_penalty()) job.sampling.presence_penalty = s.presence_penalty();
-  if (s.has_frequency_penalty()) job.sampling.frequency_penalty = s.frequency_penalty();
-  if (s.has_penalty_last_n()) job.sampling.penalty_last_n = s.penalty_last_n();
-  if (s.has_seed()) job.sampling.seed = s.seed();
-  if (request.has_max_tokens()) {
-    if (request.max_tokens() < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("max_tokens must be at least 1, got ",
-                                                     request.max_tokens()));
-    }
-    job.max_tokens = request.max_tokens();
+  if (s.has_temperature()) fields.temperature = s.temperature();
+  if (s.has_top_k()) fields.top_k = s.top_k();
+  if (s.has_top_p()) fields.top_p = s.top_p();
+  if (s.has_min_p()) fields.min_p = s.min_p();
+  if (s.has_repetition_penalty()) fields.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) fields.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) fields.frequency_penalty = s.frequency_penalty();
+  if (s.has_penalty_last_n()) fields.penalty_last_n = s.penalty_last_n();
+  if (s.has_seed()) fields.seed = s.seed();
+  // Sorted by id: a proto map's order is unspecified, the sampler's result must not depend on it.
+  std::map<int32_t, float> bias(s.logit_bias().begin(), s.logit_bias().end());
+  for (const auto& [id, b] : bias) fields.logit_bias.emplace_back(id, b);
+  if (request.has_max_tokens()) fields.max_tokens = request.max_tokens();
+  fields.top_logprobs = request.top_logprobs();
+  fields.stop.assign(request.stop().begin(), request.stop().end());
+  fields.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  fields.ignore_eos = request.ignore_eos();
+  GenerateJob job;
+  if (absl::Status st = ResolveRequestFields(fields, o.sampling, o.max_tokens,
+                                             c.tokenizer().vocab_size(), &job);
+      !st.ok()) {
+    return st;
   }
-  if (request.top_logprobs() < 0 || request.top_logprobs() > 20) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ",
-                                                   request.top_logprobs()));
-  }
-  job.sampling.top_logprobs = request.top_logprobs();
-  if (!std::isfinite(job.sampling.temperature) || !std::isfinite(job.sampling.top_p) ||
-      !std::isfinite(job.sampling.min_p)) {
-    return absl::InvalidArgumentError("sampling parameters must be finite");
-  }
-  job.stop.assign(request.stop().begin(), request.stop().end());
-  job.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
-  job.ignore_eos = request.ignore_eos();
+  absl::StatusOr<std::vector<int32_t>> prompt;
   switch (request.input_case()) {
     case ::fucina::v1::GenerateRequest::kPrompt:
-      job.prompt = c.tokenizer().Encode(request.prompt(), true, true);
+      prompt = c.Encode(request.prompt(), true);
       break;
     case ::fucina::v1::GenerateRequest::kTokenIds:
-      job.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      prompt = std::vector<int32_t>(request.token_ids().ids().begin(),
+                                    request.token_ids().ids().end());
       break;
     case ::fucina::v1::GenerateRequest::kMessages: {
       std::vector<ChatMessage> messages;
-      for (const auto& m : request.messages().messages()) {
-        if (m.role() != "system" && m.role() != "user" && m.role() != "assistant" &&
-            m.role() != "tool") {
-          return absl::InvalidArgumentError("messages: unknown role '" + m.role() + "'");
-        }
+      for (int i = 0; i < request.messages().messages_size(); ++i) {
+        const auto& m = request.messages().messages(i);
+        auto role = NormalizeRole(m.role(), absl::StrCat("messages[", i, "]"));
+        if (!role.ok()) return role.status();
         ChatMessage msg;
-        msg.role = m.role();
+        msg.role = *std::move(role);
         msg.content = m.content();
         messages.push_back(std::move(msg));
       }
-      if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
+      if (messages.empty()) return absl::InvalidArgumentError("field 'messages' is empty");
       ChatRenderOptions render;
       if (request.messages().has_enable_thinking()) {
         render.enable_thinking = request.messages().enable_thinking();
       }
-      auto text = c.chat_template().Render(messages, render);
-      if (!text.ok()) return text.status();
-      job.prompt = c.tokenizer().Encode(*text, true, true);
+      prompt = c.EncodeChat(std::move(messages), render);
       break;
     }
     default:
       return absl::InvalidArgumentError("one of prompt, token_ids or messages is required");
   }
+  if (!prompt.ok()) return prompt.status();
+  job.prompt = *std::move(prompt);
   if (job.prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
   return job;
 }

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -31,9 +32,15 @@
 
 namespace fucina {
 
+// The longest context accepted at all (positions per session).
+inline constexpr int64_t kMaxContext = int64_t{1} << 24;
+
 struct CoordinatorOptions {
   std::string model_path;
-  std::string served_name;  // empty: general.name, else the file stem
+  std::string served_name;  // empty: the model file's stem (general.name is an alias)
+  // Chat requests without a system message get this one ('' keeps the template's own default,
+  // which for small models can be long and derail them). The same default as `fucina run`.
+  std::string system_prompt = "You are a helpful assistant.";
   int64_t context = 4096;
   std::string cache_type = "f16";
   std::string activation_type = "f32";
@@ -79,10 +86,24 @@ class Coordinator {
 
   const CoordinatorOptions& options() const { return options_; }
   const std::string& served_name() const { return served_name_; }
+  // Whether a request's model field names the served model: empty, the served name, or the
+  // model's general.name.
+  bool Serves(const std::string& model) const;
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate& chat_template() const { return chat_template_; }
   Scheduler& scheduler() { return *scheduler_; }
+
+  // Tokenizes a prompt (special tokens parsed). Text that cannot fit the context whatever its
+  // tokens is refused before tokenization (INVALID_ARGUMENT), so a huge prompt costs no CPU: no
+  // token covers more than max_token_bytes() bytes of text.
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special) const;
+  // Renders chat messages with the model's template (adding the default system prompt when
+  // they have none) and tokenizes them as Encode does; the rendered text goes to *rendered.
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(std::vector<ChatMessage> messages,
+                                                  const ChatRenderOptions& options,
+                                                  std::string* rendered = nullptr) const;
+  size_t max_token_bytes() const { return max_token_bytes_; }
   Metrics& metrics() { return *metrics_; }
   ::fucina::v1::Placement placement() const;
   // Called on the scheduler thread after every (re-)plan with the model's readiness (gRPC
@@ -106,13 +127,15 @@ class Coordinator {
   ModelConfig config_;
   ModelSize size_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  size_t max_token_bytes_ = 1;  // the longest text one token stands for
   ChatTemplate chat_template_ = ChatTemplate::ChatMl();
   std::unique_ptr<Metrics> metrics_;
 
-  mutable std::mutex mu_;  // workers_, plan_, next_id_, stopping_
+  mutable std::mutex mu_;  // workers_, plan_, last_failure_, next_id_, stopping_
   std::condition_variable cv_;
   std::vector<WorkerRecord> workers_;
   Plan plan_;
+  std::string last_failure_;  // why the last worker was declared dead
   int next_id_ = 0;
   bool stopping_ = false;
   std::thread watcher_;

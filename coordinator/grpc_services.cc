@@ -37,7 +37,7 @@ void SetFinal(const Outcome& o, api::GenerateResponse* out) {
 }  // namespace
 
 grpc::Status GenerationService::CheckModel(const std::string& model) const {
-  if (model.empty() || model == c_.served_name()) return grpc::Status::OK;
+  if (c_.Serves(model)) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::NOT_FOUND,
                       absl::StrCat("model '", model, "' is not served here (serving '",
                                    c_.served_name(), "')"));

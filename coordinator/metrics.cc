@@ -46,7 +46,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
                   .Name("fucina_request_success_total")
                   .Help("Requests finished, by finish reason.")
                   .Register(*registry_);
-  for (const char* reason : {"stop", "length"}) {
+  // "abort": the client cancelled or went away (vLLM counts those here, not as failures).
+  for (const char* reason : {"stop", "length", "abort"}) {
     success_->Add({{"model_name", model_name}, {"finished_reason", reason}});
   }
   failed_ = counter("fucina_request_failure_total", "Requests that ended with an error.");
@@ -70,6 +71,11 @@ void Metrics::OnPrefixQuery(int64_t prompt_tokens, int64_t cached_tokens) {
 }
 
 void Metrics::OnFinished(const Outcome& outcome, double e2e_seconds) {
+  if (absl::IsCancelled(outcome.status)) {
+    success_->Add({{"model_name", model_name_}, {"finished_reason", "abort"}}).Increment();
+    e2e_->Observe(e2e_seconds);
+    return;
+  }
   if (!outcome.status.ok()) {
     failed_->Increment();
     return;

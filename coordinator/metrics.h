@@ -27,7 +27,8 @@ class Metrics {
   void OnGenerated(int64_t tokens) { generation_tokens_->Increment(static_cast<double>(tokens)); }
   void ObserveTtft(double seconds) { ttft_->Observe(seconds); }
   void ObserveItl(double seconds) { itl_->Observe(seconds); }
-  // A finished request: success by finish reason, or nothing for failures (counted apart).
+  // A finished request: success by finish reason ("abort" when the client cancelled), or a
+  // failure (counted apart).
   void OnFinished(const Outcome& outcome, double e2e_seconds);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/metrics.h"
 #include "coordinator/text_hold.h"
 #include "worker/activations.h"
+#include "worker/sampling_wire.h"
 
 namespace fucina {
 namespace {
@@ -16,25 +18,12 @@ double Now() {
       .count();
 }
 
-wire::Sampling ToWire(const SamplingParams& p) {
-  wire::Sampling s;
-  s.set_temperature(p.temperature);
-  s.set_top_k(p.top_k);
-  s.set_top_p(p.top_p);
-  s.set_min_p(p.min_p);
-  s.set_repetition_penalty(p.repetition_penalty);
-  s.set_presence_penalty(p.presence_penalty);
-  s.set_frequency_penalty(p.frequency_penalty);
-  s.set_penalty_last_n(p.penalty_last_n);
-  s.set_seed(p.seed);
-  s.set_top_logprobs(p.top_logprobs);
-  return s;
-}
-
-// Transport-level failures mean the worker is gone or stuck; anything else is about the request.
+// Transport-level failures mean the worker is gone or stuck, DATA_LOSS that its model file
+// broke under it; anything else is about the request.
 bool IsWorkerFailure(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) ||
-         absl::IsUnknown(s) || absl::IsInternal(s) || absl::IsFailedPrecondition(s);
+         absl::IsUnknown(s) || absl::IsInternal(s) || absl::IsFailedPrecondition(s) ||
+         absl::IsDataLoss(s);
 }
 
 size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -187,6 +176,37 @@ absl::Status Scheduler::Submit(const std::shared_ptr<Request>& request, Generate
 
 int64_t Scheduler::pipeline_context() const { return context_; }
 
+void Scheduler::WorkerDied(const absl::Status& why) {
+  std::function<void(bool)> hook;
+  std::vector<std::shared_ptr<WorkerClient>> clients;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    death_ = why;
+    replan_ = true;
+    ready_ = false;
+    status_ = absl::StrCat("re-planning: ", why.message());
+    hook = ready_hook_;
+    clients = stage_clients_;
+  }
+  if (hook) hook(false);
+  std::fprintf(stderr, "%s: cancelling the calls in flight on %zu stage(s)\n",
+               std::string(why.message()).c_str(), clients.size());
+  for (const auto& client : clients) client->CancelInFlight();
+  cv_.notify_all();
+}
+
+absl::Status Scheduler::StageFailure(const StageRef& stage, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!death_.ok()) return death_;  // the re-plan is already asked for
+  }
+  absl::Status failure = absl::UnavailableError(
+      absl::StrCat("worker ", stage.worker_id, " failed: ", status.message()));
+  if (on_failure_) on_failure_(stage.worker_id, failure);
+  RequestReplan();
+  return failure;
+}
+
 void Scheduler::RequestReplan(bool drain) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -257,6 +277,12 @@ void Scheduler::Replan() {
   FailAll(absl::UnavailableError("the cluster is being re-planned (a worker joined or left)"));
   slots_.clear();
   UpdateSlotMetrics();
+  {
+    // Deaths announced before this plan concern the old one.
+    std::lock_guard<std::mutex> lock(mu_);
+    death_ = absl::OkStatus();
+    stage_clients_.clear();
+  }
   pipeline_ = planner_();
   context_ = pipeline_.context;
   kv_slots_ = pipeline_.ready ? pipeline_.kv_slots : 0;
@@ -265,7 +291,9 @@ void Scheduler::Replan() {
     status_ = pipeline_.status;
     ++plans_;
     planning_ = false;
-    ready_ = pipeline_.ready;
+    // A death announced while planning leaves the model not ready; the loop plans again.
+    ready_ = pipeline_.ready && death_.ok();
+    for (const StageRef& stage : pipeline_.stages) stage_clients_.push_back(stage.client);
     if (!ready_) {
       // Fail fast: nothing queued can run until a worker joins.
       for (auto& r : queue_) {
@@ -287,6 +315,9 @@ void Scheduler::Replan() {
 void Scheduler::FailAll(const absl::Status& status) {
   for (auto& a : active_) {
     if (a->finished) continue;
+    // A re-plan (or shutdown) follows, which drops every session on every stage: no release
+    // calls, which a hung worker would hold until their deadline.
+    a->slot = nullptr;
     Finish(*a, status, "");
   }
   active_.clear();
@@ -296,15 +327,7 @@ void Scheduler::FailAll(const absl::Status& status) {
 absl::Status Scheduler::OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn) {
   for (const StageRef& stage : pipeline_.stages) {
     absl::Status s = fn(*stage.client);
-    if (!s.ok()) {
-      if (IsWorkerFailure(s)) {
-        s = absl::UnavailableError(absl::StrCat("worker ", stage.worker_id, " failed: ",
-                                                s.message()));
-        if (on_failure_) on_failure_(stage.worker_id, s);
-        RequestReplan();
-      }
-      return s;
-    }
+    if (!s.ok()) return IsWorkerFailure(s) ? StageFailure(stage, s) : s;
   }
   return absl::OkStatus();
 }
@@ -563,7 +586,7 @@ void Scheduler::Step() {
       if (end < job.prompt.size()) {
         seg->set_prefill_only(true);
       } else {
-        *seg->mutable_sampling() = ToWire(job.sampling);
+        *seg->mutable_sampling() = SamplingToWire(job.sampling);
       }
     } else {
       seg->add_token_ids(a->pending);
@@ -579,11 +602,7 @@ void Scheduler::Step() {
     if (!reply.ok()) {
       absl::Status status = reply.status();
       if (IsWorkerFailure(status)) {
-        status = absl::UnavailableError(absl::StrCat("worker ", stage.worker_id, " failed: ",
-                                                     status.message()));
-        if (on_failure_) on_failure_(stage.worker_id, status);
-        FailAll(status);
-        RequestReplan();
+        FailAll(StageFailure(stage, status));
         return;
       }
       for (Active* a : order) Finish(*a, status, "");

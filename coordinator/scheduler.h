@@ -140,6 +140,12 @@ class Scheduler {
   // Asks the loop to re-plan: at once, failing the running requests (a worker died), or with
   // `drain` once they finish, admitting no new ones meanwhile (a worker joined).
   void RequestReplan(bool drain = false);
+  // A worker of the current plan was declared dead from outside the loop (it stopped
+  // heartbeating; it may hang rather than fail). From any thread: the model is not ready at once
+  // (new requests are refused, not queued behind a hung call), the calls in flight on every stage
+  // are cancelled, the running requests fail with `why`, and the loop re-plans. The failures
+  // that the cancellation causes are laid to `why`, not to the stages whose calls were cut.
+  void WorkerDied(const absl::Status& why);
   // Blocks until `count` plans have been made since start (or the timeout); the readiness.
   bool WaitForPlans(int count, int timeout_ms);
   int plans() const;
@@ -162,8 +168,13 @@ class Scheduler {
   bool AcquireSlot(Active& a);
   void ReleaseSlot(uint64_t slot);
   void UpdateSlotMetrics();  // resident count and the KV usage gauge
+  // What a transport failure of `stage`'s call means: the death WorkerDied announced (which cut
+  // the call), or else the stage's worker failed, which is reported and starts a re-plan.
+  absl::Status StageFailure(const StageRef& stage, const absl::Status& status);
   // Runs `fn` on every stage; a failure marks the stage's worker as failed.
   absl::Status OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn);
+  // Fails every running request. Their sessions are not released: only a re-plan (which
+  // drops every session) or shutdown follows.
   void FailAll(const absl::Status& status);
   void Finish(Active& a, absl::Status status, const std::string& reason,
               const std::string& stop_sequence = "");
@@ -175,7 +186,7 @@ class Scheduler {
   FailureHook on_failure_;
   Metrics* metrics_;
 
-  mutable std::mutex mu_;  // guards queue_, replan_, planning_, stopping_, status_, plans_
+  mutable std::mutex mu_;  // guards queue_, replan_, planning_, stopping_, status_, plans_, death_, stage_clients_
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
   bool replan_ = true;
@@ -185,6 +196,8 @@ class Scheduler {
   bool planning_ = false;
   std::string status_ = "loading";
   std::function<void(bool)> ready_hook_;
+  absl::Status death_;  // set by WorkerDied until the re-plan: why calls in flight were cut
+  std::vector<std::shared_ptr<WorkerClient>> stage_clients_;  // the plan's, for WorkerDied
   std::atomic<bool> ready_{false};
   std::atomic<int> waiting_{0};
   std::atomic<int> running_{0};

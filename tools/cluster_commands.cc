@@ -41,9 +41,10 @@ namespace {
 
 namespace api = ::fucina::v1;
 
+// Exit code 2 for what the command line got wrong, 1 for everything else.
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  return 1;
+  return absl::IsInvalidArgument(status) ? 2 : 1;
 }
 
 // SIGINT/SIGTERM are blocked in every thread (call before starting any) and taken by
@@ -169,7 +170,11 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--http-idle-timeout", a->http.idle_timeout_s,
                   "Seconds an HTTP connection may wait for its next request")
       ->capture_default_str();
-  cmd->add_option("--served-model-name", o.served_name, "Name clients use (default: general.name)");
+  cmd->add_option("--served-model-name", o.served_name,
+                  "Model id clients use (default: the file's stem; general.name is an alias)");
+  cmd->add_option("--system", o.system_prompt,
+                  "System prompt for chat requests that have none ('' = the template's default)")
+      ->capture_default_str();
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();
   cmd->add_option("--cache-type", o.cache_type, "KV cache type: f32 | f16 | q8_0")
@@ -202,8 +207,40 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
       ->capture_default_str();
 }
 
+// Flags that would start a server that cannot work (or abort it later) are refused up front.
+absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
+  const CoordinatorOptions& o = a.options;
+  auto range = [](const char* flag, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
+    if (v >= lo && v <= hi) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " must be in [", lo, ", ", hi, "], got ", v));
+  };
+  for (absl::Status s : {
+           range("--threads", embedded ? a.threads : o.threads, 0, kMaxThreads),
+           range("--workers", a.workers, 1, 64),
+           range("--ctx", o.context, 2, kMaxContext),
+           range("--kv-slots", o.kv_slots, 1, 4096),
+           range("--batch", o.scheduler.batch, 1, 1024),
+           range("--max-queue", o.scheduler.max_queue, 1, 1 << 20),
+           range("--expert-workers", o.expert_workers, 0, 1024),
+           range("--gen", o.max_tokens, 1, kMaxContext),
+           range("--heartbeat-ms", o.heartbeat_ms, 10, 60'000),
+           range("--dead-after-ms", o.dead_after_ms, o.heartbeat_ms + 1, 3'600'000),
+           range("--max-connections", a.http.max_connections, 1, 1 << 16),
+           range("--max-body", static_cast<int64_t>(a.http.max_body_bytes), 1, int64_t{1} << 32),
+       }) {
+    if (!s.ok()) return s;
+  }
+  if (!(a.http.idle_timeout_s > 0 && a.http.idle_timeout_s <= 86400)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http-idle-timeout must be in (0, 86400] seconds, got ", a.http.idle_timeout_s));
+  }
+  return ValidateSamplingParams(o.sampling, 0, SamplingFieldNames::kFlags);
+}
+
 int RunCoordinator(ModelArgs a, bool embedded) {
   BlockStopSignals();
+  if (absl::Status s = ValidateModelArgs(a, embedded); !s.ok()) return Fail(s);
   if (a.model.empty()) {
     // The default model: FUCINA_DEFAULT_MODEL, else the SmolLM2 file scripts/serve.sh fetches
     // into the model cache.
@@ -225,7 +262,6 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   a.options.model_path = *path;
   auto budget = ParseBytes(a.memory_budget);
   if (!budget.ok()) return Fail(budget.status());
-  if (embedded && a.workers < 1) return Fail(absl::InvalidArgumentError("--workers must be >= 1"));
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto coordinator = Coordinator::Create(a.options, registry);
@@ -354,6 +390,10 @@ class WorkerCollectable : public prometheus::Collectable {
 
 int RunWorker(const WorkerArgs& a) {
   BlockStopSignals();
+  if (a.threads < 0 || a.threads > kMaxThreads) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--threads must be in [0, ", kMaxThreads, "], got ", a.threads)));
+  }
   if (a.coordinator.empty()) return Fail(absl::InvalidArgumentError("--coordinator is required"));
   auto budget = ParseBytes(a.memory_budget);
   if (!budget.ok()) return Fail(budget.status());

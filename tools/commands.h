@@ -9,6 +9,9 @@ class App;
 
 namespace fucina::cli {
 
+// The most threads any command accepts for --threads (0 there means all hardware threads).
+inline constexpr int kMaxThreads = 1024;
+
 void RegisterGgufCommands(CLI::App& app, int* exit_code);
 void RegisterBenchCommands(CLI::App& app, int* exit_code);
 void RegisterRunCommand(CLI::App& app, int* exit_code);

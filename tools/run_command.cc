@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "models/chat/chat_template.h"
@@ -49,9 +50,27 @@ struct RunArgs {
   SamplingParams sampling;
 };
 
+// Exit code 2 for what the command line got wrong, 1 for everything else.
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  return 1;
+  return absl::IsInvalidArgument(status) ? 2 : 1;
+}
+
+absl::Status ValidateRunArgs(const RunArgs& a) {
+  auto range = [](const char* flag, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
+    if (v >= lo && v <= hi) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " must be in [", lo, ", ", hi, "], got ", v));
+  };
+  constexpr int64_t kMaxPositions = int64_t{1} << 24;
+  for (absl::Status s : {range("--threads", a.threads, 0, kMaxThreads),
+                         range("--ctx", a.ctx, 2, kMaxPositions),
+                         range("--gen", a.gen, 1, kMaxPositions),
+                         range("--streams", a.streams, 1, 1024),
+                         range("--bench", a.bench, 0, 1000)}) {
+    if (!s.ok()) return s;
+  }
+  return ValidateSamplingParams(a.sampling, 0, SamplingFieldNames::kFlags);
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
@@ -122,9 +141,9 @@ int RunBench(Model& model, const std::vector<int32_t>& prompt, const RunArgs& ar
 }
 
 int RunModel(RunArgs args) {
+  if (absl::Status s = ValidateRunArgs(args); !s.ok()) return Fail(s);
   auto cache_type = ParseKvCacheType(args.cache_type);
   if (!cache_type.ok()) return Fail(cache_type.status());
-  if (args.streams < 1) return Fail(absl::InvalidArgumentError("--streams must be >= 1"));
   auto model_path = ResolveModel(args.model, isatty(STDERR_FILENO));
   if (!model_path.ok()) return Fail(model_path.status());
   ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());

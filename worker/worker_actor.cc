@@ -9,24 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "models/engine/model_size.h"
 #include "worker/activations.h"
+#include "worker/sampling_wire.h"
 
 namespace fucina {
 namespace {
-
-SamplingParams FromProto(const wire::Sampling& s) {
-  SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
-  p.top_p = s.top_p();
-  p.min_p = s.min_p();
-  p.repetition_penalty = s.repetition_penalty();
-  p.presence_penalty = s.presence_penalty();
-  p.frequency_penalty = s.frequency_penalty();
-  p.penalty_last_n = s.penalty_last_n();
-  p.seed = s.seed();
-  p.top_logprobs = std::clamp(s.top_logprobs(), 0, 20);
-  return p;
-}
 
 }  // namespace
 
@@ -326,6 +312,14 @@ absl::Status WorkerActor::CheckSegment(const wire::Segment& seg, int64_t* new_kv
                                                      vocab, ")"));
     }
   }
+  if (model_->has_head() && seg.has_sampling()) {
+    // The sampling stage receives what the coordinator validated; checked again so a bad value
+    // is a segment error here rather than garbage text.
+    if (auto p = SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)); !p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(), ": ",
+                                                     p.status().message()));
+    }
+  }
   if (model_->has_head() && !seg.all_logits() && !seg.prefill_only() && !seg.has_sampling() &&
       (it == sessions_.end() || it->second.sampler == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(),
@@ -365,6 +359,8 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
                                                    " is not this worker's stage ",
                                                    shard_.stage()));
   }
+  // A model file truncated while served must fail the step, not SIGBUS the process.
+  if (absl::Status s = model_->file().CheckMappedIntact(); !s.ok()) return s;
   const ModelConfig& c = model_->config();
   const int64_t hidden = c.hidden;
   const bool first = model_->has_embeddings();
@@ -499,7 +495,9 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       continue;
     }
     if (seg.has_sampling()) {
-      session.sampler = std::make_unique<Sampler>(FromProto(seg.sampling()));
+      // Validated with the segment, before any row ran.
+      session.sampler = std::make_unique<Sampler>(
+          *SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)));
     }
     const std::span<const float> row(&logits[next_sample++ * vocab], vocab);
     SampleResult sample = session.sampler->Sample(row, session.history);
@@ -518,6 +516,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
 absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
     const wire::ExpertForwardRequest& request) {
   if (model_ == nullptr) return absl::FailedPreconditionError("no shard loaded");
+  if (absl::Status s = model_->file().CheckMappedIntact(); !s.ok()) return s;
   const ModelConfig& c = model_->config();
   if (request.hidden() != c.hidden) {
     return absl::InvalidArgumentError(absl::StrCat("hidden ", request.hidden(), ", expected ",

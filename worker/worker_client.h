@@ -33,6 +33,10 @@ class WorkerClient {
   virtual absl::StatusOr<wire::SessionReply> ReleaseSession(
       const wire::ReleaseSessionRequest& request) = 0;
   virtual absl::StatusOr<wire::WorkerStats> GetStats() = 0;
+  // Makes the calls in flight return CANCELLED now (a remote peer that hangs would otherwise
+  // hold them until their deadline); later calls are not affected. In-process clients, whose
+  // calls cannot hang on a peer, need not do anything.
+  virtual void CancelInFlight() {}
 };
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a

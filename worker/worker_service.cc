@@ -1,7 +1,9 @@
 #include "worker/worker_service.h"
 
 #include <chrono>
+#include <mutex>
 
+#include "absl/container/flat_hash_set.h"
 #include "worker/grpc_util.h"
 
 namespace fucina {
@@ -54,6 +56,10 @@ class GrpcWorkerClient final : public WorkerClient {
     return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
                 deadlines_.control_ms);
   }
+  void CancelInFlight() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  }
 
  private:
   template <typename Request, typename Reply>
@@ -63,13 +69,24 @@ class GrpcWorkerClient final : public WorkerClient {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(deadline_ms));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.insert(&context);
+    }
     Reply reply;
     grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
+    {
+      // After this, CancelInFlight no longer reaches `context`, which is about to die.
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.erase(&context);
+    }
     if (!status.ok()) return FromGrpc(status);
     return reply;
   }
 
   WorkerDeadlines deadlines_;
+  std::mutex mu_;  // in_flight_
+  absl::flat_hash_set<grpc::ClientContext*> in_flight_;
   std::unique_ptr<wire::Worker::Stub> stub_;
 };
 

@@ -46,16 +46,12 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   if (!j.ok()) return SendStatus(ex, d, j.status());
   if (absl::Status s = CheckModel(*j, c_); !s.ok()) return SendStatus(ex, d, s);
   GenerateJob job;
-  if (absl::Status s = ReadSampling(*j, c_, &job, "stop_sequences"); !s.ok()) {
+  RequestFields fields;
+  fields.stop_field = "stop_sequences";
+  fields.max_tokens_required = true;
+  if (absl::Status s = ReadGenerationFields(*j, c_, std::move(fields), &job); !s.ok()) {
     return SendStatus(ex, d, s);
   }
-  auto max_tokens = OptInt(*j, "max_tokens");
-  if (!max_tokens.ok()) return SendStatus(ex, d, max_tokens.status());
-  if (!*max_tokens || **max_tokens < 1) {
-    return SendStatus(ex, d, absl::InvalidArgumentError("field 'max_tokens' is required and must "
-                                                        "be at least 1"));
-  }
-  job.max_tokens = **max_tokens;
   auto stream = OptBool(*j, "stream");
   if (!stream.ok()) return SendStatus(ex, d, stream.status());
 

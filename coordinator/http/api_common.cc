@@ -1,8 +1,10 @@
 #include "coordinator/http/api_common.h"
 
 #include <chrono>
+#include <limits>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace fucina::http_api {
@@ -31,6 +33,11 @@ absl::StatusOr<std::optional<double>> OptNumber(const json& j, const char* name)
 absl::StatusOr<std::optional<int64_t>> OptInt(const json& j, const char* name) {
   if (!j.contains(name) || j[name].is_null()) return std::nullopt;
   if (!j[name].is_number_integer()) return TypeError(name, "an integer");
+  // nlohmann keeps integers above INT64_MAX as unsigned; get<int64_t> would wrap them.
+  if (j[name].is_number_unsigned() &&
+      j[name].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return TypeError(name, "an integer of at most 9223372036854775807");
+  }
   return j[name].get<int64_t>();
 }
 
@@ -84,53 +91,87 @@ void SendStatus(HttpExchange& ex, ApiDialect dialect, const absl::Status& status
 absl::Status CheckModel(const json& j, const Coordinator& c) {
   auto model = OptString(j, "model");
   if (!model.ok()) return model.status();
-  if (*model && !(*model)->empty() && **model != c.served_name()) {
+  if (*model && !c.Serves(**model)) {
     return absl::NotFoundError(absl::StrCat("the model '", **model, "' does not exist (serving '",
                                             c.served_name(), "')"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ReadSampling(const json& j, const Coordinator& c, GenerateJob* job,
-                          const char* stop_field) {
-  const CoordinatorOptions& o = c.options();
-  job->sampling = o.sampling;
-  job->max_tokens = o.max_tokens;
-#define FUCINA_READ(getter, field, target)                   \
-  {                                                          \
-    auto v = getter(j, field);                               \
-    if (!v.ok()) return v.status();                          \
-    if (*v) target = static_cast<decltype(target)>(**v);     \
+absl::Status ReadGenerationFields(const json& j, const Coordinator& c, RequestFields f,
+                                  GenerateJob* job) {
+#define FUCINA_READ(getter, field, target) \
+  {                                        \
+    auto v = getter(j, field);             \
+    if (!v.ok()) return v.status();        \
+    if (*v) target = **v;                  \
   }
-  FUCINA_READ(OptNumber, "temperature", job->sampling.temperature);
-  FUCINA_READ(OptNumber, "top_p", job->sampling.top_p);
-  FUCINA_READ(OptInt, "top_k", job->sampling.top_k);
-  FUCINA_READ(OptNumber, "min_p", job->sampling.min_p);
-  FUCINA_READ(OptNumber, "presence_penalty", job->sampling.presence_penalty);
-  FUCINA_READ(OptNumber, "frequency_penalty", job->sampling.frequency_penalty);
-  FUCINA_READ(OptNumber, "repetition_penalty", job->sampling.repetition_penalty);
-  FUCINA_READ(OptInt, "seed", job->sampling.seed);
-  FUCINA_READ(OptBool, "ignore_eos", job->ignore_eos);
+  FUCINA_READ(OptNumber, "temperature", f.temperature);
+  FUCINA_READ(OptNumber, "top_p", f.top_p);
+  FUCINA_READ(OptInt, "top_k", f.top_k);
+  FUCINA_READ(OptNumber, "min_p", f.min_p);
+  FUCINA_READ(OptNumber, "presence_penalty", f.presence_penalty);
+  FUCINA_READ(OptNumber, "frequency_penalty", f.frequency_penalty);
+  FUCINA_READ(OptNumber, "repetition_penalty", f.repetition_penalty);
+  FUCINA_READ(OptBool, "ignore_eos", f.ignore_eos);
+  FUCINA_READ(OptInt, f.max_tokens_field.c_str(), f.max_tokens);
 #undef FUCINA_READ
-  if (job->sampling.temperature < 0) {
-    return absl::InvalidArgumentError("field 'temperature' must be >= 0");
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    // Any 64-bit integer, signed or not: a negative seed is its two's complement.
+    if (j["seed"].is_number_unsigned()) {
+      f.seed = j["seed"].get<uint64_t>();
+    } else if (j["seed"].is_number_integer()) {
+      f.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+    } else {
+      return absl::InvalidArgumentError("field 'seed' must be an integer");
+    }
   }
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
+    // OpenAI's shape: {"<token id>": bias, ...}.
+    const json& bias = j["logit_bias"];
+    if (!bias.is_object()) {
+      return absl::InvalidArgumentError(
+          "field 'logit_bias' must be an object mapping token ids to biases");
+    }
+    for (const auto& [key, value] : bias.items()) {
+      int64_t id;
+      if (!absl::SimpleAtoi(key, &id)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "field 'logit_bias' must map token ids to biases; '", ValidUtf8(key),
+            "' is not a token id"));
+      }
+      if (!value.is_number()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("field 'logit_bias': the bias of token ", id, " must be a number"));
+      }
+      f.logit_bias.emplace_back(id, value.get<double>());
+    }
+  }
+  const std::string& stop_field = f.stop_field;
   if (j.contains(stop_field) && !j[stop_field].is_null()) {
     const json& stop = j[stop_field];
+    const absl::Status bad = absl::InvalidArgumentError(
+        absl::StrCat("field '", stop_field, "' must be a string or an array of strings"));
     if (stop.is_string()) {
-      job->stop.push_back(stop.get<std::string>());
+      f.stop.push_back(stop.get<std::string>());
     } else if (stop.is_array()) {
       for (const json& s : stop) {
-        if (!s.is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("field '", stop_field, "' must be a string or an array of strings"));
-        }
-        job->stop.push_back(s.get<std::string>());
+        if (!s.is_string()) return bad;
+        f.stop.push_back(s.get<std::string>());
       }
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("field '", stop_field, "' must be a string or an array of strings"));
+      return bad;
     }
+  }
+  const CoordinatorOptions& o = c.options();
+  return ResolveRequestFields(f, o.sampling, o.max_tokens, c.tokenizer().vocab_size(), job);
+}
+
+absl::Status RefuseUnsupported(const json& j, std::initializer_list<Unsupported> fields) {
+  for (const Unsupported& u : fields) {
+    if (!j.contains(u.name) || j[u.name].is_null() || j[u.name] == u.noop) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", u.name, "' is not supported: ", u.why));
   }
   return absl::OkStatus();
 }
@@ -155,14 +196,15 @@ absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
                                                 const std::vector<ChatMessage>& messages,
                                                 const ChatRenderOptions& options,
                                                 ThinkMode* think) {
-  auto text = c.chat_template().Render(messages, options);
-  if (!text.ok()) return text.status();
+  std::string text;
+  auto ids = c.EncodeChat(messages, options, &text);
+  if (!ids.ok()) return ids.status();
   if (think != nullptr) {
     think->parse = c.chat_template().source().find("<think>") != std::string::npos;
-    const size_t open = text->rfind("<think>");
-    think->open = open != std::string::npos && text->find("</think>", open) == std::string::npos;
+    const size_t open = text.rfind("<think>");
+    think->open = open != std::string::npos && text.find("</think>", open) == std::string::npos;
   }
-  return c.tokenizer().Encode(*text, true, true);
+  return ids;
 }
 
 std::string RandomId(const std::string& prefix) {

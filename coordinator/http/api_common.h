@@ -4,6 +4,7 @@
 #define FUCINA_COORDINATOR_HTTP_API_COMMON_H_
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http/api.h"
+#include "coordinator/request_fields.h"
 #include "nlohmann/json.hpp"
 
 namespace fucina::http_api {
@@ -36,9 +38,23 @@ int HttpStatusFor(const absl::Status& status);
 void SendStatus(HttpExchange& ex, ApiDialect dialect, const absl::Status& status,
                 const std::string& param = "");
 
-// Common sampling fields (temperature, top_p, top_k, min_p, seed, penalties, stop) into job.
-absl::Status ReadSampling(const json& j, const Coordinator& c, GenerateJob* job,
-                          const char* stop_field);
+// The generation fields every endpoint shares (temperature, top_p, top_k, min_p, seed,
+// penalties, logit_bias, ignore_eos, the stop strings under fields.stop_field, the reply length
+// under fields.max_tokens_field) read into `fields` (which carries the endpoint's names and
+// anything it read itself, such as top_logprobs), then resolved into `job` over the server's
+// defaults by the one validation module (coordinator/request_fields.h).
+absl::Status ReadGenerationFields(const json& j, const Coordinator& c, RequestFields fields,
+                                  GenerateJob* job);
+
+// A field this server does not implement, with the value that means "not used": absent, null or
+// that value is fine; anything else is INVALID_ARGUMENT naming the field (never silently
+// ignored).
+struct Unsupported {
+  const char* name;
+  json noop;
+  const char* why;
+};
+absl::Status RefuseUnsupported(const json& j, std::initializer_list<Unsupported> fields);
 
 // The model field: absent means the served model; another name is NOT_FOUND.
 absl::Status CheckModel(const json& j, const Coordinator& c);

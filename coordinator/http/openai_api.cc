@@ -52,13 +52,9 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& j) {
       return absl::InvalidArgumentError(where + ".role must be a string");
     }
     ChatMessage msg;
-    msg.role = m["role"].get<std::string>();
-    if (msg.role == "developer") msg.role = "system";
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
-        msg.role != "tool") {
-      return absl::InvalidArgumentError(where + ".role '" + msg.role + "' is not one of system, "
-                                        "developer, user, assistant, tool");
-    }
+    auto role = NormalizeRole(m["role"].get<std::string>(), where);
+    if (!role.ok()) return role.status();
+    msg.role = *std::move(role);
     const json content = m.contains("content") ? m["content"] : json(nullptr);
     if (content.is_string()) {
       msg.content = content.get<std::string>();
@@ -194,19 +190,14 @@ struct CommonRequest {
 absl::Status ReadCommon(const json& j, const Coordinator& c, GenerateJob* job, CommonRequest* r,
                         bool chat) {
   if (absl::Status s = CheckModel(j, c); !s.ok()) return s;
-  if (absl::Status s = ReadSampling(j, c, job, "stop"); !s.ok()) return s;
-  for (const char* field : {"max_tokens", "max_completion_tokens"}) {
-    auto v = OptInt(j, field);
-    if (!v.ok()) return v.status();
-    if (*v) {
-      if (**v < 1) return absl::InvalidArgumentError(absl::StrCat("field '", field,
-                                                                  "' must be at least 1"));
-      job->max_tokens = **v;
-    }
+  RequestFields fields;
+  // Chat: max_completion_tokens replaced max_tokens; either is accepted, the newer one wins.
+  if (chat && j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null()) {
+    fields.max_tokens_field = "max_completion_tokens";
   }
   auto n = OptInt(j, "n");
   if (!n.ok()) return n.status();
-  if (*n && **n != 1) return absl::InvalidArgumentError("only n=1 is supported");
+  if (*n && **n != 1) return absl::InvalidArgumentError("field 'n': only n=1 is supported");
   auto stream = OptBool(j, "stream");
   if (!stream.ok()) return stream.status();
   r->stream = stream->value_or(false);
@@ -222,23 +213,27 @@ absl::Status ReadCommon(const json& j, const Coordinator& c, GenerateJob* job, C
     r->logprobs = lp->value_or(false);
     auto top = OptInt(j, "top_logprobs");
     if (!top.ok()) return top.status();
-    if (*top) {
-      if (**top < 0 || **top > 20) {
-        return absl::InvalidArgumentError("field 'top_logprobs' must be in [0, 20]");
-      }
-      job->sampling.top_logprobs = static_cast<int32_t>(**top);
-    }
+    fields.top_logprobs = *top;
   } else {
     auto lp = OptInt(j, "logprobs");
     if (!lp.ok()) return lp.status();
     if (*lp) {
-      if (**lp < 0 || **lp > 20) {
-        return absl::InvalidArgumentError("field 'logprobs' must be in [0, 20]");
+      if (**lp < 0 || **lp > kMaxTopLogprobs) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("field 'logprobs' must be in [0, ", kMaxTopLogprobs, "]"));
       }
       r->logprobs = true;
-      job->sampling.top_logprobs = static_cast<int32_t>(**lp);
+      fields.top_logprobs = *lp;
+    }
+    if (absl::Status s = RefuseUnsupported(
+            j, {{"echo", false, "the prompt is not echoed back"},
+                {"best_of", 1, "only one completion is generated (best_of 1)"},
+                {"suffix", "", "insertion (text after the completion) is not supported"}});
+        !s.ok()) {
+      return s;
     }
   }
+  if (absl::Status s = ReadGenerationFields(j, c, std::move(fields), job); !s.ok()) return s;
   return CheckResponseFormat(j);
 }
 
@@ -413,7 +408,7 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
     }
   }
   auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
-    if (text_prompt) return c_.tokenizer().Encode(prompt.get<std::string>(), true, true);
+    if (text_prompt) return c_.Encode(prompt.get<std::string>(), true);
     return ids;
   });
   if (!request.ok()) return SendStatus(ex, d, request.status());

@@ -71,15 +71,10 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
   if (!j.ok()) return SendStatus(ex, d, j.status());
   if (absl::Status s = CheckModel(*j, c_); !s.ok()) return SendStatus(ex, d, s, "model");
   GenerateJob job;
-  if (absl::Status s = ReadSampling(*j, c_, &job, "stop"); !s.ok()) return SendStatus(ex, d, s);
-  auto max_tokens = OptInt(*j, "max_output_tokens");
-  if (!max_tokens.ok()) return SendStatus(ex, d, max_tokens.status(), "max_output_tokens");
-  if (*max_tokens) {
-    if (**max_tokens < 1) {
-      return SendStatus(ex, d, absl::InvalidArgumentError("field 'max_output_tokens' must be at "
-                                                          "least 1"));
-    }
-    job.max_tokens = **max_tokens;
+  RequestFields fields;
+  fields.max_tokens_field = "max_output_tokens";
+  if (absl::Status s = ReadGenerationFields(*j, c_, std::move(fields), &job); !s.ok()) {
+    return SendStatus(ex, d, s);
   }
   auto stream = OptBool(*j, "stream");
   if (!stream.ok()) return SendStatus(ex, d, stream.status(), "stream");

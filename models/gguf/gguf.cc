@@ -243,10 +243,29 @@ File::~File() {
     if (b.data == nullptr) continue;
     if (b.mapped) {
       munmap(const_cast<uint8_t*>(b.data), b.size);
+      ::close(b.fd);
     } else {
       ::operator delete(const_cast<uint8_t*>(b.data), kCopyAlignment);
     }
   }
+}
+
+absl::Status File::CheckMappedIntact() const {
+  for (const Buffer& b : buffers_) {
+    if (!b.mapped) continue;
+    struct stat st;
+    if (::fstat(b.fd, &st) != 0) {
+      const int err = errno;
+      return absl::ErrnoToStatus(err, absl::StrCat(b.path, ": cannot stat the mapped file"));
+    }
+    if (static_cast<uint64_t>(st.st_size) < b.size) {
+      return absl::DataLossError(absl::StrCat(
+          b.path, " was truncated from ", b.size, " to ", st.st_size,
+          " bytes while mapped; restart with an intact file (replace model files by renaming a "
+          "new file over them, never by writing into them)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 const Value* File::Find(std::string_view key) const {
@@ -299,8 +318,11 @@ absl::StatusOr<std::unique_ptr<File>> File::MapOne(const std::string& path) {
     }
     buf.data = static_cast<const uint8_t*>(p);
     buf.mapped = true;
+    buf.fd = fd;  // the mapping needs no descriptor; CheckMappedIntact does
+    buf.path = path;
+  } else {
+    ::close(fd);
   }
-  ::close(fd);  // The mapping stays valid without the descriptor.
   file->buffers_.push_back(buf);
   return file;
 }

@@ -77,6 +77,11 @@ class File {
   uint64_t file_size() const { return file_size_; }
   // Number of parts (1 unless split).
   size_t num_splits() const { return buffers_.size(); }
+  // OK while every mapped part still has the size it was mapped with. A file truncated in place
+  // while mapped turns any read past its new end into SIGBUS: callers check this before a pass
+  // over the weights and fail with its DATA_LOSS error (naming the file and both sizes) instead.
+  // (Replacing the file by renaming a new one over it is safe: the mapping keeps the old one.)
+  absl::Status CheckMappedIntact() const;
 
  private:
   // Bytes backing one part: a read-only mapping or an owned aligned copy.
@@ -84,6 +89,8 @@ class File {
     const uint8_t* data = nullptr;
     uint64_t size = 0;
     bool mapped = false;
+    int fd = -1;       // mapped: kept open to watch the file's size (CheckMappedIntact)
+    std::string path;  // mapped: for messages
   };
 
   File() = default;

@@ -116,6 +116,7 @@ void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> his
   for (float& x : work_) {
     if (std::isnan(x)) x = kNegInf;
   }
+  ApplyLogitBias(work_, params_.logit_bias);
   ApplyPenalties(work_, history, params_);
   candidates_.clear();
   if (work_.empty()) return;

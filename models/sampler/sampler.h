@@ -1,9 +1,9 @@
 // Token sampler: picks the next token from a row of logits the way llama.cpp's default sampler
 // chain does, restricted to the stages Fucina exposes:
 //
-//   penalties -> top_k -> top_p -> min_p -> temperature -> dist
+//   logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> dist
 //
-// (llama.cpp common/common.h's default order is penalties, dry, top_n_sigma, top_k, typical_p,
+// (llama.cpp adds the logit-bias sampler first too; common/common.h's default order is then penalties, dry, top_n_sigma, top_k, typical_p,
 // top_p, min_p, xtc, temperature; the stages not listed here are off by default there.) So
 // top_p and min_p judge the untempered probabilities, and temperature only reshapes the
 // survivors. temperature <= 0 is greedy: the argmax of the penalized logits, ties to the
@@ -22,9 +22,17 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "models/sampler/rng.h"
 
 namespace fucina {
+
+// Added to a token's logit before anything else (OpenAI's logit_bias: -100 bans a token in
+// practice, +100 all but forces it).
+struct LogitBias {
+  int32_t id;
+  float bias;
+};
 
 // Defaults are llama.cpp's (common_params_sampling).
 struct SamplingParams {
@@ -38,7 +46,31 @@ struct SamplingParams {
   int32_t penalty_last_n = 64;     // Window: the last N history tokens; 0: off; -1: all.
   uint64_t seed = 0;
   int32_t top_logprobs = 0;        // Entries in SampleResult::top (clamped to the vocabulary).
+  std::vector<LogitBias> logit_bias;  // Ids outside the vocabulary are ignored.
 };
+
+// The accepted ranges, shared by every front end (HTTP, gRPC, the CLI's flags) and the worker.
+inline constexpr float kMaxTemperature = 100.0f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
+inline constexpr float kMaxAbsPresenceFrequencyPenalty = 2.0f;  // OpenAI's [-2, 2]
+inline constexpr float kMaxAbsLogitBias = 100.0f;               // OpenAI's [-100, 100]
+inline constexpr size_t kMaxLogitBiasEntries = 4096;
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// How ValidateSamplingParams names a field in its messages.
+enum class SamplingFieldNames {
+  kRequest,  // "field 'temperature' ..." (the HTTP and gRPC request fields)
+  kFlags,    // "--temp ..." (the command-line defaults of run, serve and coordinator)
+};
+
+// OK when every field is in its range: temperature finite in [0, kMaxTemperature]; top_p in
+// (0, 1]; min_p in [0, 1]; top_k >= -1 (<= 0: off); repetition_penalty in
+// (0, kMaxRepetitionPenalty]; presence/frequency penalties in [-2, 2]; penalty_last_n >= -1;
+// top_logprobs in [0, kMaxTopLogprobs]; at most kMaxLogitBiasEntries logit biases, each finite in
+// [-100, 100] with an id in [0, vocab_size) (vocab_size <= 0: ids are not checked). Otherwise
+// INVALID_ARGUMENT naming the field, the range and the value.
+absl::Status ValidateSamplingParams(const SamplingParams& params, int32_t vocab_size,
+                                    SamplingFieldNames names = SamplingFieldNames::kRequest);
 
 struct TokenLogprob {
   int32_t id;
@@ -63,6 +95,8 @@ struct Candidate {
 // The stages, exposed for tests and for callers composing their own chains. Each keeps
 // `candidates` ordered by (logit descending, id ascending) on return.
 //
+// Adds each bias to its token's logit (ids outside [0, logits.size()) are ignored).
+void ApplyLogitBias(std::span<float> logits, std::span<const LogitBias> biases);
 // llama.cpp's penalties: for each token with count c > 0 in the last `penalty_last_n` entries
 // of `history`: logit = logit <= 0 ? logit * repetition_penalty : logit / repetition_penalty;
 // then logit -= c * frequency_penalty + presence_penalty. History ids outside [0, n) are

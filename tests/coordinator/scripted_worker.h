@@ -25,12 +25,18 @@ class ScriptedWorker : public WorkerClient {
     std::lock_guard<std::mutex> lock(mu_);
     wire::ForwardResponse response;
     for (const wire::Segment& seg : request.segments()) {
-      if (seg.pos0() == 0) prompt_.clear();
-      if (prompt_.size() == static_cast<size_t>(seg.pos0()) && next_[seg.session_id()] == 0) {
+      // Prompt chunks are the prefill-only ones and the last, which brings the sampling; a
+      // chunk after a reused prefix (pos0 > 0) extends what the last prompt shared with it.
+      const bool prompt_chunk = seg.prefill_only() || seg.has_sampling();
+      if (prompt_chunk && static_cast<size_t>(seg.pos0()) <= prompt_.size()) {
+        prompt_.resize(seg.pos0());
         prompt_.insert(prompt_.end(), seg.token_ids().begin(), seg.token_ids().end());
       }
       // Sampling parameters come with a request's last prompt chunk: its reply starts over.
-      if (seg.has_sampling()) next_[seg.session_id()] = 0;
+      if (seg.has_sampling()) {
+        next_[seg.session_id()] = 0;
+        sampling_ = seg.sampling();
+      }
       if (seg.prefill_only()) continue;
       size_t& i = next_[seg.session_id()];
       wire::SegmentResult* r = response.add_results();
@@ -60,6 +66,11 @@ class ScriptedWorker : public WorkerClient {
     std::lock_guard<std::mutex> lock(mu_);
     return prompt_;
   }
+  // The sampling parameters of the last request that started.
+  wire::Sampling sampling() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sampling_;
+  }
 
  private:
   std::mutex mu_;
@@ -67,6 +78,7 @@ class ScriptedWorker : public WorkerClient {
   int32_t eos_;
   std::map<uint64_t, size_t> next_;
   std::vector<int32_t> prompt_;
+  wire::Sampling sampling_;
 };
 
 }  // namespace fucina

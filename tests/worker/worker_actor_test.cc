@@ -11,6 +11,7 @@
 
 #include "models/gguf/fixture.h"
 #include "worker/activations.h"
+#include "worker/sampling_wire.h"
 
 namespace fucina {
 namespace {
@@ -51,7 +52,11 @@ class WorkerActorTest : public testing::Test {
     s.set_session_id(session);
     s.set_pos0(pos0);
     for (int32_t id : ids) s.add_token_ids(id);
-    if (sample) s.mutable_sampling()->set_temperature(0);
+    if (sample) {
+      SamplingParams greedy;
+      greedy.temperature = 0;
+      *s.mutable_sampling() = SamplingToWire(greedy);
+    }
     return s;
   }
 
@@ -174,6 +179,58 @@ TEST_F(WorkerActorTest, BadSegmentsFailAloneInABatch) {
   EXPECT_EQ(r->results(0).session_id(), 1u);
   EXPECT_EQ(r->results(1).session_id(), 3u);
   EXPECT_EQ(w.GetStats()->sessions(), 2);
+}
+
+TEST_F(WorkerActorTest, OutOfRangeSamplingFailsItsSegmentAlone) {
+  // The coordinator validates first; the stage checks again with the same ranges rather than
+  // sample garbage from, say, a negative repetition penalty.
+  WorkerActor w({.threads = 1});
+  ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {3, 4});
+  wire::Segment bad = Seg(2, 0, {5});
+  bad.mutable_sampling()->set_repetition_penalty(-3);
+  *f.add_segments() = bad;
+  wire::Segment bias = Seg(3, 0, {6});
+  wire::TokenBias* b = bias.mutable_sampling()->add_logit_bias();
+  b->set_id(1 << 30);  // outside the vocabulary
+  b->set_bias(1);
+  *f.add_segments() = bias;
+  auto r = w.Forward(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->errors_size(), 2);
+  EXPECT_EQ(r->errors(0).index(), 1);
+  EXPECT_NE(r->errors(0).message().find("repetition_penalty"), std::string::npos)
+      << r->errors(0).message();
+  EXPECT_EQ(r->errors(1).index(), 2);
+  EXPECT_NE(r->errors(1).message().find("logit_bias"), std::string::npos)
+      << r->errors(1).message();
+  ASSERT_EQ(r->results_size(), 1);
+  EXPECT_EQ(r->results(0).session_id(), 1u);
+}
+
+TEST_F(WorkerActorTest, LogitBiasSteersTheLastStagesSample) {
+  WorkerActor w({.threads = 1});
+  ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {3, 4});
+  auto plain = w.Forward(f);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const int32_t greedy = plain->results(0).token();
+  // The greedy choice banned, another forced: the same prompt on a new session.
+  wire::Segment seg = Seg(2, 0, {3, 4});
+  wire::TokenBias* ban = seg.mutable_sampling()->add_logit_bias();
+  ban->set_id(greedy);
+  ban->set_bias(-100);
+  const int32_t forced = greedy == 7 ? 8 : 7;
+  wire::TokenBias* force = seg.mutable_sampling()->add_logit_bias();
+  force->set_id(forced);
+  force->set_bias(100);
+  wire::ForwardRequest g;
+  *g.add_segments() = seg;
+  auto biased = w.Forward(g);
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_EQ(biased->results(0).token(), forced);
 }
 
 TEST_F(WorkerActorTest, TruncateCopyAndRelease) {

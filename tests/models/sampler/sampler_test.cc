@@ -367,5 +367,66 @@ TEST(Sampler, MaskedAndNanLogitsAreNeverDrawn) {
   EXPECT_EQ(s.Sample(std::vector<float>{}, {}).id, -1);
 }
 
+TEST(Sampler, LogitBiasAppliesBeforeEverythingAndLogprobsStayRaw) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f};
+  SamplingParams p = NoFilters(0.0f);
+  // -100 bans the argmax; +100 forces a token the model ranks last; out-of-vocab ids do nothing.
+  p.logit_bias = {{1, -100.0f}, {7, 50.0f}};
+  EXPECT_EQ(Sampler(p).Sample(logits, {}).id, 3);
+  p.logit_bias = {{2, 100.0f}};
+  SampleResult forced = Sampler(p).Sample(logits, {});
+  EXPECT_EQ(forced.id, 2);
+  // Reported under the model's own distribution, as without a bias.
+  const SampleResult plain = Sampler(NoFilters(0.0f)).Sample(logits, {});
+  double z = 0;
+  for (float x : logits) z += std::exp(double(x));
+  EXPECT_NEAR(forced.logprob, -1.0 - std::log(z), 1e-5);
+  EXPECT_NEAR(plain.logprob, 2.0 - std::log(z), 1e-5);
+  // A bias adds to the logit: +0.15 lifts token 3 (1.9) over token 1 (2.0), +0.05 does not.
+  p.logit_bias = {{3, 0.15f}};
+  EXPECT_EQ(Sampler(p).Sample(logits, {}).id, 3);
+  p.logit_bias = {{3, 0.05f}};
+  EXPECT_EQ(Sampler(p).Sample(logits, {}).id, 1);
+}
+
+TEST(ValidateSamplingParams, EveryFieldHasItsRange) {
+  EXPECT_TRUE(ValidateSamplingParams(SamplingParams(), 100).ok());
+  struct Case {
+    void (*set)(SamplingParams&);
+    const char* request_name;
+    const char* flag;
+  } cases[] = {
+      {[](SamplingParams& p) { p.temperature = -0.1f; }, "field 'temperature'", "--temp"},
+      {[](SamplingParams& p) { p.temperature = std::nanf(""); }, "field 'temperature'", "--temp"},
+      {[](SamplingParams& p) { p.top_p = 0.0f; }, "field 'top_p'", "--top-p"},
+      {[](SamplingParams& p) { p.min_p = 1.5f; }, "field 'min_p'", "--min-p"},
+      {[](SamplingParams& p) { p.top_k = -2; }, "field 'top_k'", "--top-k"},
+      {[](SamplingParams& p) { p.repetition_penalty = 0.0f; }, "field 'repetition_penalty'",
+       "--repeat-penalty"},
+      {[](SamplingParams& p) { p.presence_penalty = 2.5f; }, "field 'presence_penalty'",
+       "--presence-penalty"},
+      {[](SamplingParams& p) { p.frequency_penalty = -std::numeric_limits<float>::infinity(); },
+       "field 'frequency_penalty'", "--frequency-penalty"},
+      {[](SamplingParams& p) { p.top_logprobs = 21; }, "field 'top_logprobs'", "top_logprobs"},
+      {[](SamplingParams& p) { p.logit_bias = {{100, 1.0f}}; }, "field 'logit_bias'",
+       "logit_bias"},
+      {[](SamplingParams& p) { p.logit_bias = {{1, -100.5f}}; }, "field 'logit_bias'",
+       "logit_bias"},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    c.set(p);
+    const absl::Status request = ValidateSamplingParams(p, 100);
+    EXPECT_TRUE(absl::IsInvalidArgument(request)) << c.request_name;
+    EXPECT_EQ(request.message().rfind(c.request_name, 0), 0u) << request;
+    const absl::Status flag = ValidateSamplingParams(p, 100, SamplingFieldNames::kFlags);
+    EXPECT_EQ(flag.message().rfind(c.flag, 0), 0u) << flag;
+  }
+  // Without a vocabulary size, ids are not checked (the CLI's defaults carry none anyway).
+  SamplingParams p;
+  p.logit_bias = {{123456, 1.0f}};
+  EXPECT_TRUE(ValidateSamplingParams(p, 0).ok());
+}
+
 }  // namespace
 }  // namespace fucina
