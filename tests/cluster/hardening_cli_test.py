@@ -124,6 +124,21 @@ class WorkerFaultTest(cc.ClusterTestCase):
         self.assertEqual(chunks[-1].finish_reason, "length")
 
 
+    def test_a_cancelled_stream_counts_as_an_abort_not_a_failure(self):
+        c = self.cluster()
+        c.serve(cc.fixture("dense"), 1)
+        self.wait_ready(c, 1)
+        stream = c.api.GenerateStream(long_request(), timeout=cc.RPC_S)
+        self.assertTrue(next(stream).token_ids)
+        stream.cancel()
+        name = c.api.ListModels(cc.pb.ListModelsRequest(), timeout=10).models[0].name
+        abort = f'fucina_request_success_total{{finished_reason="abort",model_name="{name}"}}'
+        failure = f'fucina_request_failure_total{{model_name="{name}"}}'
+        self.wait_until("the abort counted",
+                        lambda: cc.series(cc.scrape(c.front.metrics)).get(abort) == 1, 10, c)
+        self.assertEqual(cc.series(cc.scrape(c.front.metrics))[failure], 0)
+
+
 @unittest.skipUnless(cc.HAVE_SMOLLM2, cc.NO_SMOLLM2)
 class ServedModelTest(cc.ClusterTestCase):
     def test_a_model_file_truncated_while_served_fails_requests_not_the_process(self):
