@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -242,6 +243,14 @@ class StartupFlagTest(unittest.TestCase):
                    "--kv-slots")
         self.check(["run", cc.SMOLLM2, "--prompt", "x", "--threads", "100000"], "--threads")
         self.check(["run", cc.SMOLLM2, "--prompt", "x", "--temp", "-1"], "--temp")
+
+    @unittest.skipUnless(shutil.which("cmake"), "cmake not installed")
+    def test_the_cuda_option_says_there_are_no_cuda_kernels_yet(self):
+        with tempfile.TemporaryDirectory(prefix="fucina-cuda-configure-") as build:
+            p = subprocess.run(["cmake", "-S", cc.ROOT, "-B", build, "-DFUCINA_CUDA=ON",
+                                "-DFUCINA_TESTS=OFF"], capture_output=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"no CUDA kernels yet", p.stderr)
 
     def test_worker_threads_are_checked_before_anything_starts(self):
         self.check(["worker", "--coordinator", "127.0.0.1:1", "--listen", "127.0.0.1:0",
