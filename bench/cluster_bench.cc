@@ -46,6 +46,9 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 
 // Workers in this process; with `grpc`, each behind its own loopback gRPC server.
 struct BenchCluster {
+  // The loopback servers take cluster calls with this token, as a worker process does.
+  std::unique_ptr<CallGate> gate;
+  ClusterCredentials credentials;
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<Coordinator> coordinator;
   std::vector<std::shared_ptr<WorkerActor>> actors;
@@ -79,7 +82,14 @@ absl::StatusOr<std::unique_ptr<BenchCluster>> Start(const ClusterBenchArgs& a, i
     auto actor = std::make_shared<WorkerActor>(WorkerOptions{.threads = threads});
     std::shared_ptr<WorkerClient> client = actor;
     if (grpc) {
-      auto service = std::make_unique<WorkerService>(*actor);
+      if (b->gate == nullptr) {
+        auto token = NewRandomToken();
+        if (!token.ok()) return token.status();
+        b->gate = std::make_unique<CallGate>(CallGateOptions{
+            .cluster_token = *token, .require_peer_certificate = false, .api_key = ""});
+        b->credentials = MakeClusterCredentials(std::nullopt, *token);
+      }
+      auto service = std::make_unique<WorkerService>(*actor, *b->gate);
       grpc::ServerBuilder builder;
       int port = 0;
       builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -88,7 +98,7 @@ absl::StatusOr<std::unique_ptr<BenchCluster>> Start(const ClusterBenchArgs& a, i
       builder.RegisterService(service.get());
       auto server = builder.BuildAndStart();
       if (server == nullptr) return absl::UnavailableError("cannot start a loopback server");
-      client = MakeGrpcWorkerClient(absl::StrCat("127.0.0.1:", port));
+      client = MakeGrpcWorkerClient(absl::StrCat("127.0.0.1:", port), b->credentials);
       b->services.push_back(std::move(service));
       b->servers.push_back(std::move(server));
     }

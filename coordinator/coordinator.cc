@@ -86,8 +86,9 @@ Coordinator::~Coordinator() {
 }
 
 std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo& info,
-                                   std::shared_ptr<WorkerClient> client) {
-  std::string id = Enroll(address, info, std::move(client));
+                                   std::shared_ptr<WorkerClient> client,
+                                   const std::string& device) {
+  std::string id = Enroll(address, info, std::move(client), device);
   // Running requests finish on the old plan first.
   scheduler_->RequestReplan(/*drain=*/true);
   return id;
@@ -96,13 +97,13 @@ std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo&
 std::vector<std::string> Coordinator::AddWorkers(
     const std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>>& workers) {
   std::vector<std::string> ids;
-  for (const auto& [info, client] : workers) ids.push_back(Enroll("", info, client));
+  for (const auto& [info, client] : workers) ids.push_back(Enroll("", info, client, "cpu"));
   scheduler_->RequestReplan(/*drain=*/true);
   return ids;
 }
 
 std::string Coordinator::Enroll(const std::string& address, const WorkerInfo& info,
-                                std::shared_ptr<WorkerClient> client) {
+                                std::shared_ptr<WorkerClient> client, const std::string& device) {
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -115,6 +116,7 @@ std::string Coordinator::Enroll(const std::string& address, const WorkerInfo& in
     w.address = address;
     w.info = info;
     w.info.id = w.id;
+    w.device = device;
     w.client = std::move(client);
     w.last_seen = std::chrono::steady_clock::now();
     id = w.id;
@@ -123,11 +125,19 @@ std::string Coordinator::Enroll(const std::string& address, const WorkerInfo& in
   return id;
 }
 
-bool Coordinator::Heartbeat(const std::string& worker_id) {
+bool Coordinator::Heartbeat(const std::string& worker_id, const wire::WorkerStats* stats) {
   std::lock_guard<std::mutex> lock(mu_);
   for (WorkerRecord& w : workers_) {
     if (w.id == worker_id && w.alive) {
       w.last_seen = std::chrono::steady_clock::now();
+      if (stats != nullptr) {
+        // Only the totals are kept: the per-session and per-expert lists grow with the load.
+        w.stats = *stats;
+        w.stats->clear_session_ids();
+        w.stats->clear_session_lengths();
+        w.stats->clear_expert_token_counts();
+        w.stats_at = w.last_seen;
+      }
       return true;
     }
   }
@@ -335,16 +345,19 @@ Pipeline Coordinator::BuildPipeline() {
   out.set_ready(plan_.ready);
   out.set_status(plan_.status);
   out.set_kv_slots(plan_.kv_slots);
-  auto address = [&](const std::string& id) {
+  auto record = [&](const std::string& id) -> const WorkerRecord* {
     for (const WorkerRecord& w : workers_) {
-      if (w.id == id) return w.address;
+      if (w.id == id) return &w;
     }
-    return std::string();
+    return nullptr;
   };
   for (const StagePlan& s : plan_.stages) {
     auto* p = out.add_stages();
     p->set_worker_id(s.worker_id);
-    p->set_address(address(s.worker_id));
+    if (const WorkerRecord* w = record(s.worker_id)) {
+      p->set_address(w->address);
+      p->set_device(w->device);
+    }
     p->set_first_layer(s.first_layer);
     p->set_last_layer(s.last_layer);
     p->set_embeddings(s.embeddings);
@@ -353,8 +366,30 @@ Pipeline Coordinator::BuildPipeline() {
   for (const ExpertPlan& e : plan_.experts) {
     auto* p = out.add_experts();
     p->set_worker_id(e.worker_id);
-    p->set_address(address(e.worker_id));
+    if (const WorkerRecord* w = record(e.worker_id)) {
+      p->set_address(w->address);
+      p->set_device(w->device);
+    }
     for (int32_t x : e.experts) p->add_experts(x);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const WorkerRecord& w : workers_) {
+    ::fucina::v1::WorkerState* p = out.add_workers();
+    p->set_worker_id(w.id);
+    p->set_address(w.address);
+    p->set_device(w.device);
+    p->set_cores(w.info.cores);
+    p->set_memory_budget(w.info.memory_budget);
+    p->set_alive(w.alive);
+    if (w.stats.has_value()) {
+      ::fucina::v1::WorkerLoad* load = p->mutable_load();
+      load->set_sessions(w.stats->sessions());
+      load->set_kv_bytes(w.stats->kv_bytes());
+      load->set_queue_depth(w.stats->queue_depth());
+      load->set_weight_bytes(w.stats->weight_bytes());
+      load->set_age_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - w.stats_at)
+                           .count());
+    }
   }
   return out;
 }

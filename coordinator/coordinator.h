@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -59,9 +60,13 @@ struct WorkerRecord {
   std::string id;
   std::string address;  // empty: in process
   WorkerInfo info;
+  std::string device = "cpu";  // as registered: cpu | cuda
   std::shared_ptr<WorkerClient> client;
   bool alive = true;
   std::chrono::steady_clock::time_point last_seen;
+  // The load its last heartbeat reported (per-session lists dropped); none before the first.
+  std::optional<wire::WorkerStats> stats;
+  std::chrono::steady_clock::time_point stats_at;
 };
 
 class Coordinator {
@@ -74,12 +79,13 @@ class Coordinator {
 
   // A worker joins (in process: empty address). Returns its id; the model is re-planned.
   std::string AddWorker(const std::string& address, const WorkerInfo& info,
-                        std::shared_ptr<WorkerClient> client);
+                        std::shared_ptr<WorkerClient> client, const std::string& device = "cpu");
   // In-process workers joining together (one plan for all of them).
   std::vector<std::string> AddWorkers(
       const std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>>& workers);
   // False when the id is unknown or was declared dead (the worker should register again).
-  bool Heartbeat(const std::string& worker_id);
+  // `stats` (optional) is the worker's load, kept for placement().
+  bool Heartbeat(const std::string& worker_id, const wire::WorkerStats* stats = nullptr);
   void MarkDead(const std::string& worker_id, const absl::Status& why);
   std::shared_ptr<WorkerClient> ClientFor(const std::string& worker_id) const;
   std::vector<WorkerRecord> Workers() const;
@@ -118,7 +124,7 @@ class Coordinator {
   // Marks a worker dead without asking for a re-plan; true if it was alive.
   bool Forget(const std::string& worker_id, const absl::Status& why);
   std::string Enroll(const std::string& address, const WorkerInfo& info,
-                     std::shared_ptr<WorkerClient> client);
+                     std::shared_ptr<WorkerClient> client, const std::string& device);
   void WatchHeartbeats();
 
   CoordinatorOptions options_;

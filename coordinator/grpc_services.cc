@@ -1,5 +1,8 @@
 #include "coordinator/grpc_services.h"
 
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/grpc_util.h"
 
@@ -7,6 +10,10 @@ namespace fucina {
 namespace {
 
 namespace api = ::fucina::v1;
+
+// Bounds of what a worker may claim at Register (beyond them a claim is a bug or a lie).
+constexpr int kMaxWorkerCores = 4096;
+constexpr int64_t kMaxWorkerMemory = int64_t{1} << 50;
 
 void AppendDelta(const Tokenizer& tokenizer, const Delta& d, bool logprobs,
                  api::GenerateResponse* out) {
@@ -36,6 +43,11 @@ void SetFinal(const Outcome& o, api::GenerateResponse* out) {
 
 }  // namespace
 
+grpc::Status GenerationService::Admit(const grpc::ServerContext* context,
+                                      std::string_view method) const {
+  return gate_.Admit(*context, "/fucina.v1.Generation/" + std::string(method));
+}
+
 grpc::Status GenerationService::CheckModel(const std::string& model) const {
   if (c_.Serves(model)) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -52,6 +64,7 @@ absl::StatusOr<std::shared_ptr<Request>> GenerationService::Start(
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const api::GenerateRequest* request,
                                          api::GenerateResponse* response) {
+  if (grpc::Status s = Admit(context, "Generate"); !s.ok()) return s;
   auto running = Start(*request);
   if (!running.ok()) return ToGrpc(running.status());
   const Outcome o = RelayRequest(
@@ -68,6 +81,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
 grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context,
                                                const api::GenerateRequest* request,
                                                grpc::ServerWriter<api::GenerateResponse>* writer) {
+  if (grpc::Status s = Admit(context, "GenerateStream"); !s.ok()) return s;
   auto running = Start(*request);
   if (!running.ok()) return ToGrpc(running.status());
   const Outcome o = RelayRequest(
@@ -84,8 +98,10 @@ grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const api::TokenizeRequest* request,
+grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
+                                         const api::TokenizeRequest* request,
                                          api::TokenizeResponse* response) {
+  if (grpc::Status s = Admit(context, "Tokenize"); !s.ok()) return s;
   if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
   const bool add_special = !request->has_add_special() || request->add_special();
   for (int32_t id : c_.tokenizer().Encode(request->text(), add_special, true)) {
@@ -94,9 +110,10 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const api::Tokeni
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
+grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
                                            const api::DetokenizeRequest* request,
                                            api::DetokenizeResponse* response) {
+  if (grpc::Status s = Admit(context, "Detokenize"); !s.ok()) return s;
   if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
   const int32_t vocab = c_.tokenizer().vocab_size();
   for (int32_t id : request->ids()) {
@@ -111,8 +128,10 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::ListModels(grpc::ServerContext*, const api::ListModelsRequest*,
+grpc::Status GenerationService::ListModels(grpc::ServerContext* context,
+                                           const api::ListModelsRequest*,
                                            api::ListModelsResponse* response) {
+  if (grpc::Status s = Admit(context, "ListModels"); !s.ok()) return s;
   api::ModelInfo* m = response->add_models();
   m->set_name(c_.served_name());
   m->set_arch(c_.config().arch);
@@ -122,33 +141,73 @@ grpc::Status GenerationService::ListModels(grpc::ServerContext*, const api::List
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::GetPlacement(grpc::ServerContext*,
+grpc::Status GenerationService::GetPlacement(grpc::ServerContext* context,
                                              const api::GetPlacementRequest* request,
                                              api::Placement* response) {
+  if (grpc::Status s = Admit(context, "GetPlacement"); !s.ok()) return s;
   if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
   *response = c_.placement();
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Register(grpc::ServerContext*,
+absl::Status ValidateRegistration(const wire::RegisterRequest& request) {
+  const std::string& address = request.address();
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (address.empty() || address.size() > 300 || colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535 ||
+      std::any_of(address.begin(), address.end(), [](char ch) { return ch <= ' ' || ch > '~'; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: address must be host:port with a port in [1, 65535], got '",
+        ValidUtf8(address.substr(0, 80)), "'"));
+  }
+  const wire::Capabilities& c = request.capabilities();
+  if (c.cores() < 1 || c.cores() > kMaxWorkerCores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: capabilities.cores must be in [1, ", kMaxWorkerCores, "], got ", c.cores()));
+  }
+  if (c.memory_budget() < 0 || c.memory_budget() >= kMaxWorkerMemory) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: capabilities.memory_budget must be in [0, 2^50) bytes, got ",
+                     c.memory_budget()));
+  }
+  if (!c.device().empty() && c.device() != "cpu" && c.device() != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: capabilities.device must be cpu or cuda, got '",
+                     ValidUtf8(c.device().substr(0, 32)), c.device().size() > 32 ? "..." : "",
+                     "'"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status RegistryService::Register(grpc::ServerContext* context,
                                        const wire::RegisterRequest* request,
                                        wire::RegisterResponse* response) {
-  if (request->address().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: address is empty");
+  if (grpc::Status s = gate_.Admit(*context, "/fucina.cluster.v1.Registry/Register"); !s.ok()) {
+    return s;
   }
+  if (absl::Status s = ValidateRegistration(*request); !s.ok()) return ToGrpc(s);
   WorkerInfo info;
-  info.cores = std::max(1, request->capabilities().cores());
-  info.memory_budget = std::max<int64_t>(0, request->capabilities().memory_budget());
-  response->set_worker_id(
-      c_.AddWorker(request->address(), info, MakeGrpcWorkerClient(request->address())));
+  info.cores = request->capabilities().cores();
+  info.memory_budget = request->capabilities().memory_budget();
+  const std::string device =
+      request->capabilities().device().empty() ? "cpu" : request->capabilities().device();
+  response->set_worker_id(c_.AddWorker(
+      request->address(), info, MakeGrpcWorkerClient(request->address(), worker_credentials_),
+      device));
   response->set_heartbeat_interval_ms(c_.options().heartbeat_ms);
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
                                         const wire::HeartbeatRequest* request,
                                         wire::HeartbeatResponse* response) {
-  response->set_known(c_.Heartbeat(request->worker_id()));
+  if (grpc::Status s = gate_.Admit(*context, "/fucina.cluster.v1.Registry/Heartbeat");
+      !s.ok()) {
+    return s;
+  }
+  response->set_known(c_.Heartbeat(request->worker_id(),
+                                   request->has_stats() ? &request->stats() : nullptr));
   return grpc::Status::OK;
 }
 

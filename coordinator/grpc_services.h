@@ -1,5 +1,6 @@
 // gRPC front ends of the coordinator: the public fucina.v1.Generation service and the
 // fucina.cluster.v1.Registry service workers register with. Handlers run on gRPC's threads:
+// each first passes the call through the gate (API key; join token and peer certificate), then
 // they admit, tokenize and hand requests to the scheduler, then relay its output.
 #ifndef FUCINA_COORDINATOR_GRPC_SERVICES_H_
 #define FUCINA_COORDINATOR_GRPC_SERVICES_H_
@@ -7,12 +8,15 @@
 #include "coordinator/coordinator.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
+#include "worker/cluster_auth.h"
 
 namespace fucina {
 
 class GenerationService final : public ::fucina::v1::Generation::Service {
  public:
-  explicit GenerationService(Coordinator& coordinator) : c_(coordinator) {}
+  // Borrows both; they outlive the server.
+  GenerationService(Coordinator& coordinator, const CallGate& gate)
+      : c_(coordinator), gate_(gate) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const ::fucina::v1::GenerateRequest* request,
                         ::fucina::v1::GenerateResponse* response) override;
@@ -35,13 +39,19 @@ class GenerationService final : public ::fucina::v1::Generation::Service {
   // Admits and submits; OK with the running request or the error to answer.
   absl::StatusOr<std::shared_ptr<Request>> Start(const ::fucina::v1::GenerateRequest& request);
   grpc::Status CheckModel(const std::string& model) const;
+  grpc::Status Admit(const grpc::ServerContext* context, std::string_view method) const;
 
   Coordinator& c_;
+  const CallGate& gate_;
 };
 
 class RegistryService final : public ::fucina::cluster::v1::Registry::Service {
  public:
-  explicit RegistryService(Coordinator& coordinator) : c_(coordinator) {}
+  // Registered workers are dialled with `worker_credentials`. Borrows the coordinator and the
+  // gate; they outlive the server.
+  RegistryService(Coordinator& coordinator, const CallGate& gate,
+                  ClusterCredentials worker_credentials)
+      : c_(coordinator), gate_(gate), worker_credentials_(std::move(worker_credentials)) {}
 
   grpc::Status Register(grpc::ServerContext* context,
                         const ::fucina::cluster::v1::RegisterRequest* request,
@@ -52,7 +62,14 @@ class RegistryService final : public ::fucina::cluster::v1::Registry::Service {
 
  private:
   Coordinator& c_;
+  const CallGate& gate_;
+  const ClusterCredentials worker_credentials_;
 };
+
+// What a worker claims at Register, checked before it can take any part of the plan: an
+// address host:port, cores in [1, 4096], a memory budget in [0, 2^50) bytes, a known device
+// ("" means cpu). INVALID_ARGUMENT naming the field otherwise.
+absl::Status ValidateRegistration(const ::fucina::cluster::v1::RegisterRequest& request);
 
 }  // namespace fucina
 

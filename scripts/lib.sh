@@ -22,8 +22,9 @@ FUCINA_APT_PACKAGES=(
   clang libclang-rt-14-dev
 )
 # Only the test suite needs these: Debian's grpcio (an independent gRPC client), promtool
-# (from prometheus) to lint live scrapes, and HTTP load generators.
-FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf prometheus wrk hey)
+# (from prometheus) to lint live scrapes, HTTP load generators, and openssl for the cluster's
+# TLS certificates (scripts/make-cluster-certs.sh).
+FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf prometheus wrk hey openssl)
 
 # Installs those of the given Debian packages that are missing.
 apt_install_missing() {

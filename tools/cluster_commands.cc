@@ -3,14 +3,19 @@
 // Every server prints one line `listening grpc=HOST:PORT metrics=HOST:PORT` on stdout once its
 // sockets are bound (port 0 picks a free one), then serves until SIGINT/SIGTERM, which drains
 // in-flight calls. Readiness (model loaded) is reported through grpc.health.v1.Health.
+//
+// Security (worker/cluster_auth.h, docs/cluster.md): every gRPC call passes a CallGate; the
+// cluster plane needs the join token, and TLS off loopback unless --insecure-cluster.
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +37,7 @@
 #include "fucina/v1/generate.grpc.pb.h"
 #include "models/hub/pull.h"
 #include "tools/commands.h"
+#include "worker/cluster_auth.h"
 #include "worker/grpc_util.h"
 #include "worker/worker_actor.h"
 #include "worker/worker_service.h"
@@ -45,6 +51,12 @@ namespace api = ::fucina::v1;
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
   return absl::IsInvalidArgument(status) ? 2 : 1;
+}
+
+// Flags that cannot work together: exit status 2, as for a usage error.
+int FailUsage(const absl::Status& status) {
+  Fail(status);
+  return 2;
 }
 
 // SIGINT/SIGTERM are blocked in every thread (call before starting any) and taken by
@@ -67,8 +79,8 @@ void WaitForStop() {
   std::fprintf(stderr, "signal %d: draining\n", sig);
 }
 
-// "123", "512M", "4G" (binary units).
-absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+// "123", "512M", "4G" (binary units); `flag` names the flag in errors.
+absl::StatusOr<int64_t> ParseBytes(const std::string& text, const char* flag) {
   if (text.empty()) return 0;
   int64_t scale = 1;
   std::string digits = text;
@@ -82,8 +94,8 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   if (scale != 1) digits.pop_back();
   int64_t n;
   if (!absl::SimpleAtoi(digits, &n) || n < 0 || n > (int64_t{1} << 50) / scale) {
-    return absl::InvalidArgumentError("--memory-budget must be a byte count like 4G, got '" +
-                                      text + "'");
+    return absl::InvalidArgumentError(absl::StrCat(flag, " must be a byte count like 4G, got '",
+                                                   text, "'"));
   }
   return n * scale;
 }
@@ -99,34 +111,55 @@ struct GrpcServer {
   std::string address;  // host:bound-port
 };
 
+// Receives at most `max_receive_bytes` per message (the public API's cap on the coordinator, the
+// internal protocol's on a worker).
 absl::StatusOr<GrpcServer> StartGrpc(const std::string& listen,
-                                     const std::vector<grpc::Service*>& services) {
+                                     const std::vector<grpc::Service*>& services,
+                                     std::shared_ptr<grpc::ServerCredentials> credentials,
+                                     bool tls, int max_receive_bytes) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.AddListeningPort(listen, std::move(credentials), &port);
+  builder.SetMaxReceiveMessageSize(max_receive_bytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
   GrpcServer out;
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || port == 0) {
-    return absl::UnavailableError("cannot listen on " + listen + " (gRPC)");
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", listen, " (gRPC)",
+        tls ? "; check that --tls-key is the key of --tls-cert" : ""));
   }
   out.address = absl::StrCat(Host(listen), ":", port);
   return out;
 }
 
+// `may_move`: the address is a default, so when its port is taken (a second worker on this
+// machine) any free port on the same host serves instead; the bound address is what the
+// `listening` line prints. A port given explicitly stays an error when taken.
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetrics(const std::string& listen,
+                                                                  bool may_move,
                                                                   std::string* bound) {
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(listen);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    *bound = absl::StrCat(Host(listen), ":", ports.empty() ? 0 : ports[0]);
-    return exposer;
-  } catch (const std::exception& e) {
-    return absl::UnavailableError("cannot listen on " + listen + " (metrics): " + e.what());
+  std::string address = listen;
+  while (true) {
+    try {
+      auto exposer = std::make_unique<prometheus::Exposer>(address);
+      const std::vector<int> ports = exposer->GetListeningPorts();
+      *bound = absl::StrCat(Host(address), ":", ports.empty() ? 0 : ports[0]);
+      if (address != listen) {
+        std::fprintf(stderr, "metrics: %s is taken; serving metrics on %s\n", listen.c_str(),
+                     bound->c_str());
+      }
+      return exposer;
+    } catch (const std::exception& e) {
+      if (!may_move || address != listen) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot listen on ", address, " (metrics): ", e.what()));
+      }
+      address = Host(listen) + ":0";
+    }
   }
 }
 
@@ -135,6 +168,59 @@ void SetHealth(grpc::Server* server, bool ready) {
     health->SetServingStatus(ready);
     health->SetServingStatus("fucina.v1.Generation", ready);
   }
+}
+
+// ---- security flags (worker/cluster_auth.h), grouped here for every server command ----
+
+struct SecurityArgs {
+  TlsFiles tls;
+  std::string token_file;
+  bool insecure_cluster = false;
+};
+
+// `cluster`: the command is part of the cluster plane (coordinator, worker), which takes the
+// join token and needs mutual TLS (a CA) or loopback. `serve` has no cluster plane: TLS there
+// only protects its public API.
+void AddSecurityFlags(CLI::App* cmd, SecurityArgs* s, bool cluster) {
+  cmd->add_option("--tls-cert", s->tls.cert,
+                  cluster ? "PEM certificate this process serves and dials other cluster "
+                            "processes with (scripts/make-cluster-certs.sh)"
+                          : "PEM certificate to serve gRPC over TLS");
+  cmd->add_option("--tls-key", s->tls.key, "PEM private key of --tls-cert");
+  cmd->add_option("--tls-ca", s->tls.ca,
+                  cluster ? "PEM CA of the cluster: peers must present certificates it signed"
+                          : "PEM CA verifying client certificates when presented (optional)");
+  if (!cluster) return;
+  cmd->add_option("--cluster-token-file", s->token_file,
+                  "File with the cluster's join token (default: $FUCINA_CLUSTER_TOKEN, else "
+                  "$FUCINA_CACHE/cluster-token, created when missing)");
+  cmd->add_flag("--insecure-cluster", s->insecure_cluster,
+                "Allow a plaintext cluster plane off loopback (traffic and token in the clear)");
+}
+
+// A plaintext cluster plane stays on this machine unless --insecure-cluster says otherwise.
+// `addresses`: (flag, address) pairs this process listens on or dials.
+absl::Status CheckPlaintextAllowed(
+    const SecurityArgs& s, bool tls,
+    const std::vector<std::pair<const char*, std::string>>& addresses) {
+  if (tls || s.insecure_cluster) return absl::OkStatus();
+  for (const auto& [flag, address] : addresses) {
+    if (!IsLoopbackAddress(address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          flag, " ", address,
+          " is not a loopback address and the cluster plane has no TLS: give --tls-cert, "
+          "--tls-key and --tls-ca (scripts/make-cluster-certs.sh makes them), or "
+          "--insecure-cluster to send cluster traffic and its join token in the clear"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The join token of a cluster process, with where it came from on stderr (never the token).
+absl::StatusOr<ClusterToken> LoadToken(const SecurityArgs& s) {
+  auto token = ResolveClusterToken(s.token_file);
+  if (token.ok()) std::fprintf(stderr, "cluster token: %s\n", token->source.c_str());
+  return token;
 }
 
 // ---- serve / coordinator ----
@@ -146,6 +232,8 @@ struct ModelArgs {
   int workers = 1;
   int threads = 0;
   std::string memory_budget;
+  std::string max_request_bytes = "16M";
+  SecurityArgs security;
   CoordinatorOptions options;
   HttpOptions http;
 };
@@ -159,7 +247,11 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
                   "OpenAI/Anthropic-compatible HTTP address ('' to disable)")
       ->capture_default_str();
   cmd->add_option("--api-key", a->http.api_key,
-                  "Require this key (Bearer or x-api-key) on HTTP; default $FUCINA_API_KEY");
+                  "Require this key on HTTP (Bearer or x-api-key) and on the public gRPC API "
+                  "(authorization: Bearer KEY); default $FUCINA_API_KEY");
+  cmd->add_option("--max-request-bytes", a->max_request_bytes,
+                  "Largest gRPC request message accepted, e.g. 16M (at most 512M)")
+      ->capture_default_str();
   cmd->add_option("--allow-host", a->http.allow_hosts,
                   "Accept only these Host headers on HTTP (repeatable)");
   cmd->add_option("--max-body", a->http.max_body_bytes, "Largest HTTP request body in bytes")
@@ -260,30 +352,56 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   auto path = ResolveModel(a.model, isatty(STDERR_FILENO));
   if (!path.ok()) return Fail(path.status());
   a.options.model_path = *path;
-  auto budget = ParseBytes(a.memory_budget);
+  auto budget = ParseBytes(a.memory_budget, "--memory-budget");
   if (!budget.ok()) return Fail(budget.status());
+  auto max_request = ParseBytes(a.max_request_bytes, "--max-request-bytes");
+  if (!max_request.ok()) return Fail(max_request.status());
+  if (*max_request < 1024 || *max_request > kMaxMessageBytes) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--max-request-bytes must be in [1K, 512M], got ", a.max_request_bytes)));
+  }
+  if (a.http.api_key.empty()) {
+    if (const char* key = std::getenv("FUCINA_API_KEY")) a.http.api_key = key;
+  }
+  // The cluster plane (not embedded): TLS with a CA or loopback, and the join token.
+  auto tls = LoadTls(a.security.tls, /*need_ca=*/!embedded);
+  if (!tls.ok()) return FailUsage(tls.status());
+  ClusterToken token;
+  if (!embedded) {
+    if (absl::Status s = CheckPlaintextAllowed(a.security, tls->has_value(),
+                                               {{"--listen", a.listen}});
+        !s.ok()) {
+      return FailUsage(s);
+    }
+    auto loaded = LoadToken(a.security);
+    if (!loaded.ok()) return Fail(loaded.status());
+    token = *std::move(loaded);
+  }
+  const CallGate gate({.cluster_token = token.value,
+                       .require_peer_certificate = tls->has_value(),
+                       .api_key = a.http.api_key});
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto coordinator = Coordinator::Create(a.options, registry);
   if (!coordinator.ok()) return Fail(coordinator.status());
   Coordinator& c = **coordinator;
-  GenerationService generation(c);
-  RegistryService registry_service(c);
+  GenerationService generation(c, gate);
+  RegistryService registry_service(c, gate, MakeClusterCredentials(*tls, token.value));
   std::vector<grpc::Service*> services = {&generation};
   if (!embedded) services.push_back(&registry_service);
-  auto server = StartGrpc(a.listen, services);
+  // Public clients need no certificate here; cluster calls are held to one by the gate.
+  auto server = StartGrpc(a.listen, services,
+                          MakeServerCredentials(*tls, ClientCertificates::kRequest),
+                          tls->has_value(), static_cast<int>(*max_request));
   if (!server.ok()) return Fail(server.status());
   SetHealth(server->server.get(), false);
   c.SetReadyListener([s = server->server.get()](bool ready) { SetHealth(s, ready); });
   std::string metrics_address;
-  auto exposer = StartMetrics(a.metrics, &metrics_address);
+  auto exposer = StartMetrics(a.metrics, /*may_move=*/false, &metrics_address);
   if (!exposer.ok()) return Fail(exposer.status());
   (*exposer)->RegisterCollectable(registry);
   std::unique_ptr<HttpServer> http;
   if (!a.http.listen.empty()) {
-    if (a.http.api_key.empty()) {
-      if (const char* key = std::getenv("FUCINA_API_KEY")) a.http.api_key = key;
-    }
     auto started = HttpServer::Start(c, registry, a.http);
     if (!started.ok()) return Fail(started.status());
     http = *std::move(started);
@@ -322,8 +440,36 @@ struct WorkerArgs {
   std::string coordinator;
   std::string advertise;
   std::string metrics = "127.0.0.1:9402";
+  bool metrics_given = false;  // --metrics on the command line: a taken port is an error
   std::string memory_budget;
   int threads = 0;
+  SecurityArgs security;
+};
+
+// The actor's stats for heartbeats, without waiting on the actor: GetStats queues behind the
+// running task (a shard load takes minutes, a long prefill seconds), and heartbeats that waited
+// would get the worker declared dead. Each beat sends the newest finished snapshot and starts
+// the next; one fetch is in flight at a time.
+class StatsSampler {
+ public:
+  explicit StatsSampler(WorkerActor& actor) : actor_(actor) {}
+
+  // Waits at most `wait` for the fetch in flight. Nothing before the first one finishes.
+  std::optional<wire::WorkerStats> Latest(std::chrono::milliseconds wait) {
+    if (!pending_.valid()) {
+      pending_ = std::async(std::launch::async, [this] { return actor_.GetStats(); });
+    }
+    if (pending_.wait_for(wait) == std::future_status::ready) {
+      absl::StatusOr<wire::WorkerStats> stats = pending_.get();
+      if (stats.ok()) latest_ = *std::move(stats);
+    }
+    return latest_;
+  }
+
+ private:
+  WorkerActor& actor_;
+  std::future<absl::StatusOr<wire::WorkerStats>> pending_;
+  std::optional<wire::WorkerStats> latest_;
 };
 
 // Exposes the actor's stats at scrape time.
@@ -395,8 +541,22 @@ int RunWorker(const WorkerArgs& a) {
         absl::StrCat("--threads must be in [0, ", kMaxThreads, "], got ", a.threads)));
   }
   if (a.coordinator.empty()) return Fail(absl::InvalidArgumentError("--coordinator is required"));
-  auto budget = ParseBytes(a.memory_budget);
+  auto budget = ParseBytes(a.memory_budget, "--memory-budget");
   if (!budget.ok()) return Fail(budget.status());
+  auto tls = LoadTls(a.security.tls, /*need_ca=*/true);
+  if (!tls.ok()) return FailUsage(tls.status());
+  if (absl::Status s = CheckPlaintextAllowed(
+          a.security, tls->has_value(),
+          {{"--listen", a.listen}, {"--coordinator", a.coordinator}});
+      !s.ok()) {
+    return FailUsage(s);
+  }
+  auto token = LoadToken(a.security);
+  if (!token.ok()) return Fail(token.status());
+  const ClusterCredentials credentials = MakeClusterCredentials(*tls, token->value);
+  const CallGate gate({.cluster_token = token->value,
+                       .require_peer_certificate = tls->has_value(),
+                       .api_key = ""});
   auto registry = std::make_shared<prometheus::Registry>();
   auto& latency = prometheus::BuildHistogram()
                       .Name("fucina_worker_forward_latency_seconds")
@@ -409,13 +569,19 @@ int RunWorker(const WorkerArgs& a) {
   wo.threads = a.threads;
   wo.memory_budget = *budget;
   wo.on_forward = [&latency](double s) { latency.Observe(s); };
-  WorkerActor actor(wo);
-  WorkerService service(actor);
-  auto server = StartGrpc(a.listen, {&service});
+  // Expert peers are other workers: dialled with this worker's certificate and token.
+  WorkerActor actor(wo, [credentials](const wire::ExpertPeer& peer) {
+    return std::shared_ptr<WorkerClient>(MakeGrpcWorkerClient(peer.address(), credentials));
+  });
+  WorkerService service(actor, gate);
+  // A worker has no public clients: under TLS the handshake itself requires a certificate.
+  auto server = StartGrpc(a.listen, {&service},
+                          MakeServerCredentials(*tls, ClientCertificates::kRequire),
+                          tls->has_value(), kMaxMessageBytes);
   if (!server.ok()) return Fail(server.status());
   SetHealth(server->server.get(), true);
   std::string metrics_address;
-  auto exposer = StartMetrics(a.metrics, &metrics_address);
+  auto exposer = StartMetrics(a.metrics, /*may_move=*/!a.metrics_given, &metrics_address);
   if (!exposer.ok()) return Fail(exposer.status());
   auto collectable = std::make_shared<WorkerCollectable>(actor, registry);
   (*exposer)->RegisterCollectable(collectable);
@@ -435,7 +601,8 @@ int RunWorker(const WorkerArgs& a) {
   bool stopping = false;
   std::thread beat([&] {
     auto stub = wire::Registry::NewStub(
-        grpc::CreateChannel(a.coordinator, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(a.coordinator, credentials.ChannelCredentials()));
+    StatsSampler sampler(actor);
     std::string id;
     int interval_ms = 1000;
     bool warned = false;
@@ -444,6 +611,7 @@ int RunWorker(const WorkerArgs& a) {
       lock.unlock();
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      credentials.Prepare(&ctx);
       int wait_ms = interval_ms;
       if (id.empty()) {
         wire::RegisterRequest req;
@@ -461,8 +629,13 @@ int RunWorker(const WorkerArgs& a) {
           wait_ms = interval_ms;
         } else {
           if (!warned) {
-            std::fprintf(stderr, "cannot register with %s: %s (retrying)\n",
-                         a.coordinator.c_str(), s.error_message().c_str());
+            const std::string hint =
+                s.error_code() == grpc::StatusCode::UNAUTHENTICATED
+                    ? " (this worker's token is from " + token->source +
+                          "; it must be the coordinator's)"
+                    : "";
+            std::fprintf(stderr, "cannot register with %s: %s%s (retrying)\n",
+                         a.coordinator.c_str(), s.error_message().c_str(), hint.c_str());
           }
           warned = true;
           wait_ms = 500;
@@ -470,6 +643,9 @@ int RunWorker(const WorkerArgs& a) {
       } else {
         wire::HeartbeatRequest req;
         req.set_worker_id(id);
+        if (auto stats = sampler.Latest(std::chrono::milliseconds(100))) {
+          *req.mutable_stats() = *std::move(stats);
+        }
         wire::HeartbeatResponse resp;
         grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
         if (s.ok() && !resp.known()) id.clear();
@@ -504,16 +680,31 @@ struct ClientArgs {
   float repeat_penalty = -1, presence_penalty = 0, frequency_penalty = 0;
   bool stream = false;
   int timeout_s = 600;
+  std::string api_key;  // empty: $FUCINA_API_KEY
+  std::string tls_ca;   // empty: plaintext
 };
 
 int RunClient(const ClientArgs& a) {
   if (a.prompt.empty() == a.chat.empty()) {
     return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --chat"));
   }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!a.tls_ca.empty()) {
+    // Server authentication only: public clients present no certificate.
+    auto ca = ReadPem(a.tls_ca, "--tls-ca", "CERTIFICATE");
+    if (!ca.ok()) return FailUsage(ca.status());
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = *std::move(ca);
+    credentials = grpc::SslCredentials(options);
+  }
+  std::string api_key = a.api_key;
+  if (api_key.empty()) {
+    if (const char* key = std::getenv("FUCINA_API_KEY")) api_key = key;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  auto stub = api::Generation::NewStub(
-      grpc::CreateCustomChannel(a.addr, grpc::InsecureChannelCredentials(), args));
+  auto stub =
+      api::Generation::NewStub(grpc::CreateCustomChannel(a.addr, credentials, args));
   api::GenerateRequest req;
   req.set_model(a.model);
   if (!a.prompt.empty()) {
@@ -536,6 +727,7 @@ int RunClient(const ClientArgs& a) {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(a.timeout_s));
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   grpc::Status status;
   if (a.stream) {
     auto reader = stub->GenerateStream(&ctx, req);
@@ -574,6 +766,7 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     cmd->add_option("--threads", a->threads, "Threads in all (split across workers)");
     cmd->add_option("--memory-budget", a->memory_budget, "Per-worker memory budget, e.g. 4G");
     AddModelFlags(cmd, a.get());
+    AddSecurityFlags(cmd, &a->security, /*cluster=*/false);
     cmd->callback([a, exit_code] { *exit_code = RunCoordinator(*a, true); });
   }
   {
@@ -584,6 +777,7 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     cmd->add_option("--threads", a->options.threads,
                     "Threads each shard uses, at most a worker's own --threads (default: all)");
     AddModelFlags(cmd, a.get());
+    AddSecurityFlags(cmd, &a->security, /*cluster=*/true);
     cmd->callback([a, exit_code] { *exit_code = RunCoordinator(*a, false); });
   }
   {
@@ -592,10 +786,18 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     cmd->add_option("--listen", a->listen, "gRPC address")->capture_default_str();
     cmd->add_option("--coordinator", a->coordinator, "Coordinator address")->required();
     cmd->add_option("--advertise", a->advertise, "Address registered (default: the bound one)");
-    cmd->add_option("--metrics", a->metrics, "Prometheus /metrics address")->capture_default_str();
+    CLI::Option* metrics = cmd->add_option(
+        "--metrics", a->metrics,
+        "Prometheus /metrics address (when the default port is taken, e.g. by another worker "
+        "on this machine, a free one is used and printed; a given port must be free)");
+    metrics->capture_default_str();
     cmd->add_option("--memory-budget", a->memory_budget, "Bytes for weights + KV, e.g. 4G");
     cmd->add_option("--threads", a->threads, "Threads (default: all)");
-    cmd->callback([a, exit_code] { *exit_code = RunWorker(*a); });
+    AddSecurityFlags(cmd, &a->security, /*cluster=*/true);
+    cmd->callback([a, metrics, exit_code] {
+      a->metrics_given = metrics->count() > 0;
+      *exit_code = RunWorker(*a);
+    });
   }
   {
     CLI::App* client = app.add_subcommand("client", "gRPC client of a coordinator");
@@ -617,6 +819,10 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     gen->add_option("--frequency-penalty", a->frequency_penalty);
     gen->add_flag("--stream", a->stream, "Print text as it is generated");
     gen->add_option("--timeout", a->timeout_s, "Deadline in seconds")->capture_default_str();
+    gen->add_option("--api-key", a->api_key,
+                    "Sent as authorization: Bearer KEY; default $FUCINA_API_KEY");
+    gen->add_option("--tls-ca", a->tls_ca,
+                    "PEM CA that signed the server's certificate: connect over TLS");
     gen->callback([a, exit_code] { *exit_code = RunClient(*a); });
   }
 }

@@ -116,7 +116,7 @@ WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
       pool_(std::make_unique<ThreadPool>(max_threads_)) {
   if (!resolver_) {
     resolver_ = [](const wire::ExpertPeer& peer) -> std::shared_ptr<WorkerClient> {
-      return MakeGrpcWorkerClient(peer.address());
+      return MakeGrpcWorkerClient(peer.address(), ClusterCredentials{});
     };
   }
 }

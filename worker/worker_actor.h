@@ -37,7 +37,8 @@ struct WorkerOptions {
 
 class WorkerActor : public WorkerClient {
  public:
-  // Resolves an expert peer named in a shard to a client (gRPC by address by default; the
+  // Resolves an expert peer named in a shard to a client (by default gRPC by address, plaintext
+  // and without a join token: a worker process passes one dialling with its credentials; the
   // embedded mode maps worker ids to in-process actors).
   using PeerResolver =
       std::function<std::shared_ptr<WorkerClient>(const wire::ExpertPeer& peer)>;

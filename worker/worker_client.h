@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "fucina/cluster/v1/worker.pb.h"
+#include "worker/cluster_auth.h"
 
 namespace fucina {
 
@@ -47,9 +48,11 @@ struct WorkerDeadlines {
   int control_ms = 10'000;  // truncate, copy, release, stats
 };
 
-// A client for the worker serving gRPC at `address` (host:port). Message size limits are set
-// for the largest forward reply (all-position logits of a prefill chunk).
+// A client for the worker serving gRPC at `address` (host:port), dialled with `credentials`
+// (TLS with this process's certificate or plaintext; the join token on every call). Message
+// size limits are set for the largest forward reply (all-position logits of a prefill chunk).
 std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   const ClusterCredentials& credentials,
                                                    const WorkerDeadlines& deadlines = {});
 
 }  // namespace fucina

@@ -9,23 +9,20 @@
 namespace fucina {
 namespace {
 
-template <typename Reply>
-grpc::Status Answer(absl::StatusOr<Reply> result, Reply* response) {
-  if (!result.ok()) return ToGrpc(result.status());
-  *response = *std::move(result);
-  return grpc::Status::OK;
-}
+constexpr char kWorkerMethod[] = "/fucina.cluster.v1.Worker/";
 
-// The worker's side of an RPC client: one channel, one stub, a deadline per call.
+// The worker's side of an RPC client: one channel, one stub, a deadline and the join token per
+// call.
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  GrpcWorkerClient(const std::string& address, const WorkerDeadlines& deadlines)
-      : deadlines_(deadlines) {
+  GrpcWorkerClient(const std::string& address, const ClusterCredentials& credentials,
+                   const WorkerDeadlines& deadlines)
+      : deadlines_(deadlines), credentials_(credentials) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
     stub_ = wire::Worker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(address, credentials_.ChannelCredentials(), args));
   }
 
   absl::StatusOr<wire::LoadShardResponse> LoadShard(
@@ -69,6 +66,7 @@ class GrpcWorkerClient final : public WorkerClient {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(deadline_ms));
+    credentials_.Prepare(&context);
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_.insert(&context);
@@ -85,6 +83,7 @@ class GrpcWorkerClient final : public WorkerClient {
   }
 
   WorkerDeadlines deadlines_;
+  ClusterCredentials credentials_;
   std::mutex mu_;  // in_flight_
   absl::flat_hash_set<grpc::ClientContext*> in_flight_;
   std::unique_ptr<wire::Worker::Stub> stub_;
@@ -92,49 +91,67 @@ class GrpcWorkerClient final : public WorkerClient {
 
 }  // namespace
 
-grpc::Status WorkerService::LoadShard(grpc::ServerContext*,
+template <typename Reply, typename Run>
+grpc::Status WorkerService::Serve(grpc::ServerContext* context, std::string_view method,
+                                  Run run, Reply* response) {
+  if (grpc::Status s = gate_.Admit(*context, std::string(kWorkerMethod) + std::string(method));
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Reply> result = run();
+  if (!result.ok()) return ToGrpc(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::LoadShard(grpc::ServerContext* context,
                                       const wire::LoadShardRequest* request,
                                       wire::LoadShardResponse* response) {
-  return Answer(worker_.LoadShard(*request), response);
+  return Serve(context, "LoadShard", [&] { return worker_.LoadShard(*request); }, response);
 }
 
-grpc::Status WorkerService::Forward(grpc::ServerContext*, const wire::ForwardRequest* request,
+grpc::Status WorkerService::Forward(grpc::ServerContext* context,
+                                    const wire::ForwardRequest* request,
                                     wire::ForwardResponse* response) {
-  return Answer(worker_.Forward(*request), response);
+  return Serve(context, "Forward", [&] { return worker_.Forward(*request); }, response);
 }
 
-grpc::Status WorkerService::ExpertForward(grpc::ServerContext*,
+grpc::Status WorkerService::ExpertForward(grpc::ServerContext* context,
                                           const wire::ExpertForwardRequest* request,
                                           wire::ExpertForwardResponse* response) {
-  return Answer(worker_.ExpertForward(*request), response);
+  return Serve(context, "ExpertForward", [&] { return worker_.ExpertForward(*request); }, response);
 }
 
-grpc::Status WorkerService::TruncateSession(grpc::ServerContext*,
+grpc::Status WorkerService::TruncateSession(grpc::ServerContext* context,
                                             const wire::TruncateSessionRequest* request,
                                             wire::SessionReply* response) {
-  return Answer(worker_.TruncateSession(*request), response);
+  return Serve(
+      context, "TruncateSession", [&] { return worker_.TruncateSession(*request); }, response);
 }
 
-grpc::Status WorkerService::CopyPrefix(grpc::ServerContext*,
+grpc::Status WorkerService::CopyPrefix(grpc::ServerContext* context,
                                        const wire::CopyPrefixRequest* request,
                                        wire::SessionReply* response) {
-  return Answer(worker_.CopyPrefix(*request), response);
+  return Serve(context, "CopyPrefix", [&] { return worker_.CopyPrefix(*request); }, response);
 }
 
-grpc::Status WorkerService::ReleaseSession(grpc::ServerContext*,
+grpc::Status WorkerService::ReleaseSession(grpc::ServerContext* context,
                                            const wire::ReleaseSessionRequest* request,
                                            wire::SessionReply* response) {
-  return Answer(worker_.ReleaseSession(*request), response);
+  return Serve(
+      context, "ReleaseSession", [&] { return worker_.ReleaseSession(*request); }, response);
 }
 
-grpc::Status WorkerService::GetStats(grpc::ServerContext*, const wire::StatsRequest*,
+grpc::Status WorkerService::GetStats(grpc::ServerContext* context,
+                                     const wire::StatsRequest*,
                                      wire::WorkerStats* response) {
-  return Answer(worker_.GetStats(), response);
+  return Serve(context, "GetStats", [&] { return worker_.GetStats(); }, response);
 }
 
 std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   const ClusterCredentials& credentials,
                                                    const WorkerDeadlines& deadlines) {
-  return std::make_unique<GrpcWorkerClient>(address, deadlines);
+  return std::make_unique<GrpcWorkerClient>(address, credentials, deadlines);
 }
 
 }  // namespace fucina

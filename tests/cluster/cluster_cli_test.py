@@ -9,13 +9,19 @@ random-weight fixtures; their tests are skipped without it). Runs with the syste
 with protoc and grpc_python_plugin.
 
 Every server listens on ephemeral ports and announces them on stdout; every process started
-here is killed when its test (or class) ends.
+here is killed when its test (or class) ends. Cluster processes share a join token file made
+here (--cluster-token-file); the TLS tests make their certificates with
+scripts/make-cluster-certs.sh (openssl).
 """
+import collections
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,6 +36,8 @@ TOKENIZER = os.environ.get("FUCINA_QWEN3_TOKENIZER", "")
 PROTOC = shutil.which("protoc") or ""
 GRPC_PLUGIN = shutil.which("grpc_python_plugin") or ""
 PROMTOOL = shutil.which("promtool") or ""
+OPENSSL = shutil.which("openssl") or ""
+NO_OPENSSL = "openssl not installed: no certificates for the TLS tests"
 
 try:
     import grpc
@@ -41,9 +49,10 @@ HAVE_TOKENIZER = bool(TOKENIZER) and os.path.isdir(TOKENIZER)
 NO_SMOLLM2 = "FUCINA_DEFAULT_MODEL (the SmolLM2 GGUF) not set or missing"
 NO_TOKENIZER = "FUCINA_QWEN3_TOKENIZER not set: random-weight fixtures need its tokenizer.json"
 
-# Filled by setUpModule: the generated message and stub modules.
+# Filled by setUpModule: the generated message and stub modules, the join token and its file.
 pb = pb_grpc = wire = wire_grpc = None
 TMP = None
+TOKEN = TOKEN_FILE = None
 
 # Bounds (seconds). Generous next to what the tiny fixtures need, small next to a hang.
 START_S = 60     # a process prints its `listening` line
@@ -58,7 +67,7 @@ FRONT_ADDRESSES = ("--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--htt
 
 
 def setUpModule():
-    global pb, pb_grpc, wire, wire_grpc, TMP
+    global pb, pb_grpc, wire, wire_grpc, TMP, TOKEN, TOKEN_FILE
     if not BIN:
         raise unittest.SkipTest("FUCINA_BIN not set")
     if grpc is None:
@@ -79,6 +88,10 @@ def setUpModule():
     import fucina.cluster.v1.worker_pb2 as wire_
     import fucina.cluster.v1.worker_pb2_grpc as wire_grpc_
     pb, pb_grpc, wire, wire_grpc = pb_, pb_grpc_, wire_, wire_grpc_
+    TOKEN = secrets.token_hex(32)
+    TOKEN_FILE = os.path.join(TMP.name, "cluster-token")
+    with open(os.open(TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(TOKEN + "\n")
 
 
 def tearDownModule():
@@ -136,15 +149,44 @@ def reference(model, prompt, gen, *sampling):
 
 # ---- processes ----
 
+_certs = {}
+
+
+def certs(name="cluster"):
+    """{"ca", "cert", "key"} paths of a CA made by scripts/make-cluster-certs.sh and of a
+    certificate it signed for localhost and 127.0.0.1; another `name` is another CA."""
+    if not OPENSSL:
+        raise unittest.SkipTest(NO_OPENSSL)
+    if name not in _certs:
+        d = os.path.join(TMP.name, f"certs-{name}")
+        p = subprocess.run([os.path.join(ROOT, "scripts/make-cluster-certs.sh"), d],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise AssertionError(f"make-cluster-certs.sh failed:\n{p.stderr}")
+        _certs[name] = {"ca": os.path.join(d, "ca.crt"), "cert": os.path.join(d, "node.crt"),
+                        "key": os.path.join(d, "node.key")}
+    return _certs[name]
+
+
+def tls_flags(tls):
+    return ["--tls-cert", tls["cert"], "--tls-key", tls["key"], "--tls-ca", tls["ca"]]
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class Proc:
     """A fucina server process; `grpc` and `metrics` are the addresses it announced."""
 
-    def __init__(self, args, name):
+    def __init__(self, args, name, env=None):
         self.args = args
         self.log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", dir=TMP.name,
                                                delete=False)
         self.p = subprocess.Popen([BIN, *args], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=self.log)
+                                  stdout=subprocess.PIPE, stderr=self.log,
+                                  env=None if env is None else {**os.environ, **env})
         line = self._read_line(START_S)
         m = re.fullmatch(r"listening grpc=(\S+) metrics=(\S+)( http=\S+)?", line)
         if m is None:
@@ -184,40 +226,88 @@ class Proc:
         self.log.close()
 
 
-def channel(address):
-    return grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+def channel(address, ca=None, cert=None, key=None):
+    """Plaintext, or TLS trusting the PEM CA file `ca` (with a client certificate when given)."""
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    if ca is None:
+        return grpc.insecure_channel(address, options=options)
+    creds = grpc.ssl_channel_credentials(root_certificates=read(ca),
+                                         private_key=read(key) if key else None,
+                                         certificate_chain=read(cert) if cert else None)
+    return grpc.secure_channel(address, creds, options=options)
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                         "compression")), grpc.ClientCallDetails):
+    pass
+
+
+class _AddMetadata(grpc.UnaryUnaryClientInterceptor):
+    """Adds fixed metadata (the join token) to every unary call, as fucina's clients do."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def intercept_unary_unary(self, continuation, details, request):
+        details = _CallDetails(details.method, details.timeout,
+                               list(details.metadata or []) + self.pairs, details.credentials,
+                               details.wait_for_ready, details.compression)
+        return continuation(details, request)
+
+
+def with_token(ch, token=None):
+    return grpc.intercept_channel(ch, _AddMetadata([("fucina-cluster-token", token or TOKEN)]))
 
 
 class Cluster:
-    """Processes of one test topology, killed together by close()."""
+    """Processes of one test topology, killed together by close(). With `tls` (certs()),
+    coordinator and workers run mutual TLS; the public API client trusts the CA and presents
+    no certificate, the worker stubs present the cluster's."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        self.tls = tls
         self.procs = []
         self.channels = []
 
-    def _start(self, args, name):
-        proc = Proc(args, name)
+    def _start(self, args, name, env=None):
+        proc = Proc(args, name, env)
         self.procs.append(proc)
         return proc
+
+    def _security(self):
+        flags = ["--cluster-token-file", TOKEN_FILE]
+        return flags + tls_flags(self.tls) if self.tls else flags
 
     def serve(self, model, workers, *extra):
         self.front = self._start(["serve", model, "--workers", str(workers), "--threads", "1",
                                   *FRONT_ADDRESSES, *extra], "serve")
         return self._api(self.front)
 
-    def coordinator(self, model, *extra):
-        self.front = self._start(["coordinator", model, *FRONT_ADDRESSES, *extra],
-                                 "coordinator")
+    def coordinator(self, model, *extra, env=None, security=True, listen="127.0.0.1:0"):
+        flags = self._security() if security else []
+        self.front = self._start(["coordinator", model, "--listen", listen,
+                                  *FRONT_ADDRESSES[2:], *flags, *extra], "coordinator", env)
         return self._api(self.front)
 
-    def worker(self, *extra):
+    def worker(self, *extra, env=None, security=True, listen="127.0.0.1:0"):
+        flags = self._security() if security else []
         return self._start(["worker", "--coordinator", self.front.grpc, "--threads", "1",
-                            "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", *extra],
-                           "worker")
+                            "--listen", listen, "--metrics", "127.0.0.1:0", *flags, *extra],
+                           "worker", env)
+
+    def channel(self, address, client_cert=False):
+        if self.tls is None:
+            ch = channel(address)
+        elif client_cert:
+            ch = channel(address, self.tls["ca"], self.tls["cert"], self.tls["key"])
+        else:
+            ch = channel(address, self.tls["ca"])
+        self.channels.append(ch)
+        return ch
 
     def _api(self, proc):
-        ch = channel(proc.grpc)
-        self.channels.append(ch)
+        ch = self.channel(proc.grpc)
         self.api = pb_grpc.GenerationStub(ch)
         self.health = ch.unary_unary("/grpc.health.v1.Health/Check",
                                      request_serializer=lambda b: b,
@@ -225,9 +315,11 @@ class Cluster:
         return self.api
 
     def worker_stub(self, proc):
-        ch = channel(proc.grpc)
-        self.channels.append(ch)
-        return wire_grpc.WorkerStub(ch)
+        return wire_grpc.WorkerStub(with_token(self.channel(proc.grpc, client_cert=True)))
+
+    def registry_stub(self, token=None, client_cert=True):
+        ch = self.channel(self.front.grpc, client_cert=client_cert)
+        return wire_grpc.RegistryStub(ch if token == "" else with_token(ch, token))
 
     def logs(self):
         return "\n".join(f"--- fucina {' '.join(p.args)}\n{p.stderr()}" for p in self.procs)
@@ -834,6 +926,400 @@ class FixtureTest(ClusterTestCase):
                 self.assertTrue(r.text.startswith(valid_prefix), r.text)
                 messages = list(c.api.GenerateStream(greedy(prompt, gen), timeout=RPC_S))
                 self.assertEqual("".join(m.text for m in messages), r.text)
+
+
+# ---- security: the cluster plane's token and mutual TLS, the public API key, limits ----
+
+def raw_call(ch, method, metadata=()):
+    """Calls a method descriptor with an empty request (valid for every proto message) and
+    reads the whole reply; raises grpc.RpcError as the call fails."""
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    if method.server_streaming:
+        return list(ch.unary_stream(path)(b"", timeout=10, metadata=metadata))
+    return ch.unary_unary(path)(b"", timeout=10, metadata=metadata)
+
+
+def run_fucina(args, env=None, timeout=60):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL,
+                          env=None if env is None else {**os.environ, **env})
+
+
+def wait_for_log(test, proc, pattern, timeout=10):
+    deadline = time.monotonic() + timeout
+    while re.search(pattern, proc.stderr()) is None:
+        test.assertLess(time.monotonic(), deadline,
+                        f"no {pattern!r} in the log within {timeout} s:\n{proc.stderr()}")
+        time.sleep(POLL_S)
+
+
+def rogue_register(address="127.0.0.1:9", **capabilities):
+    """What the rogue worker of the report claimed: 1000 cores and 100 GB."""
+    caps = {"cores": 1000, "memory_budget": 100 << 30, "device": "cpu", **capabilities}
+    return wire.RegisterRequest(address=address, capabilities=wire.Capabilities(**caps))
+
+
+@unittest.skipUnless(HAVE_TOKENIZER, NO_TOKENIZER)
+class ClusterAuthTest(ClusterTestCase):
+    """A client without the join token (or, under TLS, without a certificate the cluster CA
+    signed) can neither join the cluster nor drive a worker."""
+
+    def stage_view(self, placement):
+        return [(s.worker_id, s.address, s.first_layer, s.last_layer) for s in placement.stages]
+
+    def test_rogue_register_is_unauthenticated_and_changes_nothing(self):
+        model = fixture("dense")
+        ref, _ = reference(model, PROMPT, 16)
+        c = self.cluster()
+        c.coordinator(model)
+        c.worker()
+        before = self.wait_ready(c, 1)
+        wrong = secrets.token_hex(32)
+        unauth = grpc.StatusCode.UNAUTHENTICATED
+        for token in ("", wrong, TOKEN[:-1]):
+            with self.subTest(token="missing" if not token else "wrong"):
+                details = self.assert_rpc_error(unauth, c.registry_stub(token).Register,
+                                                rogue_register(), timeout=10)
+                self.assertIn("cluster token", details)
+        self.assert_rpc_error(unauth, c.registry_stub("").Heartbeat,
+                              wire.HeartbeatRequest(worker_id=before.workers[0].worker_id),
+                              timeout=10)
+        after = c.api.GetPlacement(pb.GetPlacementRequest(), timeout=10)
+        self.assertTrue(after.ready)
+        self.assertEqual(self.stage_view(after), self.stage_view(before))
+        self.assertEqual([w.address for w in after.workers], [w.address for w in before.workers])
+        self.assertEqual(list(self.generate(c, greedy(PROMPT, 16)).token_ids), ref)
+        # Each refusal is logged with the method and the peer, never with a token.
+        log = c.front.stderr()
+        self.assertRegex(log, r"refused /fucina\.cluster\.v1\.Registry/Register from "
+                              r"ipv4:127\.0\.0\.1:\d+: missing cluster token")
+        self.assertRegex(log, r"refused /fucina\.cluster\.v1\.Registry/Register from "
+                              r"ipv4:127\.0\.0\.1:\d+: wrong cluster token")
+        self.assertRegex(log, r"refused /fucina\.cluster\.v1\.Registry/Heartbeat from ")
+        self.assertNotIn(TOKEN[:16], log)
+        self.assertNotIn(wrong[:16], log)
+
+    def test_every_cluster_method_needs_the_token(self):
+        model = fixture("dense")
+        ref, _ = reference(model, PROMPT, 16)
+        c = self.cluster()
+        c.coordinator(model)
+        worker = c.worker()
+        self.wait_ready(c, 1)
+        targets = {"Worker": worker.grpc, "Registry": c.front.grpc}
+        services = wire.DESCRIPTOR.services_by_name
+        self.assertEqual(set(services), set(targets), "a cluster service is not tested here")
+        for service, address in targets.items():
+            ch = c.channel(address)
+            for method in services[service].methods:
+                for metadata in ((), (("fucina-cluster-token", secrets.token_hex(32)),),
+                                 (("fucina-cluster-token", TOKEN), ("fucina-cluster-token",
+                                                                    TOKEN))):
+                    with self.subTest(method=method.full_name, metadata=len(metadata)):
+                        self.assert_rpc_error(grpc.StatusCode.UNAUTHENTICATED, raw_call, ch,
+                                              method, metadata)
+        # None of them ran: no session was made, the shard is still loaded and serves.
+        self.assertEqual(self.stats(c.worker_stub(worker)).sessions, 0)
+        self.assertEqual(list(self.generate(c, greedy(PROMPT, 16)).token_ids), ref)
+
+    def test_default_token_is_shared_through_the_cache_with_no_flags(self):
+        # The README's commands: no token flag anywhere. The first process creates
+        # $FUCINA_CACHE/cluster-token (0600), the others on this machine read it.
+        cache = os.path.join(TMP.name, f"cache-{secrets.token_hex(4)}")
+        env = {"FUCINA_CACHE": cache, "FUCINA_CLUSTER_TOKEN": ""}
+        c = self.cluster()
+        c.coordinator(fixture("dense"), env=env, security=False)
+        c.worker(env=env, security=False)
+        self.wait_ready(c, 1)
+        path = os.path.join(cache, "cluster-token")
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        self.assertEqual(mode, 0o600, oct(mode))
+        self.assertRegex(read(path).decode(), r"^[0-9a-f]{64}\n$")
+        # A worker holding another token ($FUCINA_CLUSTER_TOKEN wins over the file) is
+        # refused, says why, and never joins.
+        stranger = c.worker(env={**env, "FUCINA_CLUSTER_TOKEN": secrets.token_hex(32)},
+                            security=False)
+        wait_for_log(self, stranger, r"cannot register with .*wrong cluster token.*"
+                                     r"FUCINA_CLUSTER_TOKEN")
+        workers = c.api.GetPlacement(pb.GetPlacementRequest(), timeout=10).workers
+        self.assertEqual(len(workers), 1, workers)
+
+    def check_mtls_cluster(self, kind, stages, experts, *extra):
+        model = fixture(kind)
+        ref, text = reference(model, PROMPT, 16)
+        c = Cluster(tls=certs())
+        self.addCleanup(c.close)
+        c.coordinator(model, *extra)
+        procs = [c.worker() for _ in range(stages + experts)]
+        p = self.wait_ready(c, stages, experts)
+        r = self.generate(c, greedy(PROMPT, 16))
+        self.assertEqual(list(r.token_ids), ref, c.logs())
+        self.assertEqual(r.text, text.decode())
+        # Every worker took part, reached with the cluster's certificate and token.
+        for proc in procs:
+            s = self.stats(c.worker_stub(proc))
+            self.assertGreater(s.forwarded_positions + s.expert_tokens, 0, proc.grpc)
+        # `fucina client` over TLS, trusting the cluster CA.
+        out = run_fucina(["client", "generate", "--addr", c.front.grpc, "--tls-ca", c.tls["ca"],
+                          "--prompt", PROMPT, "--gen", "16", "--temp", "0"], timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout, r.text + "\n")
+        return p
+
+    @unittest.skipUnless(OPENSSL, NO_OPENSSL)
+    def test_mutual_tls_cluster_generates_what_fucina_run_does(self):
+        self.check_mtls_cluster("dense", 2, 0)
+
+    @unittest.skipUnless(OPENSSL, NO_OPENSSL)
+    def test_mutual_tls_expert_workers_generate_what_fucina_run_does(self):
+        # Stage-to-expert-worker calls go worker to worker, over the same mutual TLS.
+        self.check_mtls_cluster("moe", 1, 1, "--expert-workers", "1")
+
+    @unittest.skipUnless(OPENSSL, NO_OPENSSL)
+    def test_cluster_plane_refuses_clients_without_a_cluster_certificate(self):
+        tls, rogue = certs(), certs("rogue")
+        c = Cluster(tls=tls)
+        self.addCleanup(c.close)
+        c.coordinator(fixture("dense"))
+        worker = c.worker()
+        before = self.wait_ready(c, 1)
+        # The coordinator's port also serves the public API: a client without a certificate
+        # is served there, but its cluster calls are refused even with the right token.
+        bare = c.channel(c.front.grpc)
+        self.assertTrue(pb_grpc.GenerationStub(bare).ListModels(pb.ListModelsRequest(),
+                                                               timeout=10).models[0].ready)
+        details = self.assert_rpc_error(grpc.StatusCode.UNAUTHENTICATED,
+                                        wire_grpc.RegistryStub(with_token(bare)).Register,
+                                        rogue_register(), timeout=10)
+        self.assertIn("certificate", details)
+        # A worker has no public clients: the handshake itself fails without a certificate.
+        self.assert_rpc_error(grpc.StatusCode.UNAVAILABLE,
+                              wire_grpc.WorkerStub(with_token(c.channel(worker.grpc))).GetStats,
+                              wire.StatsRequest(), timeout=10)
+        # A certificate from another CA fails the handshake everywhere; so does plaintext.
+        for address in (c.front.grpc, worker.grpc):
+            for ch in (channel(address, tls["ca"], rogue["cert"], rogue["key"]),
+                       channel(address)):
+                self.addCleanup(ch.close)
+                with self.subTest(address=address):
+                    self.assert_rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                          wire_grpc.WorkerStub(with_token(ch)).GetStats,
+                                          wire.StatsRequest(), timeout=10)
+                    self.assert_rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                          wire_grpc.RegistryStub(with_token(ch)).Register,
+                                          rogue_register(), timeout=10)
+        after = c.api.GetPlacement(pb.GetPlacementRequest(), timeout=10)
+        self.assertEqual(self.stage_view(after), self.stage_view(before))
+        self.assertEqual(len(after.workers), 1)
+
+    def test_plaintext_off_loopback_needs_insecure_cluster(self):
+        model = fixture("dense")
+        token = ["--cluster-token-file", TOKEN_FILE]
+        ports = ["--metrics", "127.0.0.1:0", "--http", ""]
+        refusals = {
+            "coordinator --listen 0.0.0.0:0":
+                ["coordinator", model, "--listen", "0.0.0.0:0", *ports, *token],
+            "worker --listen 0.0.0.0:0":
+                ["worker", "--coordinator", "127.0.0.1:9", "--listen", "0.0.0.0:0",
+                 "--metrics", "127.0.0.1:0", *token],
+            "worker --coordinator 192.0.2.1:50051":
+                ["worker", "--coordinator", "192.0.2.1:50051", "--listen", "127.0.0.1:0",
+                 "--metrics", "127.0.0.1:0", *token],
+        }
+        for name, args in refusals.items():
+            with self.subTest(name):
+                started = time.monotonic()
+                p = run_fucina(args)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertLess(time.monotonic() - started, 30)
+                self.assertIn("is not a loopback address", p.stderr)
+                self.assertIn("--insecure-cluster", p.stderr)
+                self.assertEqual(p.stdout, "")
+        # With --insecure-cluster both start, and the worker joins from the wildcard address.
+        c = self.cluster()
+        c.coordinator(model, "--insecure-cluster", listen="0.0.0.0:0")
+        self.assertTrue(c.front.grpc.startswith("0.0.0.0:"), c.front.grpc)
+        c.worker("--insecure-cluster", listen="0.0.0.0:0")
+        self.wait_ready(c, 1)
+        self.generate(c, greedy(PROMPT, 4))
+
+    @unittest.skipUnless(OPENSSL, NO_OPENSSL)
+    def test_tls_cluster_listens_anywhere_without_insecure_cluster(self):
+        c = Cluster(tls=certs())
+        self.addCleanup(c.close)
+        c.coordinator(fixture("dense"), listen="0.0.0.0:0")
+        self.assertTrue(c.front.grpc.startswith("0.0.0.0:"), c.front.grpc)
+        # Dialled by a name its certificate holds.
+        c.front.grpc = "127.0.0.1:" + c.front.grpc.rsplit(":", 1)[1]
+        c._api(c.front)
+        c.worker()
+        self.wait_ready(c, 1)
+        self.generate(c, greedy(PROMPT, 4))
+
+
+@unittest.skipUnless(HAVE_TOKENIZER, NO_TOKENIZER)
+class PlacementReportTest(ClusterTestCase):
+    def test_placement_reports_device_and_load_per_worker(self):
+        c = self.cluster()
+        c.coordinator(fixture("dense"), "--heartbeat-ms", "100")
+        procs = [c.worker(), c.worker()]
+        p = self.wait_ready(c, 2)
+        self.assertEqual(sorted(w.address for w in p.workers), sorted(w.grpc for w in procs))
+        for w in p.workers:
+            self.assertEqual((w.device, w.cores, w.alive), ("cpu", 1, True), w)
+        self.assertEqual([s.device for s in p.stages], ["cpu", "cpu"])
+
+        def loads():
+            return {w.address: w.load for w in
+                    c.api.GetPlacement(pb.GetPlacementRequest(), timeout=10).workers}
+
+        def wait_loads(sessions, timeout=10):
+            deadline = time.monotonic() + timeout
+            while True:
+                now = loads()
+                if all(w.sessions == sessions for w in now.values()):
+                    return now
+                self.assertLess(time.monotonic(), deadline,
+                                f"loads did not reach {sessions} session(s): {now}")
+                time.sleep(POLL_S)
+
+        stream = self.long_stream(c)
+        self.assertTrue(next(stream).token_ids)
+        busy = wait_loads(1)
+        for proc in procs:
+            load, stats = busy[proc.grpc], self.stats(c.worker_stub(proc))
+            self.assertGreater(load.kv_bytes, 0, load)
+            self.assertEqual(load.kv_bytes, stats.kv_bytes)  # one session, allocated whole
+            self.assertEqual(load.weight_bytes, stats.weight_bytes)
+            self.assertGreaterEqual(load.queue_depth, 0)
+            self.assertLess(load.age_ms, 5000)
+        stream.cancel()
+        idle = wait_loads(0)
+        self.assertTrue(all(w.kv_bytes == 0 for w in idle.values()), idle)
+
+    def test_register_claims_are_validated(self):
+        c = self.cluster()
+        c.coordinator(fixture("dense"))
+        c.worker()
+        before = self.wait_ready(c, 1)
+        registry = c.registry_stub()
+        cases = {
+            "capabilities.cores": [{"cores": 0}, {"cores": -4}, {"cores": 100000}],
+            "capabilities.memory_budget": [{"memory_budget": -1},
+                                           {"memory_budget": 1 << 60}],
+            "capabilities.device": [{"device": "tpu"}, {"device": "cpu" * 1000},
+                                    {"device": "cpu\n"}],
+            "address": [{"address": ""}, {"address": "no-port"},
+                        {"address": "127.0.0.1:99999"}, {"address": "a b:1"},
+                        {"address": "h" * 400 + ":1"}],
+        }
+        for field, claims in cases.items():
+            for claim in claims:
+                with self.subTest(field=field, claim=str(claim)[:40]):
+                    details = self.assert_rpc_error(grpc.StatusCode.INVALID_ARGUMENT,
+                                                    registry.Register,
+                                                    rogue_register(**{"cores": 2, **claim}),
+                                                    timeout=10)
+                    self.assertIn(field, details)
+                    self.assertLess(len(details), 300)
+        after = c.api.GetPlacement(pb.GetPlacementRequest(), timeout=10)
+        self.assertEqual(len(after.workers), 1, after)
+        self.assertEqual([s.address for s in after.stages], [s.address for s in before.stages])
+
+
+@unittest.skipUnless(HAVE_TOKENIZER, NO_TOKENIZER)
+class PublicApiAuthTest(ClusterTestCase):
+    KEY = "fucina-test-" + "k" * 20
+
+    def test_api_key_guards_the_public_api_but_not_health_or_reflection(self):
+        c = self.cluster()
+        c.serve(fixture("dense"), 1, "--api-key", self.KEY)
+        ch = c.channel(c.front.grpc)
+        unauth = grpc.StatusCode.UNAUTHENTICATED
+        for method in pb.DESCRIPTOR.services_by_name["Generation"].methods:
+            for metadata in ((), (("authorization", "Bearer nope-" + "x" * 20),),
+                             (("authorization", self.KEY),)):
+                with self.subTest(method=method.name, metadata=metadata[:1]):
+                    self.assert_rpc_error(unauth, raw_call, ch, method, metadata)
+        good = (("authorization", "Bearer " + self.KEY),)
+        deadline = time.monotonic() + READY_S
+        while not c.api.ListModels(pb.ListModelsRequest(), timeout=10,
+                                   metadata=good).models[0].ready:
+            self.assertLess(time.monotonic(), deadline, "not ready")
+            time.sleep(POLL_S)
+        r = c.api.Generate(greedy(PROMPT, 4), timeout=RPC_S, metadata=good)
+        self.assertEqual(r.usage.completion_tokens, 4)
+        # Health and reflection answer without a key.
+        self.assertEqual(c.health_status(), 1)
+        replies = list(ch.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")(
+                iter([b"\x3a\x00"]), timeout=10))
+        self.assertIn(b"fucina.v1.Generation", replies[0])
+        self.assertNotIn("nope-", c.front.stderr())
+        # `fucina client`: --api-key, else $FUCINA_API_KEY.
+        args = ["client", "generate", "--addr", c.front.grpc, "--prompt", PROMPT, "--gen", "4",
+                "--temp", "0"]
+        no_env = {"FUCINA_API_KEY": ""}
+        p = run_fucina(args, env=no_env, timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("UNAUTHENTICATED", p.stderr)
+        p = run_fucina([*args, "--api-key", self.KEY], env=no_env, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (0, r.text + "\n"), p.stderr)
+        p = run_fucina(args, env={"FUCINA_API_KEY": self.KEY}, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (0, r.text + "\n"), p.stderr)
+
+    def test_oversized_requests_are_refused_quickly_and_the_server_stays_healthy(self):
+        c = self.cluster()
+        c.serve(fixture("dense"), 1)
+        self.wait_ready(c, 1)
+        started = time.monotonic()
+        details = self.assert_rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, c.api.Generate,
+                                        greedy("a" * (17 << 20), 4), timeout=60)
+        self.assertLess(time.monotonic() - started, 5.0, "the 17 MiB prompt was not refused fast")
+        self.assertIn("16777216", details)
+        self.assertEqual(c.health_status(), 1)
+        self.assertEqual(self.generate(c, greedy(PROMPT, 4)).usage.completion_tokens, 4)
+        # --max-request-bytes moves the limit both ways.
+        small = self.cluster()
+        small.serve(fixture("dense"), 1, "--max-request-bytes", "4K")
+        self.wait_ready(small, 1)
+        self.assert_rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, small.api.Generate,
+                              greedy("a" * 8192, 4), timeout=30)
+        self.assertEqual(self.generate(small, greedy("a " * 1000, 2)).usage.completion_tokens, 2)
+        for bad in ("0", "1G", "lots"):
+            with self.subTest(max_request_bytes=bad):
+                p = run_fucina(["serve", fixture("dense"), "--max-request-bytes", bad,
+                                *FRONT_ADDRESSES])
+                self.assertEqual(p.returncode, 1)
+                self.assertIn("--max-request-bytes", p.stderr)
+
+
+class WorkerMetricsPortTest(ClusterTestCase):
+    def test_a_taken_default_metrics_port_moves_and_a_given_one_fails(self):
+        # Hold the default port, as a first worker on this machine would.
+        holder = socket.socket()
+        self.addCleanup(holder.close)
+        try:
+            holder.bind(("127.0.0.1", 9402))
+            holder.listen(1)
+        except OSError:
+            pass  # something else holds it: it is taken either way
+        args = ["worker", "--coordinator", "127.0.0.1:9", "--listen", "127.0.0.1:0",
+                "--threads", "1", "--cluster-token-file", TOKEN_FILE]
+        workers = []
+        for i in range(2):
+            w = Proc(args, f"metrics-{i}")
+            self.addCleanup(w.kill)
+            workers.append(w)
+            self.assertNotEqual(w.metrics, "127.0.0.1:9402")
+            self.assertRegex(w.metrics, r"^127\.0\.0\.1:\d+$")
+            self.assertIn("127.0.0.1:9402 is taken", w.stderr())
+            self.assertIn("fucina_worker_queue_depth", scrape(w.metrics))
+        self.assertNotEqual(workers[0].metrics, workers[1].metrics)
+        p = run_fucina([*args, "--metrics", "127.0.0.1:9402"])
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("cannot listen on 127.0.0.1:9402 (metrics)", p.stderr)
+        self.assertEqual(p.stdout, "")
 
 
 if __name__ == "__main__":
