@@ -1290,7 +1290,7 @@ class PublicApiAuthTest(ClusterTestCase):
             with self.subTest(max_request_bytes=bad):
                 p = run_fucina(["serve", fixture("dense"), "--max-request-bytes", bad,
                                 *FRONT_ADDRESSES])
-                self.assertEqual(p.returncode, 1)
+                self.assertEqual(p.returncode, 2)  # a usage error
                 self.assertIn("--max-request-bytes", p.stderr)
 
 
