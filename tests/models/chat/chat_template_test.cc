@@ -61,9 +61,9 @@ absl::StatusOr<std::string> RenderReference(const std::string& source, const Jso
       absl::StrCat(::testing::TempDir(), "/chat_ref_", ::getpid(), "_", counter++);
   const std::string in = base + ".json", out = base + ".out", err = base + ".err";
   WriteFile(in, Json{{"template", source}, {"context", context}}.dump(-1, ' ', false));
-  // render_ref.py lives next to this file (CMake compiles tests by absolute source path).
-  std::string script = __FILE__;
-  script = script.substr(0, script.rfind('/') + 1) + "render_ref.py";
+  // render_ref.py lives next to this file. (Not found through __FILE__: ccache's base_dir
+  // makes that relative to the build directory.)
+  const std::string script = FUCINA_TEST_SOURCE_DIR "/models/chat/render_ref.py";
   const std::string cmd = absl::StrCat(ShellQuote(Python()), " ", ShellQuote(script), " ",
                                        ShellQuote(in), " ", ShellQuote(out), " 2>", ShellQuote(err));
   const int rc = std::system(cmd.c_str());

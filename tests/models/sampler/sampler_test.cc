@@ -97,8 +97,7 @@ TEST(Rng, NextFloatInUnitIntervalAndReproducible) {
 TEST(Rng, MatchesPythonReference) {
   const char* python = std::getenv("FUCINA_PYTHON");
   if (python == nullptr) GTEST_SKIP() << "FUCINA_PYTHON is not set (scripts/test.sh sets it)";
-  std::string script = __FILE__;
-  script = script.substr(0, script.rfind('/') + 1) + "rng_ref.py";
+  const std::string script = FUCINA_TEST_SOURCE_DIR "/models/sampler/rng_ref.py";
   constexpr int kCount = 2000;
   for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{42}, uint64_t{0xDEADBEEF},
                         std::numeric_limits<uint64_t>::max()}) {
