@@ -169,6 +169,13 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--http-idle-timeout", a->http.idle_timeout_s,
                   "Seconds an HTTP connection may wait for its next request")
       ->capture_default_str();
+  cmd->add_option("--http-request-timeout", a->http.request_timeout_s,
+                  "Seconds an HTTP request (headers and body) may take to arrive, from its "
+                  "first byte, plus 1 s per --http-min-rate bytes (slower: 408)")
+      ->capture_default_str();
+  cmd->add_option("--http-min-rate", a->http.min_request_rate,
+                  "Bytes per second an HTTP request must average past --http-request-timeout")
+      ->capture_default_str();
   cmd->add_option("--served-model-name", o.served_name, "Name clients use (default: general.name)");
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();
