@@ -34,7 +34,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
   return seeds;
 }
 
-std::string Run(const std::string& input) {
+std::string Replay(const std::string& input) {
   return FuzzHttpRequest(reinterpret_cast<const uint8_t*>(input.data()), input.size());
 }
 
@@ -53,7 +53,7 @@ TEST(HttpFuzzReplay, SeedsHoldTheInvariants) {
   ASSERT_GE(seeds.size(), 10u) << "tests/data/http/ holds the corpus";
   for (const auto& [name, data] : seeds) {
     // Trailing bytes change the read size (1 + size % 32): three different splits of the input.
-    for (const char* tail : {"", "\r\n", "\r\n\r\n\r\n"}) EXPECT_EQ(Run(data + tail), "") << name;
+    for (const char* tail : {"", "\r\n", "\r\n\r\n\r\n"}) EXPECT_EQ(Replay(data + tail), "") << name;
   }
 }
 
@@ -93,7 +93,7 @@ TEST(HttpFuzzReplay, MutantsHoldTheInvariants) {
           break;
       }
     }
-    const std::string err = Run(s);
+    const std::string err = Replay(s);
     ASSERT_EQ(err, "") << "mutant " << i << ": " << testing::PrintToString(s);
   }
 }
