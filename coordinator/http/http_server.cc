@@ -451,8 +451,13 @@ void HttpServer::Impl::Serve(Connection& conn) {
     http::request_parser<http::string_body> parser;
     if (std::optional<ReadError> err = ReadRequest(stream, buffer, parser, limits)) {
       if (err->status != 0) {
+        // In the dialect of the route, when the header got that far (a 413 on /v1/messages).
+        const std::string target =
+            parser.is_header_done() ? std::string(parser.get().target()) : "";
+        const bool anthropic = target.substr(0, target.find('?')) == "/v1/messages";
         BeastExchange ex(conn.socket, 11, false, false);
-        SendError(ex, ApiDialect::kOpenAi, err->status, err->message);
+        SendError(ex, anthropic ? ApiDialect::kAnthropic : ApiDialect::kOpenAi, err->status,
+                  err->message);
       }
       break;
     }
