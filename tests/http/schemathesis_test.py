@@ -8,7 +8,7 @@ a body or header that does not match its schema; then the server must still be a
     FUCINA_BIN=build/tools/fucina FUCINA_DEFAULT_MODEL=.../SmolLM2-135M-Instruct.Q4_1.gguf \
       $FUCINA_CACHE/venv/bin/python tests/http/schemathesis_test.py
 
-FUCINA_SCHEMATHESIS_EXAMPLES (default 12) sets the examples per operation and phase.
+FUCINA_SCHEMATHESIS_EXAMPLES (default 25) sets the examples per operation and phase.
 Skips (exit 0, with a message) when the model, the binary or schemathesis is missing.
 """
 import json
@@ -23,13 +23,16 @@ import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Not negative_data_rejection: the description caps max_tokens and string lengths below what the
+# server accepts (to keep generated requests cheap), so a request off the schema is not
+# necessarily an invalid one. Schema-breaking requests are still sent (--mode all, the default)
+# and must get a documented status and a conforming body.
 CHECKS = ",".join([
     "not_a_server_error",
     "status_code_conformance",
     "content_type_conformance",
     "response_headers_conformance",
     "response_schema_conformance",
-    "negative_data_rejection",
     "unsupported_method",
 ])
 
@@ -54,7 +57,7 @@ def main():
     st = shutil.which("st", path=os.path.dirname(sys.executable))
     if st is None:
         skip(f"schemathesis is not installed for {sys.executable} (scripts/requirements-test.txt)")
-    examples = os.environ.get("FUCINA_SCHEMATHESIS_EXAMPLES", "12")
+    examples = os.environ.get("FUCINA_SCHEMATHESIS_EXAMPLES", "25")
     # A small context bounds what a request that ignores the schema's max_tokens cap can cost.
     log = tempfile.TemporaryFile(mode="w+")
     server = subprocess.Popen(
