@@ -50,7 +50,8 @@ class HttpExchange {
   virtual bool StartEvents() = 0;
   // Sends bytes of the event stream; false when the client is gone.
   virtual bool SendEvents(const std::string& data) = 0;
-  // True once the client closed its side (polled while a request waits for output).
+  // True once the client is gone: a reset or a closed socket, not a half-close (the client may
+  // still read). Polled while a request waits for output.
   virtual bool ClientGone() = 0;
 };
 

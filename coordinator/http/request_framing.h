@@ -79,7 +79,8 @@ std::optional<ReadError> ReadRequest(
 // at most `chunk` bytes, then end of stream; writes are discarded.
 class MemoryStream {
  public:
-  MemoryStream(std::string_view data, size_t chunk) : data_(data), chunk_(std::max<size_t>(1, chunk)) {}
+  MemoryStream(std::string_view data, size_t chunk)
+      : data_(data), chunk_(std::max<size_t>(1, chunk)) {}
 
   template <class MutableBuffers>
   size_t read_some(const MutableBuffers& buffers, boost::beast::error_code& ec) {

@@ -38,7 +38,9 @@ absl::StatusOr<std::string> JoinTextParts(const json& parts, const std::string& 
   for (size_t k = 0; k < parts.size(); ++k) {
     const json& part = parts[k];
     const std::string at = absl::StrCat(where, "[", k, "]");
-    if (!part.is_object()) return Invalid(absl::StrCat(at, " must be an object, got ", TypeName(part)));
+    if (!part.is_object()) {
+      return Invalid(absl::StrCat(at, " must be an object, got ", TypeName(part)));
+    }
     auto type = StringMember(part, "type", at);
     if (!type.ok()) return type.status();
     if (!*type) return Invalid(at + ".type is required");

@@ -2,6 +2,7 @@
 // ending with response.completed. A think block (Qwen3) becomes a `reasoning` output item ahead
 // of the `message` item, as OpenAI reports reasoning for open-weight models: its text in
 // content[] as `reasoning_text`, streamed as response.reasoning_text.delta events.
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@ class OutputItems {
       if (!Open(reasoning)) return false;
     }
     text_ += e.text;
-    if (reasoning) reasoning_ += e.text; else message_ += e.text;
+    if (reasoning) reasoning_ += e.text;
     return Send(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta",
                 {{"item_id", id_},
                  {"output_index", items_.size()},
@@ -54,7 +55,6 @@ class OutputItems {
 
   const json& items() const { return items_; }
   const std::string& reasoning() const { return reasoning_; }
-  const std::string& message() const { return message_; }
 
  private:
   json Part(bool reasoning, const std::string& text) const {
@@ -83,8 +83,8 @@ class OutputItems {
     id_ = RandomId(reasoning ? "rs_" : "msg_");
     text_.clear();
     const size_t index = items_.size();
-    return Send("response.output_item.added",
-                {{"output_index", index}, {"item", Item(reasoning, "in_progress", json::array())}}) &&
+    json item = Item(reasoning, "in_progress", json::array());
+    return Send("response.output_item.added", {{"output_index", index}, {"item", item}}) &&
            Send("response.content_part.added", {{"item_id", id_},
                                                 {"output_index", index},
                                                 {"content_index", 0},
@@ -115,7 +115,7 @@ class OutputItems {
   bool open_reasoning_ = false;
   std::string id_;
   std::string text_;  // the open item's
-  std::string reasoning_, message_;
+  std::string reasoning_;  // all reasoning text, for the usage count
 };
 
 }  // namespace
@@ -161,11 +161,11 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
               {"tools", json::array()}};
     if (o != nullptr) {
       // The think block's share of the output, counted by re-tokenizing its text.
-      const int64_t reasoning_tokens = std::min<int64_t>(
-          o->completion_tokens,
-          items->reasoning().empty()
-              ? 0
-              : static_cast<int64_t>(c_.tokenizer().Encode(items->reasoning(), false, false).size()));
+      const std::string& reasoning = items->reasoning();
+      const int64_t reasoning_tokens =
+          reasoning.empty() ? 0
+                            : std::min<int64_t>(o->completion_tokens,
+                                                c_.tokenizer().Encode(reasoning, false, false).size());
       r["usage"] = {{"input_tokens", o->prompt_tokens},
                     {"input_tokens_details", {{"cached_tokens", o->cached_tokens}}},
                     {"output_tokens", o->completion_tokens},
