@@ -93,7 +93,9 @@ def main():
             cmd = [st, "--config-file", os.path.join(HERE, "schemathesis.toml"), "run",
                    base + "/openapi.json", "--url", base, "--checks", CHECKS,
                    "--phases", "examples,coverage,fuzzing", "--max-examples", examples,
-                   "--workers", "2", "--seed", "20261201", "--request-timeout", "60",
+                   # One worker: with two, schemathesis 4.32's coverage phase has raised
+                   # internal errors (Python's AST compiler racing) on other runs.
+                   "--workers", "1", "--seed", "20261201", "--request-timeout", "60",
                    "--generation-database", "none", "--no-color", "--suppress-health-check", "all",
                    "--report", "junit", "--report-dir", tmp]
             t0 = time.monotonic()
