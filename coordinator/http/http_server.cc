@@ -439,13 +439,16 @@ bool HttpServer::Impl::StepOverflow(Overflow& o, short revents) {
 void HttpServer::Impl::Serve(Connection& conn) {
   beast::flat_buffer buffer;
   const RequestLimits limits{options.max_body_bytes, 64 << 10};
-  while (!stopping) {
+  for (bool first = true; !stopping; first = false) {
     // An idle keep-alive connection gives its thread back after idle_timeout_s, so idle clients
-    // cannot hold every connection place; once a request's first byte is in, the read deadline
-    // takes over.
+    // cannot hold every connection place; a new connection gets no longer than a request would
+    // to start its first one (a silent connect is a slot taken for nothing). Once a request's
+    // first byte is in, the read deadline takes over.
     if (buffer.size() == 0) {
+      const double wait_s = first ? std::min(options.idle_timeout_s, options.request_timeout_s)
+                                  : options.idle_timeout_s;
       pollfd p{conn.socket.native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(options.idle_timeout_s * 1000)) <= 0) break;
+      if (::poll(&p, 1, static_cast<int>(wait_s * 1000)) <= 0) break;
     }
     DeadlineSocket stream(conn.socket, options.request_timeout_s, options.min_request_rate);
     http::request_parser<http::string_body> parser;

@@ -32,7 +32,9 @@ struct HttpOptions {
   std::vector<std::string> allow_hosts;   // Host header allowlist (empty: any)
   size_t max_body_bytes = 8 << 20;
   int max_connections = 256;
-  double idle_timeout_s = 60;  // a connection waiting this long for a request is closed
+  // A connection waiting this long for its next request is closed (its first: at most
+  // request_timeout_s).
+  double idle_timeout_s = 60;
   // A request (headers and body) must have arrived within request_timeout_s of its first byte
   // plus one second per min_request_rate bytes received: a sender slower than that on average
   // gets 408 and is closed. Only reading is timed, never a response being written or streamed.

@@ -394,12 +394,20 @@ describe("HTTP hardening", {skip: SKIP}, () => {
       const elapsed = performance.now() - t0;
       assert.ok(elapsed < 6000, `slow senders held on for ${Math.round(elapsed)} ms`);
       assert.match(await dribbled, /^HTTP\/1\.1 408 /);
+
       console.log(`# slow senders: 6 probes in ${Math.round(probes)} ms while full; ` +
                   `${timedOut.length} x 408, all closed after ${Math.round(elapsed)} ms`);
       // The slots are free again.
       const ok = await request(server, "POST", "/v1/completions",
                                {body: {prompt: "Hi", max_tokens: 2}});
       assert.equal(ok.status, 200, ok.body);
+      // A connection that never sends a byte gives its slot back after the request deadline,
+      // not the 60 s keep-alive idle limit.
+      const t1 = performance.now();
+      const silent = await exchange(server, "", {timeoutMs: 15000});
+      const silentMs = performance.now() - t1;
+      assert.ok(silent.closed && silent.data.length === 0, `silent: ${silent.data}`);
+      assert.ok(silentMs < 5000, `a silent connection held its slot ${Math.round(silentMs)} ms`);
     });
 
     test("the read deadline counts per request, never a response being streamed", async () => {
