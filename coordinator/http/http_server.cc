@@ -153,10 +153,13 @@ class BeastExchange : public HttpExchange {
 
   // Only a reset or fully closed socket counts as gone. A client that half-closed
   // (shutdown(SHUT_WR) after sending its request, as `nc -N` does) reads on, and reading alone
-  // cannot tell the two apart: both just show end of stream. So the first time it is seen, an
-  // interim `100 Continue` is written (any HTTP/1.1 client must accept and skip unexpected 1xx
-  // responses; RFC 9110 15.2). A half-closed client ignores it; a closed one answers with a
-  // reset, which the next poll sees. Once the response has begun, its own writes do the probing.
+  // cannot tell the two apart: both just show end of stream. So the first time it is seen,
+  // something the client must ignore is written: before the response an interim
+  // `100 Continue` (any HTTP/1.1 client skips unexpected 1xx responses; RFC 9110 15.2), in an
+  // event stream an SSE comment line. A half-closed client reads past it; a closed one answers
+  // with a reset, which the next poll sees. (Without the probe, a streamed request still queued
+  // would keep its place until its first event.) HTTP/1.0 gets no probe: a closed client is
+  // then noticed at the response's first write.
   bool ClientGone() override {
     if (gone_) return true;
     pollfd p{socket_.native_handle(), POLLIN | POLLRDHUP, 0};
@@ -170,12 +173,16 @@ class BeastExchange : public HttpExchange {
       char c;
       eof = ::recv(socket_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
     }
-    if (eof && !probed_ && !responded_ && version_ >= 11) {
+    if (eof && !probed_ && (streaming_ || (!responded_ && version_ >= 11))) {
       probed_ = true;
-      static constexpr char kProbe[] = "HTTP/1.1 100 Continue\r\n\r\n";
-      beast::error_code ec;
-      asio::write(socket_, asio::buffer(kProbe, sizeof(kProbe) - 1), ec);
-      if (ec) gone_ = true;
+      if (streaming_) {
+        SendEvents(": client input ended\n\n");
+      } else {
+        static constexpr char kProbe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        beast::error_code ec;
+        asio::write(socket_, asio::buffer(kProbe, sizeof(kProbe) - 1), ec);
+        if (ec) gone_ = true;
+      }
     }
     return gone_;
   }

@@ -331,11 +331,11 @@ describe("HTTP hardening", {skip: SKIP}, () => {
     });
   });
 
-  describe("--max-connections 4 --http-request-timeout 1 --allow-host localhost", () => {
+  describe("--max-connections 4 --http-request-timeout 1 --allow-host localhost --batch 1", () => {
     let server;
     before(async () => (server = await startServer(
         ["--max-connections", "4", "--http-request-timeout", "1", "--http-min-rate", "1000",
-         "--allow-host", "localhost", "--ctx", "512"])));
+         "--allow-host", "localhost", "--ctx", "512", "--batch", "1"])));
     after(() => stopServer(server));
 
     test("a Host that is not UTF-8: 403 with a JSON body", async () => {
@@ -437,6 +437,40 @@ describe("HTTP hardening", {skip: SKIP}, () => {
       assert.match(stream.body, /"finish_reason":"length"/);
       assert.match(stream.body, /data: \[DONE\]\n\n$/);
       console.log(`# a 400-token stream took ${Math.round(ms)} ms (request deadline 1000 ms)`);
+    });
+
+    // A client that closes while its streamed request still waits in the queue (no event
+    // written yet) gives up its place as fast as a non-streamed one.
+    test("a streamed request whose client leaves while queued is cancelled", async () => {
+      const metric = async (name) => {
+        const m = await request(server, "GET", "/metrics");
+        return Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(m.body)[1]);
+      };
+      const waitMetric = async (name, want, limitMs) => {
+        const t0 = performance.now();
+        for (;;) {
+          const v = await metric(name);
+          const ms = performance.now() - t0;
+          if (v === want) return ms;
+          assert.ok(ms < limitMs, `${name} is ${v}, not ${want}, after ${Math.round(ms)} ms`);
+          await sleep(20);
+        }
+      };
+      const long = exchange(server, rawRequest("POST", "/v1/completions", {body:
+          {prompt: "Once upon a time", max_tokens: 400, ignore_eos: true}}));
+      await waitMetric("fucina_num_requests_running", 1, 10000);
+      const queued = net.connect(server.port, server.host);
+      queued.on("error", () => {});
+      queued.write(rawRequest("POST", "/v1/completions", {body:
+          {prompt: "Hi", max_tokens: 8, stream: true}}));
+      await waitMetric("fucina_num_requests_waiting", 1, 5000);
+      queued.destroy();
+      const ms = await waitMetric("fucina_num_requests_waiting", 0, 3000);
+      assert.ok(ms < 1000, `waiting went back to 0 after ${Math.round(ms)} ms`);
+      console.log(`# streamed request, client gone while queued: cancelled after ` +
+                  `${Math.round(ms)} ms`);
+      const done = await long;
+      assert.equal(done.responses[0]?.status, 200);
     });
   });
 });
