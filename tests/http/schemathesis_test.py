@@ -88,6 +88,10 @@ def main():
         assert status == 200
         with open(os.path.join(HERE, "..", "..", "docs", "openapi.json"), "rb") as f:
             assert served == f.read(), "/openapi.json differs from docs/openapi.json"
+        routes = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                  "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics", "/openapi.json"}
+        described = set(json.loads(served)["paths"])
+        assert described == routes, f"described {sorted(described)}, served {sorted(routes)}"
 
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [st, "--config-file", os.path.join(HERE, "schemathesis.toml"), "run",
