@@ -9,6 +9,7 @@
 #include <list>
 #include <mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -370,7 +371,13 @@ void HttpServer::Impl::AcceptReady() {
     beast::error_code ec;
     tcp::socket socket(io);
     acceptor.accept(socket, ec);
-    if (ec) return;  // would_block: nothing more to accept (or a transient error)
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return;
+    if (ec) {
+      // Out of descriptors (EMFILE) or memory: the listening socket stays readable, so back off
+      // rather than spin on it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
     Reap();
     std::lock_guard<std::mutex> lock(mu);
     if (static_cast<int>(connections.size()) >= options.max_connections) {
@@ -385,10 +392,14 @@ void HttpServer::Impl::AcceptReady() {
     socket.non_blocking(false, ec);
     auto conn = std::make_unique<Connection>(std::move(socket));
     Connection* raw = conn.get();
-    conn->thread = std::thread([this, raw] {
-      Serve(*raw);
-      raw->done = true;
-    });
+    try {
+      conn->thread = std::thread([this, raw] {
+        Serve(*raw);
+        raw->done = true;
+      });
+    } catch (const std::system_error&) {
+      continue;  // no thread to be had: the connection is closed, the server goes on
+    }
     connections.push_back(std::move(conn));
   }
 }

@@ -1,7 +1,7 @@
 // The HTTP request path without sockets or a model: the committed corpus (tests/data/http/) and
 // deterministic mutants of it through FuzzHttpRequest (run under ASan/UBSan by scripts/test.sh),
 // plus what the framing checks and the body parser must answer for known attacks.
-//   FUCINA_FUZZ_ITERS=N overrides the 3000 mutants.
+//   FUCINA_FUZZ_ITERS=N overrides the 20000 mutants.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -60,7 +60,7 @@ TEST(HttpFuzzReplay, SeedsHoldTheInvariants) {
 TEST(HttpFuzzReplay, MutantsHoldTheInvariants) {
   const auto seeds = Seeds();
   ASSERT_FALSE(seeds.empty());
-  int iters = 3000;
+  int iters = 20000;
   if (const char* env = std::getenv("FUCINA_FUZZ_ITERS")) iters = std::atoi(env);
   // Pieces that matter to the parser and the readers, spliced in at random places.
   const std::vector<std::string> dictionary = {
