@@ -472,7 +472,7 @@ absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
       std::vector<ChatMessage> messages;
       for (int i = 0; i < request.messages().messages_size(); ++i) {
         const auto& m = request.messages().messages(i);
-        auto role = NormalizeRole(m.role(), absl::StrCat("messages[", i, "]"));
+        auto role = NormalizeChatRole(m.role(), absl::StrCat("messages[", i, "]"));
         if (!role.ok()) return role.status();
         ChatMessage msg;
         msg.role = *std::move(role);

@@ -96,14 +96,4 @@ absl::Status ResolveRequestFields(const RequestFields& f, const SamplingParams& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> NormalizeRole(std::string_view role, std::string_view where) {
-  if (role == "developer") return std::string("system");
-  if (role == "system" || role == "user" || role == "assistant" || role == "tool") {
-    return std::string(role);
-  }
-  return absl::InvalidArgumentError(absl::StrCat(std::string(where), ".role '", std::string(role),
-                                                 "' is not one of system, developer, user, "
-                                                 "assistant, tool"));
-}
-
 }  // namespace fucina

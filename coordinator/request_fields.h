@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,10 +47,6 @@ struct RequestFields {
 // server's defaults (`sampling`, `max_tokens`: its flags). Leaves job->prompt alone.
 absl::Status ResolveRequestFields(const RequestFields& fields, const SamplingParams& sampling,
                                   int64_t max_tokens, int32_t vocab_size, GenerateJob* job);
-
-// A chat message's role as the templates know it: system, user, assistant or tool; OpenAI's
-// "developer" is the system role. Anything else is INVALID_ARGUMENT naming `where`.
-absl::StatusOr<std::string> NormalizeRole(std::string_view role, std::string_view where);
 
 }  // namespace fucina
 

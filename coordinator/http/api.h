@@ -14,9 +14,11 @@ namespace fucina {
 enum class ApiDialect { kOpenAi, kAnthropic };
 
 // Writes an error in the dialect's shape: OpenAI {"error": {message, type, param, code}},
-// Anthropic {"type": "error", "error": {type, message}}.
+// Anthropic {"type": "error", "error": {type, message}}. 503s carry Retry-After; `allow` is the
+// Allow header of a 405.
 void SendError(HttpExchange& exchange, ApiDialect dialect, int status, const std::string& message,
-               const std::string& param = "", const std::string& code = "");
+               const std::string& param = "", const std::string& code = "",
+               const std::string& allow = "");
 
 class Api {
  public:

@@ -47,12 +47,7 @@ absl::StatusOr<std::optional<bool>> OptBool(const json& j, const char* name) {
   return j[name].get<bool>();
 }
 
-absl::StatusOr<json> ParseBody(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
-  if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
-  return j;
-}
+absl::StatusOr<json> ParseBody(const std::string& body) { return ParseJsonObject(body); }
 
 int HttpStatusFor(const absl::Status& s) {
   switch (s.code()) {
@@ -221,10 +216,10 @@ int64_t UnixTime() {
       .count();
 }
 
-std::string SseData(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string SseData(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
 std::string SseEvent(const std::string& event, const json& j) {
-  return "event: " + event + "\ndata: " + j.dump() + "\n\n";
+  return "event: " + event + "\ndata: " + Dump(j) + "\n\n";
 }
 
 }  // namespace fucina::http_api

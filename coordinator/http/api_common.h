@@ -14,12 +14,11 @@
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http/api.h"
+#include "coordinator/http/request_json.h"
 #include "coordinator/request_fields.h"
 #include "nlohmann/json.hpp"
 
 namespace fucina::http_api {
-
-using json = nlohmann::json;
 
 // Typed optional fields: absent or null -> nullopt; the wrong type -> INVALID_ARGUMENT naming
 // `name`.
@@ -28,7 +27,8 @@ absl::StatusOr<std::optional<double>> OptNumber(const json& j, const char* name)
 absl::StatusOr<std::optional<int64_t>> OptInt(const json& j, const char* name);
 absl::StatusOr<std::optional<bool>> OptBool(const json& j, const char* name);
 
-// Parses the body as a JSON object.
+// Parses the body as a JSON object, refusing nesting deeper than kMaxJsonDepth before parsing
+// (see request_json.h): every handler reads its body through here.
 absl::StatusOr<json> ParseBody(const std::string& body);
 
 // The HTTP status for an error status.
@@ -84,6 +84,7 @@ absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
 
 std::string RandomId(const std::string& prefix);
 int64_t UnixTime();
+// Both serialize with Dump (invalid UTF-8 replaced, never thrown).
 std::string SseData(const json& j);                          // "data: {...}\n\n"
 std::string SseEvent(const std::string& event, const json& j);  // "event: E\ndata: {...}\n\n"
 

@@ -1,10 +1,15 @@
 // The coordinator's HTTP front end: OpenAI- and Anthropic-compatible endpoints, /tokenize,
 // /detokenize, /health and /metrics, on Boost.Beast.
 //
-// Threading: one accept thread and one thread per connection, which reads requests and writes
-// responses synchronously. Generation runs on the scheduler; a connection thread only relays its
-// request's buffered output, so a slow or stalled client holds its own thread and nothing else.
-// A client that disconnects has its request cancelled (its KV freed) within one poll interval.
+// Threading: one accept thread and one thread per connection (at most max_connections), which
+// reads requests and writes responses synchronously. Generation runs on the scheduler; a
+// connection thread only relays its request's buffered output, so a slow or stalled client holds
+// its own thread and nothing else. A request must arrive whole within its read deadline, so slow
+// senders cannot hold every slot either. While every slot is taken, the accept thread itself
+// answers further connections (non-blocking, a few at a time, each under a short deadline):
+// /health and /metrics as usual, anything else 503 with Retry-After.
+// A client that disconnects has its request cancelled (its KV freed) within one poll interval; a
+// client that only half-closes (shutdown(SHUT_WR) after its request) still gets its response.
 #ifndef FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
 #define FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
 
@@ -27,7 +32,14 @@ struct HttpOptions {
   std::vector<std::string> allow_hosts;   // Host header allowlist (empty: any)
   size_t max_body_bytes = 8 << 20;
   int max_connections = 256;
-  double idle_timeout_s = 60;  // a connection waiting this long for a request is closed
+  // A connection waiting this long for its next request is closed (its first: at most
+  // request_timeout_s).
+  double idle_timeout_s = 60;
+  // A request (headers and body) must have arrived within request_timeout_s of its first byte
+  // plus one second per min_request_rate bytes received: a sender slower than that on average
+  // gets 408 and is closed. Only reading is timed, never a response being written or streamed.
+  double request_timeout_s = 10;
+  double min_request_rate = 16 << 10;  // bytes per second
 };
 
 // One request/response as the API handlers see it.
@@ -40,7 +52,8 @@ class HttpExchange {
   virtual bool StartEvents() = 0;
   // Sends bytes of the event stream; false when the client is gone.
   virtual bool SendEvents(const std::string& data) = 0;
-  // True once the client closed its side (polled while a request waits for output).
+  // True once the client is gone: a reset or a closed socket, not a half-close (the client may
+  // still read). Polled while a request waits for output.
   virtual bool ClientGone() = 0;
 };
 

@@ -13,81 +13,35 @@ namespace fucina {
 using namespace http_api;  // NOLINT: the handlers' shared vocabulary
 
 void SendError(HttpExchange& ex, ApiDialect dialect, int status, const std::string& message,
-               const std::string& param, const std::string& code) {
+               const std::string& param, const std::string& code, const std::string& allow) {
   std::map<std::string, std::string> headers;
-  if (status == 503) headers["Retry-After"] = "1";
-  std::string type = status == 401   ? "authentication_error"
-                     : status == 404 ? "not_found_error"
-                     : status == 413 ? "request_too_large"
-                     : status >= 500 ? (status == 503 ? "overloaded_error" : "api_error")
-                                     : "invalid_request_error";
+  if (status == 503) headers.emplace("Retry-After", "1");
+  if (!allow.empty()) headers.emplace("Allow", allow);
   json body;
   if (dialect == ApiDialect::kAnthropic) {
+    const char* type = status == 401   ? "authentication_error"
+                       : status == 403 ? "permission_error"
+                       : status == 404 ? "not_found_error"
+                       : status == 413 ? "request_too_large"
+                       : status == 503 ? "overloaded_error"
+                       : status >= 500 ? "api_error"
+                                       : "invalid_request_error";
     body = {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
   } else {
-    if (status == 400 || status == 404 || status == 413) type = "invalid_request_error";
-    if (status == 503) type = "server_error";
+    const char* type = status == 401   ? "authentication_error"
+                       : status == 503 ? "server_error"
+                       : status >= 500 ? "api_error"
+                                       : "invalid_request_error";
     body = {{"error",
              {{"message", message},
               {"type", type},
               {"param", param.empty() ? json(nullptr) : json(param)},
               {"code", code.empty() ? json(nullptr) : json(code)}}}};
   }
-  ex.Respond(status, "application/json", body.dump(), headers);
+  ex.Respond(status, "application/json", Dump(body), headers);
 }
 
 namespace {
-
-// Chat messages in the OpenAI shape -> template messages.
-absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& j) {
-  if (!j.contains("messages") || !j["messages"].is_array()) {
-    return absl::InvalidArgumentError("field 'messages' must be an array");
-  }
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < j["messages"].size(); ++i) {
-    const json& m = j["messages"][i];
-    const std::string where = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return absl::InvalidArgumentError(where + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string()) {
-      return absl::InvalidArgumentError(where + ".role must be a string");
-    }
-    ChatMessage msg;
-    auto role = NormalizeRole(m["role"].get<std::string>(), where);
-    if (!role.ok()) return role.status();
-    msg.role = *std::move(role);
-    const json content = m.contains("content") ? m["content"] : json(nullptr);
-    if (content.is_string()) {
-      msg.content = content.get<std::string>();
-    } else if (content.is_array()) {
-      for (const json& part : content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return absl::InvalidArgumentError(where + ".content parts must be {\"type\": \"text\", "
-                                            "\"text\": ...} (other part types are not supported)");
-        }
-        msg.content += part["text"].get<std::string>();
-      }
-    } else if (!content.is_null()) {
-      return absl::InvalidArgumentError(where + ".content must be a string or an array of parts");
-    }
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      if (!m["tool_calls"].is_array()) {
-        return absl::InvalidArgumentError(where + ".tool_calls must be an array");
-      }
-      msg.tool_calls = m["tool_calls"];
-    }
-    if (m.contains("reasoning_content") && m["reasoning_content"].is_string()) {
-      msg.reasoning_content = m["reasoning_content"].get<std::string>();
-    }
-    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) {
-      msg.tool_call_id = m["tool_call_id"].get<std::string>();
-    }
-    if (m.contains("name") && m["name"].is_string()) msg.name = m["name"].get<std::string>();
-    out.push_back(std::move(msg));
-  }
-  if (out.empty()) return absl::InvalidArgumentError("field 'messages' must not be empty");
-  return out;
-}
 
 // response_format until constrained decoding exists: the shape is checked, then refused.
 absl::Status CheckResponseFormat(const json& j) {
@@ -109,47 +63,6 @@ absl::Status CheckResponseFormat(const json& j) {
   }
   return absl::InvalidArgumentError("response_format.type '" + type +
                                     "' is not one of text, json_object, json_schema");
-}
-
-// tools / tool_choice: declared tools render through the template; only none/auto choices.
-absl::StatusOr<json> ReadTools(const json& j, bool* parse_tools) {
-  *parse_tools = false;
-  json tools = nullptr;
-  if (j.contains("tools") && !j["tools"].is_null()) {
-    if (!j["tools"].is_array()) return absl::InvalidArgumentError("field 'tools' must be an array");
-    for (size_t i = 0; i < j["tools"].size(); ++i) {
-      const json& t = j["tools"][i];
-      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
-          !t["function"].is_object() || !t["function"].contains("name") ||
-          !t["function"]["name"].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tools[", i, "] must be {\"type\": \"function\", \"function\": {\"name\": ...}}"));
-      }
-    }
-    if (!j["tools"].empty()) tools = j["tools"];
-  }
-  std::string choice = "auto";
-  if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
-    const json& c = j["tool_choice"];
-    if (c.is_string()) {
-      choice = c.get<std::string>();
-      if (choice != "none" && choice != "auto" && choice != "required") {
-        return absl::InvalidArgumentError("field 'tool_choice' must be none, auto, required or "
-                                          "a named function");
-      }
-    } else if (c.is_object()) {
-      choice = "named";
-    } else {
-      return absl::InvalidArgumentError("field 'tool_choice' must be a string or an object");
-    }
-  }
-  if (choice == "required" || choice == "named") {
-    return absl::InvalidArgumentError("tool_choice '" + choice +
-                                      "' is not supported yet: it needs constrained decoding");
-  }
-  if (choice == "none") return json(nullptr);
-  *parse_tools = !tools.is_null();
-  return tools;
 }
 
 json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
@@ -201,7 +114,10 @@ absl::Status ReadCommon(const json& j, const Coordinator& c, GenerateJob* job, C
   auto stream = OptBool(j, "stream");
   if (!stream.ok()) return stream.status();
   r->stream = stream->value_or(false);
-  if (j.contains("stream_options") && j["stream_options"].is_object()) {
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    if (!j["stream_options"].is_object()) {
+      return absl::InvalidArgumentError("field 'stream_options' must be an object");
+    }
     auto u = OptBool(j["stream_options"], "include_usage");
     if (!u.ok()) return u.status();
     r->include_usage = u->value_or(false);
@@ -246,19 +162,16 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
   GenerateJob job;
   CommonRequest r;
   if (absl::Status s = ReadCommon(*j, c_, &job, &r, true); !s.ok()) return SendStatus(ex, d, s);
-  auto messages = ReadMessages(*j);
+  auto messages = ReadChatMessages(*j);
   if (!messages.ok()) return SendStatus(ex, d, messages.status(), "messages");
   bool parse_tools = false;
   auto tools = ReadTools(*j, &parse_tools);
   if (!tools.ok()) return SendStatus(ex, d, tools.status());
   ChatRenderOptions render;
   render.tools = *tools;
-  if (j->contains("chat_template_kwargs") && (*j)["chat_template_kwargs"].is_object()) {
-    const json& kw = (*j)["chat_template_kwargs"];
-    if (kw.contains("enable_thinking") && kw["enable_thinking"].is_boolean()) {
-      render.enable_thinking = kw["enable_thinking"].get<bool>();
-    }
-  }
+  auto enable_thinking = ReadEnableThinking(*j);
+  if (!enable_thinking.ok()) return SendStatus(ex, d, enable_thinking.status());
+  render.enable_thinking = *enable_thinking;
   ThinkMode think;
   auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, render, &think); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
@@ -366,7 +279,7 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
                                 {"finish_reason",
                                  tool_calls.empty() ? o.finish_reason : "tool_calls"}}})},
       {"usage", UsageJson(o)}};
-  ex.Respond(200, "application/json", response.dump());
+  ex.Respond(200, "application/json", Dump(response));
 }
 
 void Api::Completions(const std::string& body, HttpExchange& ex) {
@@ -400,7 +313,7 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
       const int64_t id = t.get<int64_t>();
       if (id < 0 || id >= c_.tokenizer().vocab_size()) {
         return SendStatus(ex, d, absl::InvalidArgumentError(absl::StrCat(
-                                     "token id ", t.dump(), " outside the vocabulary [0, ",
+                                     "token id ", Dump(t), " outside the vocabulary [0, ",
                                      c_.tokenizer().vocab_size(), ")")),
                           "prompt");
       }
@@ -480,14 +393,13 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
   });
   if (!o.status.ok()) return SendStatus(ex, d, o.status);
   ex.Respond(200, "application/json",
-             json{{"id", id},
+             Dump(json{{"id", id},
                   {"object", "text_completion"},
                   {"created", created},
                   {"model", c_.served_name()},
                   {"choices", json::array({choice(text, o.finish_reason,
                                                   r.logprobs ? lp_all : json(nullptr))})},
-                  {"usage", UsageJson(o)}}
-                 .dump());
+                  {"usage", UsageJson(o)}}));
 }
 
 void Api::Models(HttpExchange& ex) {
@@ -497,7 +409,7 @@ void Api::Models(HttpExchange& ex) {
                 {"owned_by", "fucina"},
                 {"max_model_len", c_.options().context}};
   ex.Respond(200, "application/json",
-             json{{"object", "list"}, {"data", json::array({model})}}.dump());
+             Dump(json{{"object", "list"}, {"data", json::array({model})}}));
 }
 
 void Api::Tokenize(const std::string& body, HttpExchange& ex) {
@@ -521,8 +433,9 @@ void Api::Tokenize(const std::string& body, HttpExchange& ex) {
   const bool add = add_special->value_or(add_special2->value_or(true));
   const std::vector<int32_t> ids = c_.tokenizer().Encode(*prompt ? **prompt : **content, add, true);
   ex.Respond(200, "application/json",
-             json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", c_.options().context}}
-                 .dump());
+             Dump(json{{"tokens", ids},
+                       {"count", ids.size()},
+                       {"max_model_len", c_.options().context}}));
 }
 
 void Api::Detokenize(const std::string& body, HttpExchange& ex) {
@@ -546,7 +459,7 @@ void Api::Detokenize(const std::string& body, HttpExchange& ex) {
     ids.push_back(t.get<int32_t>());
   }
   const std::string text = ValidUtf8(c_.tokenizer().Decode(ids));
-  ex.Respond(200, "application/json", json{{"prompt", text}, {"content", text}}.dump());
+  ex.Respond(200, "application/json", Dump(json{{"prompt", text}, {"content", text}}));
 }
 
 }  // namespace fucina

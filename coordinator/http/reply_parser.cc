@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "coordinator/http/request_json.h"
 #include "coordinator/text_hold.h"
 #include "nlohmann/json.hpp"
 
@@ -121,7 +122,11 @@ std::vector<ReplyEvent> ReplyParser::Push(std::string_view text) {
         const std::string body = pending_.substr(0, at);
         pending_.erase(0, at + kToolClose.size());
         state_ = kContent;
-        nlohmann::json call = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+        // The model's JSON is bounded like a client's: serializing the arguments recurses.
+        nlohmann::json call =
+            http_api::JsonNestingDepth(body, http_api::kMaxJsonDepth) > http_api::kMaxJsonDepth
+                ? nlohmann::json(nlohmann::json::value_t::discarded)
+                : nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
         if (call.is_object() && call.contains("name") && call["name"].is_string()) {
           ReplyEvent e;
           e.kind = ReplyEvent::kToolCall;

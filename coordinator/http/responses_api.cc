@@ -1,11 +1,16 @@
 // OpenAI Responses API (stateless): POST /v1/responses, JSON or typed server-sent events
-// ending with response.completed.
+// ending with response.completed. A think block (Qwen3) becomes a `reasoning` output item ahead
+// of the `message` item, as OpenAI reports reasoning for open-weight models: its text in
+// content[] as `reasoning_text`, streamed as response.reasoning_text.delta events.
+#include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/http/api.h"
 #include "coordinator/http/api_common.h"
+#include "coordinator/http/reply_parser.h"
 
 namespace fucina {
 
@@ -13,55 +18,105 @@ using namespace http_api;  // NOLINT
 
 namespace {
 
-// `input`: a string, or items {role, content} / {type: "message", role, content} whose content
-// is a string or parts of type input_text / output_text.
-absl::StatusOr<std::vector<ChatMessage>> ReadInput(const json& j) {
-  std::vector<ChatMessage> out;
-  auto instructions = OptString(j, "instructions");
-  if (!instructions.ok()) return instructions.status();
-  if (*instructions) out.push_back({"system", **instructions});
-  if (!j.contains("input")) return absl::InvalidArgumentError("field 'input' is required");
-  const json& input = j["input"];
-  if (input.is_string()) {
-    out.push_back({"user", input.get<std::string>()});
-    return out;
-  }
-  if (!input.is_array()) {
-    return absl::InvalidArgumentError("field 'input' must be a string or an array of items");
-  }
-  for (size_t i = 0; i < input.size(); ++i) {
-    const json& item = input[i];
-    const std::string where = absl::StrCat("input[", i, "]");
-    if (!item.is_object() || !item.contains("role") || !item["role"].is_string()) {
-      return absl::InvalidArgumentError(where + " must be a message with a role");
+// The response's output items, built from reply events in order: one item per run of a kind
+// (reasoning, message), each opened on its first text and closed when the other kind starts or
+// the reply ends. With an `emit` function, the items' stream events are sent as they happen.
+class OutputItems {
+ public:
+  // emit(type, data) sends one event; false when the client is gone.
+  using Emit = std::function<bool(const std::string&, json)>;
+  explicit OutputItems(Emit emit) : emit_(std::move(emit)) {}
+
+  bool Add(const ReplyEvent& e) {
+    const bool reasoning = e.kind == ReplyEvent::kReasoning;
+    if (e.text.empty()) return true;
+    if (!open_ || open_reasoning_ != reasoning) {
+      if (open_ && !Close(false)) return false;
+      if (!Open(reasoning)) return false;
     }
-    ChatMessage m;
-    m.role = item["role"].get<std::string>();
-    if (m.role == "developer") m.role = "system";
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      return absl::InvalidArgumentError(where + ".role '" + m.role + "' is not supported");
-    }
-    const json content = item.contains("content") ? item["content"] : json(nullptr);
-    if (content.is_string()) {
-      m.content = content.get<std::string>();
-    } else if (content.is_array()) {
-      for (const json& part : content) {
-        const std::string type = part.is_object() ? part.value("type", "") : "";
-        if ((type != "input_text" && type != "output_text") || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return absl::InvalidArgumentError(where +
-                                            ".content parts must be input_text or output_text");
-        }
-        m.content += part["text"].get<std::string>();
-      }
-    } else {
-      return absl::InvalidArgumentError(where + ".content must be a string or an array of parts");
-    }
-    out.push_back(std::move(m));
+    text_ += e.text;
+    if (reasoning) reasoning_ += e.text;
+    return Send(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta",
+                {{"item_id", id_},
+                 {"output_index", items_.size()},
+                 {"content_index", 0},
+                 {"delta", e.text},
+                 {"logprobs", json::array()}},
+                reasoning);
   }
-  if (out.empty()) return absl::InvalidArgumentError("field 'input' must not be empty");
-  return out;
-}
+
+  // Closes the open item (`incomplete`: cut by max_output_tokens); a reply with no message text
+  // still gets its (empty) message item.
+  void Finish(bool incomplete) {
+    if (open_ && open_reasoning_) Close(false);
+    if (!open_) Open(false);
+    Close(incomplete);
+  }
+
+  const json& items() const { return items_; }
+  const std::string& reasoning() const { return reasoning_; }
+
+ private:
+  json Part(bool reasoning, const std::string& text) const {
+    if (reasoning) return {{"type", "reasoning_text"}, {"text", text}};
+    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
+  }
+
+  json Item(bool reasoning, const std::string& status, json content) const {
+    if (reasoning) {
+      return {{"type", "reasoning"}, {"id", id_}, {"summary", json::array()},
+              {"content", std::move(content)}, {"status", status}};
+    }
+    return {{"type", "message"}, {"id", id_}, {"status", status}, {"role", "assistant"},
+            {"content", std::move(content)}};
+  }
+
+  // Reasoning deltas carry no logprobs member in OpenAI's events.
+  bool Send(const std::string& type, json data, bool reasoning = false) {
+    if (reasoning) data.erase("logprobs");
+    return !emit_ || emit_(type, std::move(data));
+  }
+
+  bool Open(bool reasoning) {
+    open_ = true;
+    open_reasoning_ = reasoning;
+    id_ = RandomId(reasoning ? "rs_" : "msg_");
+    text_.clear();
+    const size_t index = items_.size();
+    json item = Item(reasoning, "in_progress", json::array());
+    return Send("response.output_item.added", {{"output_index", index}, {"item", item}}) &&
+           Send("response.content_part.added", {{"item_id", id_},
+                                                {"output_index", index},
+                                                {"content_index", 0},
+                                                {"part", Part(reasoning, "")}});
+  }
+
+  bool Close(bool incomplete) {
+    open_ = false;
+    const size_t index = items_.size();
+    const bool reasoning = open_reasoning_;
+    json part = Part(reasoning, text_);
+    json item = Item(reasoning, incomplete ? "incomplete" : "completed", json::array({part}));
+    items_.push_back(item);
+    json done = {{"item_id", id_}, {"output_index", index}, {"content_index", 0}, {"text", text_},
+                 {"logprobs", json::array()}};
+    return Send(reasoning ? "response.reasoning_text.done" : "response.output_text.done",
+                std::move(done), reasoning) &&
+           Send("response.content_part.done", {{"item_id", id_},
+                                               {"output_index", index},
+                                               {"content_index", 0},
+                                               {"part", std::move(part)}}) &&
+           Send("response.output_item.done", {{"output_index", index}, {"item", std::move(item)}});
+  }
+
+  Emit emit_;
+  json items_ = json::array();
+  bool open_ = false;
+  bool open_reasoning_ = false;
+  std::string id_;
+  std::string text_;  // the open item's
+  std::string reasoning_;  // all reasoning text, for the usage count
+};
 
 }  // namespace
 
@@ -78,36 +133,38 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
   }
   auto stream = OptBool(*j, "stream");
   if (!stream.ok()) return SendStatus(ex, d, stream.status(), "stream");
-  auto messages = ReadInput(*j);
+  auto messages = ReadResponsesInput(*j);
   if (!messages.ok()) return SendStatus(ex, d, messages.status(), "input");
-  auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, ChatRenderOptions()); });
+  ThinkMode think;
+  auto request = StartJob(c_, job, [&] {
+    return RenderChat(c_, *messages, ChatRenderOptions(), &think);
+  });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
   const std::string id = RandomId("resp_");
-  const std::string item_id = RandomId("msg_");
   const int64_t created = UnixTime();
-  auto response = [&](const std::string& status, const std::string& text, const Outcome* o) {
+  ReplyParser parser(think.parse, think.open, /*parse_tools=*/false);
+  auto response = [&](const std::string& status, const OutputItems* items, const Outcome* o) {
     json r = {{"id", id},
               {"object", "response"},
               {"created_at", created},
               {"status", status},
               {"model", c_.served_name()},
-              {"output", json::array()},
+              {"output", items != nullptr ? items->items() : json::array()},
               {"parallel_tool_calls", false},
               {"tool_choice", "auto"},
               {"tools", json::array()}};
     if (o != nullptr) {
-      r["output"].push_back({{"type", "message"},
-                             {"id", item_id},
-                             {"status", o->finish_reason == "length" ? "incomplete" : "completed"},
-                             {"role", "assistant"},
-                             {"content", json::array({{{"type", "output_text"},
-                                                       {"text", text},
-                                                       {"annotations", json::array()}}})}});
+      // The think block's share of the output, counted by re-tokenizing its text.
+      const std::string& reasoning = items->reasoning();
+      const int64_t reasoning_tokens =
+          reasoning.empty() ? 0
+                            : std::min<int64_t>(o->completion_tokens,
+                                                c_.tokenizer().Encode(reasoning, false, false).size());
       r["usage"] = {{"input_tokens", o->prompt_tokens},
                     {"input_tokens_details", {{"cached_tokens", o->cached_tokens}}},
                     {"output_tokens", o->completion_tokens},
-                    {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                    {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
                     {"total_tokens", o->prompt_tokens + o->completion_tokens}};
       if (o->finish_reason == "length") {
         r["status"] = "incomplete";
@@ -117,13 +174,15 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
     return r;
   };
   if (!stream->value_or(false)) {
-    std::string text;
+    OutputItems items(nullptr);
     Outcome o = Relay(**request, ex, [&](const Delta& delta) {
-      text += delta.text;
+      for (const ReplyEvent& e : parser.Push(delta.text)) items.Add(e);
       return true;
     });
     if (!o.status.ok()) return SendStatus(ex, d, o.status);
-    ex.Respond(200, "application/json", response("completed", text, &o).dump());
+    for (const ReplyEvent& e : parser.Finish()) items.Add(e);
+    items.Finish(o.finish_reason == "length");
+    ex.Respond(200, "application/json", Dump(response("completed", &items, &o)));
     return;
   }
   if (!ex.StartEvents()) return (*request)->Cancel();
@@ -133,23 +192,14 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
     data["sequence_number"] = sequence++;
     return ex.SendEvents(SseEvent(type, data));
   };
-  event("response.created", {{"response", response("in_progress", "", nullptr)}});
-  event("response.in_progress", {{"response", response("in_progress", "", nullptr)}});
-  json item = {{"type", "message"}, {"id", item_id}, {"status", "in_progress"},
-               {"role", "assistant"}, {"content", json::array()}};
-  event("response.output_item.added", {{"output_index", 0}, {"item", item}});
-  json part = {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}};
-  event("response.content_part.added",
-        {{"item_id", item_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
-  std::string text;
+  event("response.created", {{"response", response("in_progress", nullptr, nullptr)}});
+  event("response.in_progress", {{"response", response("in_progress", nullptr, nullptr)}});
+  OutputItems items(event);
   Outcome o = Relay(**request, ex, [&](const Delta& delta) {
-    if (delta.text.empty()) return true;
-    text += delta.text;
-    return event("response.output_text.delta", {{"item_id", item_id},
-                                                {"output_index", 0},
-                                                {"content_index", 0},
-                                                {"delta", delta.text},
-                                                {"logprobs", json::array()}});
+    for (const ReplyEvent& e : parser.Push(delta.text)) {
+      if (!items.Add(e)) return false;
+    }
+    return true;
   });
   if (!o.status.ok()) {
     event("error", {{"code", HttpStatusFor(o.status)},
@@ -157,21 +207,12 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
                     {"param", nullptr}});
     return;
   }
-  event("response.output_text.done", {{"item_id", item_id},
-                                      {"output_index", 0},
-                                      {"content_index", 0},
-                                      {"text", text},
-                                      {"logprobs", json::array()}});
-  part["text"] = text;
-  event("response.content_part.done",
-        {{"item_id", item_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
+  for (const ReplyEvent& e : parser.Finish()) items.Add(e);
   const bool incomplete = o.finish_reason == "length";
-  item["status"] = incomplete ? "incomplete" : "completed";
-  item["content"] = json::array({part});
-  event("response.output_item.done", {{"output_index", 0}, {"item", item}});
+  items.Finish(incomplete);
   // Cut by max_output_tokens: OpenAI ends such a stream with response.incomplete.
   event(incomplete ? "response.incomplete" : "response.completed",
-        {{"response", response("completed", text, &o)}});
+        {{"response", response("completed", &items, &o)}});
 }
 
 }  // namespace fucina

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "models/gguf/gguf.h"
 #include "nlohmann/json.hpp"
 
@@ -39,6 +40,17 @@ struct ChatMessage {
   std::string tool_call_id;
   std::string name;
 };
+
+// A chat message's role as the templates know it: system, user, assistant or tool; OpenAI's
+// "developer" is the system role. Anything else is INVALID_ARGUMENT naming `where` (e.g.
+// "messages[2]"). The one rule for every front end, HTTP and gRPC alike.
+inline absl::StatusOr<std::string> NormalizeChatRole(const std::string& role,
+                                                     const std::string& where) {
+  if (role == "developer") return std::string("system");
+  if (role == "system" || role == "user" || role == "assistant" || role == "tool") return role;
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, ".role '", role, "' is not one of system, developer, user, assistant, tool"));
+}
 
 struct ChatRenderOptions {
   bool add_generation_prompt = true;

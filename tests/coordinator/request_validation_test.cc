@@ -147,10 +147,12 @@ TEST(ResolveRequestFields, KeepsAcceptedValues) {
   EXPECT_TRUE(job.ignore_eos);
 }
 
-TEST(NormalizeRole, DeveloperIsTheSystemRoleAndStrangersAreRefused) {
-  EXPECT_EQ(*NormalizeRole("developer", "messages[0]"), "system");
-  for (const char* r : {"system", "user", "assistant", "tool"}) EXPECT_EQ(*NormalizeRole(r, ""), r);
-  const absl::Status s = NormalizeRole("root", "messages[2]").status();
+TEST(NormalizeChatRole, DeveloperIsTheSystemRoleAndStrangersAreRefused) {
+  EXPECT_EQ(*NormalizeChatRole("developer", "messages[0]"), "system");
+  for (const char* r : {"system", "user", "assistant", "tool"}) {
+    EXPECT_EQ(*NormalizeChatRole(r, ""), r);
+  }
+  const absl::Status s = NormalizeChatRole("root", "messages[2]").status();
   EXPECT_TRUE(absl::IsInvalidArgument(s));
   EXPECT_NE(s.message().find("messages[2].role 'root'"), std::string::npos) << s;
 }

@@ -15,6 +15,7 @@
 #include <boost/beast/http.hpp>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http/http_server.h"
@@ -238,6 +239,79 @@ TEST_F(ScriptedBackendTest, ThinkingBecomesAnAnthropicThinkingBlock) {
   EXPECT_EQ(types[types.size() - 3], "content_block_stop");
   EXPECT_EQ(types[types.size() - 2], "message_delta");
   EXPECT_EQ(types.back(), "message_stop");
+}
+
+// The Responses API reports a think block as a `reasoning` output item ahead of the message,
+// never inside output_text; streamed, as response.reasoning_text.* events on their own item.
+TEST_F(ScriptedBackendTest, ThinkingBecomesAResponsesReasoningItem) {
+  Start("<think>\nShort thought.\n</think>\n\nThe answer.");
+  json req = {{"input", "Q?"}};
+  HttpReply r = Post(server_->address(), "/v1/responses", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json whole = json::parse(r.body);
+  const json& output = whole["output"];
+  ASSERT_EQ(output.size(), 2u) << r.body;
+  EXPECT_EQ(output[0]["type"], "reasoning");
+  EXPECT_TRUE(absl::StartsWith(output[0]["id"].get<std::string>(), "rs_"));
+  EXPECT_EQ(output[0]["summary"], json::array());
+  ASSERT_EQ(output[0]["content"].size(), 1u);
+  EXPECT_EQ(output[0]["content"][0]["type"], "reasoning_text");
+  EXPECT_EQ(output[0]["content"][0]["text"], "Short thought.");
+  EXPECT_EQ(output[1]["type"], "message");
+  ASSERT_EQ(output[1]["content"].size(), 1u);
+  EXPECT_EQ(output[1]["content"][0]["type"], "output_text");
+  EXPECT_EQ(output[1]["content"][0]["text"], "The answer.");
+  EXPECT_EQ(whole["status"], "completed");
+  const int reasoning_tokens = whole["usage"]["output_tokens_details"]["reasoning_tokens"];
+  EXPECT_GT(reasoning_tokens, 0);
+  EXPECT_LT(reasoning_tokens, whole["usage"]["output_tokens"].get<int>());
+
+  req["stream"] = true;
+  r = Post(server_->address(), "/v1/responses", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<std::string> types;
+  std::string reasoning, text;
+  json completed;
+  int sequence = 0;
+  for (const json& e : Events(r.body)) {
+    EXPECT_EQ(e["sequence_number"], sequence++);
+    const std::string type = e["type"];
+    // Consecutive deltas of one kind collapse into one entry, so the order reads as a grammar.
+    if (types.empty() || types.back() != type || !absl::EndsWith(type, ".delta")) {
+      types.push_back(type);
+    }
+    if (type == "response.reasoning_text.delta") {
+      EXPECT_EQ(e["output_index"], 0);
+      EXPECT_FALSE(e.contains("logprobs"));
+      reasoning += e["delta"].get<std::string>();
+    }
+    if (type == "response.output_text.delta") {
+      EXPECT_EQ(e["output_index"], 1);
+      text += e["delta"].get<std::string>();
+    }
+    if (type == "response.reasoning_text.done") {
+      EXPECT_EQ(e["text"], "Short thought.");
+    }
+    if (type == "response.output_item.added") {
+      EXPECT_EQ(e["item"]["type"], e["output_index"] == 0 ? "reasoning" : "message");
+    }
+    if (type == "response.completed") completed = e["response"];
+  }
+  EXPECT_EQ(reasoning, "Short thought.");
+  EXPECT_EQ(text, "The answer.");
+  const std::vector<std::string> want = {
+      "response.created", "response.in_progress",
+      "response.output_item.added", "response.content_part.added",
+      "response.reasoning_text.delta", "response.reasoning_text.done",
+      "response.content_part.done", "response.output_item.done",
+      "response.output_item.added", "response.content_part.added",
+      "response.output_text.delta", "response.output_text.done",
+      "response.content_part.done", "response.output_item.done",
+      "response.completed"};
+  EXPECT_EQ(types, want);
+  ASSERT_EQ(completed["output"].size(), 2u);
+  EXPECT_EQ(completed["output"][0]["content"], output[0]["content"]);
+  EXPECT_EQ(completed["output"][1]["content"], output[1]["content"]);
 }
 
 TEST_F(ScriptedBackendTest, IdleConnectionsAreClosed) {
