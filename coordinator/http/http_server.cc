@@ -25,6 +25,7 @@
 #include "coordinator/http/api.h"
 #include "coordinator/http/request_framing.h"
 #include "coordinator/http/request_json.h"
+#include "worker/cluster_auth.h"
 
 namespace fucina {
 
@@ -523,9 +524,12 @@ void HttpServer::Impl::Route(const HttpRequest& req, HttpExchange& ex, bool over
     }
   }
   if (!open && !options.api_key.empty()) {
+    // Compared in constant time, as the gRPC planes' secrets are (a timing side channel must
+    // not reveal how much of a guessed key was right).
     const std::string auth(req[http::field::authorization]);
     const std::string key(req["x-api-key"]);
-    const bool ok = auth == "Bearer " + options.api_key || key == options.api_key;
+    const bool ok = ConstantTimeEquals(auth, "Bearer " + options.api_key) ||
+                    ConstantTimeEquals(key, options.api_key);
     if (!ok) {
       SendError(ex, dialect, 401, "invalid or missing API key", "", "invalid_api_key");
       return;
