@@ -2,34 +2,23 @@
 // the resolver's own cases, then the same hostile values sent through the HTTP API and the gRPC
 // request mapping, which must accept or refuse them alike and name the same field. A scripted
 // worker behind a real coordinator and HTTP server records what reaches the last stage.
-#include <unistd.h>
-
 #include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <gtest/gtest.h>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/http/http_server.h"
 #include "coordinator/request_fields.h"
-#include "models/gguf/fixture.h"
 #include "nlohmann/json.hpp"
-#include "tests/coordinator/scripted_worker.h"
+#include "tests/coordinator/http/scripted_backend.h"
 
 namespace fucina {
 namespace {
 
 using json = nlohmann::json;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = boost::asio::ip::tcp;
 
 constexpr int32_t kVocab = 1000;
 
@@ -159,74 +148,25 @@ TEST(NormalizeChatRole, DeveloperIsTheSystemRoleAndStrangersAreRefused) {
 
 // ---- Both front ends ----
 
-struct HttpReply {
+struct JsonReply {
   int status = 0;
   json body;
 };
 
-HttpReply PostJson(const std::string& address, const std::string& target, const json& body) {
-  boost::asio::io_context io;
-  tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
-  const size_t colon = address.rfind(':');
-  stream.connect(resolver.resolve(address.substr(0, colon), address.substr(colon + 1)));
-  http::request<http::string_body> req{http::verb::post, target, 11};
-  req.set(http::field::host, address);
-  req.set(http::field::content_type, "application/json");
-  req.body() = body.dump();
-  req.prepare_payload();
-  http::write(stream, req);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(stream, buffer, res);
-  beast::error_code ec;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-  return {static_cast<int>(res.result_int()), json::parse(res.body(), nullptr, false)};
+JsonReply PostJson(const std::string& address, const std::string& target, const json& body) {
+  const HttpReply r = Post(address, target, body.dump());
+  return {r.status, json::parse(r.body, nullptr, false)};
 }
 
-class FrontEndValidationTest : public testing::Test {
+class FrontEndValidationTest : public ScriptedBackend {
  protected:
-  static void SetUpTestSuite() {
-    const char* dir = std::getenv("FUCINA_QWEN3_TOKENIZER");
-    if (dir == nullptr || *dir == '\0') return;
-    path_ = new std::string(testing::TempDir() + "/validation_qwen3_" + std::to_string(getpid()) +
-                            ".gguf");
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 1;
-    o.hidden = 32;
-    o.ffn = 32;
-    o.num_heads = 2;
-    o.num_heads_kv = 1;
-    o.tokenizer_dir = dir;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) std::remove(path_->c_str());
-    delete path_;
-    path_ = nullptr;
-  }
-
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "FUCINA_QWEN3_TOKENIZER not set";
-    CoordinatorOptions o;
-    o.model_path = *path_;
+    ScriptedBackend::SetUp();
+    if (IsSkipped()) return;
+    CoordinatorOptions o = Defaults();
     o.context = 512;
     o.served_name = "validation-test";
-    auto c = Coordinator::Create(o, registry_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = *std::move(c);
-    const Tokenizer& tok = coordinator_->tokenizer();
-    worker_ = std::make_shared<ScriptedWorker>(tok.Encode("ok", false, true),
-                                               *tok.TokenId("<|im_end|>"));
-    coordinator_->AddWorker("", WorkerInfo{"", 1, 0}, worker_);
-    ASSERT_TRUE(coordinator_->scheduler().WaitForPlans(1, 30000));
-    HttpOptions h;
-    h.listen = "127.0.0.1:0";
-    auto server = HttpServer::Start(*coordinator_, registry_, h);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
+    Start("ok", o);
   }
 
   // The same request through both front ends: HTTP chat completions with `extra` merged into
@@ -240,7 +180,7 @@ class FrontEndValidationTest : public testing::Test {
   Both Send(const json& extra, const std::function<void(v1::GenerateRequest&)>& grpc) {
     json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}};
     body.update(extra);
-    const HttpReply r = PostJson(server_->address(), "/v1/chat/completions", body);
+    const JsonReply r = PostJson(server_->address(), "/v1/chat/completions", body);
     std::string param;
     if (r.status != 200 && r.body.contains("error") && r.body["error"]["param"].is_string()) {
       param = r.body["error"]["param"];
@@ -254,14 +194,7 @@ class FrontEndValidationTest : public testing::Test {
     return {r.status, param, JobFromRequest(*coordinator_, req).status()};
   }
 
-  static std::string* path_;
-  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<Coordinator> coordinator_;
-  std::shared_ptr<ScriptedWorker> worker_;
-  std::unique_ptr<HttpServer> server_;
 };
-
-std::string* FrontEndValidationTest::path_ = nullptr;
 
 TEST_F(FrontEndValidationTest, HttpAndGrpcRefuseTheSameValuesNamingTheSameField) {
   const float nan = std::nanf("");
@@ -335,7 +268,7 @@ TEST_F(FrontEndValidationTest, DeveloperRoleIsTheSystemRoleOnBothFrontEnds) {
 }
 
 TEST_F(FrontEndValidationTest, LogitBiasReachesTheSamplingStage) {
-  const HttpReply r = PostJson(server_->address(), "/v1/completions",
+  const JsonReply r = PostJson(server_->address(), "/v1/completions",
                                {{"prompt", "hi"}, {"max_tokens", 1},
                                 {"logit_bias", {{"12", -100}, {"5", 2.5}}}});
   ASSERT_EQ(r.status, 200) << r.body;
@@ -351,20 +284,20 @@ TEST_F(FrontEndValidationTest, LogitBiasReachesTheSamplingStage) {
 TEST_F(FrontEndValidationTest, UnsupportedCompletionFieldsAreRefusedNotIgnored) {
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
            {"echo", true}, {"best_of", 3}, {"suffix", "tail"}}) {
-    const HttpReply r = PostJson(server_->address(), "/v1/completions",
+    const JsonReply r = PostJson(server_->address(), "/v1/completions",
                                  {{"prompt", "hi"}, {"max_tokens", 1}, {field, value}});
     EXPECT_EQ(r.status, 400) << field;
     EXPECT_EQ(r.body["error"]["param"], field) << r.body;
   }
   // Their no-op values are fine.
-  const HttpReply ok = PostJson(server_->address(), "/v1/completions",
+  const JsonReply ok = PostJson(server_->address(), "/v1/completions",
                                 {{"prompt", "hi"}, {"max_tokens", 1}, {"echo", false},
                                  {"best_of", 1}, {"suffix", nullptr}});
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
 TEST_F(FrontEndValidationTest, HugeIntegersAreRefusedNotWrapped) {
-  const HttpReply r = PostJson(server_->address(), "/v1/chat/completions",
+  const JsonReply r = PostJson(server_->address(), "/v1/chat/completions",
                                json::parse(R"({"messages": [{"role": "user", "content": "hi"}],
                                                "max_tokens": 18446744073709551615})"));
   EXPECT_EQ(r.status, 400);
@@ -376,7 +309,7 @@ TEST_F(FrontEndValidationTest, HugeIntegersAreRefusedNotWrapped) {
 TEST_F(FrontEndValidationTest, APromptThatCannotFitIsRefusedBeforeTokenization) {
   // 512 positions of at most max_token_bytes() bytes each: anything longer cannot fit.
   const size_t bytes = 513 * (coordinator_->max_token_bytes() + 1) + 1000;
-  const HttpReply r = PostJson(server_->address(), "/v1/completions",
+  const JsonReply r = PostJson(server_->address(), "/v1/completions",
                                {{"prompt", std::string(bytes, 'a')}, {"max_tokens", 1}});
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body["error"]["message"].get<std::string>().find("cannot fit the context"),
@@ -412,7 +345,7 @@ TEST_F(FrontEndValidationTest, ModelIdIsTheServedNameWithGeneralNameAsAnAlias) {
   EXPECT_TRUE(coordinator_->Serves(coordinator_->config().name));  // "qwen3-fixture"
   EXPECT_TRUE(coordinator_->Serves(""));
   EXPECT_FALSE(coordinator_->Serves("gpt-4o"));
-  const HttpReply r = PostJson(server_->address(), "/v1/chat/completions",
+  const JsonReply r = PostJson(server_->address(), "/v1/chat/completions",
                                {{"model", coordinator_->config().name},
                                 {"messages", {{{"role", "user"}, {"content", "hi"}}}},
                                 {"max_tokens", 1}});

@@ -2,130 +2,21 @@
 // SmolLM2 never emits them, so a scripted backend (a fake worker that "generates" given text) plays
 // the model behind a real coordinator and HTTP server, on a Qwen3 fixture with the real Qwen3
 // tokenizer and chat template ($FUCINA_QWEN3_TOKENIZER).
-#include <unistd.h>
-
-#include <cstdlib>
-#include <mutex>
+#include <chrono>
 #include <string>
 #include <vector>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <gtest/gtest.h>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_split.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/http/http_server.h"
-#include "models/gguf/fixture.h"
-#include "tests/coordinator/scripted_worker.h"
 #include "nlohmann/json.hpp"
+#include "tests/coordinator/http/scripted_backend.h"
 
 namespace fucina {
 namespace {
 
 using json = nlohmann::json;
-namespace beast = boost::beast;
-namespace http = beast::http;
 using tcp = boost::asio::ip::tcp;
-
-struct HttpReply {
-  int status = 0;
-  std::string body;
-};
-
-HttpReply Post(const std::string& address, const std::string& target, const std::string& body) {
-  boost::asio::io_context io;
-  tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
-  const size_t colon = address.rfind(':');
-  stream.connect(resolver.resolve(address.substr(0, colon), address.substr(colon + 1)));
-  http::request<http::string_body> req{http::verb::post, target, 11};
-  req.set(http::field::host, address);
-  req.set(http::field::content_type, "application/json");
-  req.body() = body;
-  req.prepare_payload();
-  http::write(stream, req);
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(64 << 20);
-  http::read(stream, buffer, parser);
-  beast::error_code ec;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-  return {static_cast<int>(parser.get().result_int()), parser.get().body()};
-}
-
-// The `data:` payloads of a server-sent event stream (except [DONE]).
-std::vector<json> Events(const std::string& body) {
-  std::vector<json> out;
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (!absl::StartsWith(line, "data: ") || line == "data: [DONE]") continue;
-    out.push_back(json::parse(std::string(line.substr(6))));
-  }
-  return out;
-}
-
-class ScriptedBackendTest : public testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const char* dir = std::getenv("FUCINA_QWEN3_TOKENIZER");
-    if (dir == nullptr || *dir == '\0') return;
-    path_ = new std::string(testing::TempDir() + "/scripted_qwen3_" + std::to_string(getpid()) +
-                            ".gguf");
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 1;
-    o.hidden = 32;
-    o.ffn = 32;
-    o.num_heads = 2;
-    o.num_heads_kv = 1;
-    o.tokenizer_dir = dir;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) std::remove(path_->c_str());
-    delete path_;
-    path_ = nullptr;
-  }
-
-  void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "FUCINA_QWEN3_TOKENIZER not set";
-  }
-
-  // A coordinator whose one worker replies with `reply` (tokenized with the model's tokenizer).
-  void Start(const std::string& reply) {
-    CoordinatorOptions o;
-    o.model_path = *path_;
-    o.context = 2048;
-    auto c = Coordinator::Create(o, registry_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = *std::move(c);
-    const Tokenizer& tok = coordinator_->tokenizer();
-    worker_ = std::make_shared<ScriptedWorker>(tok.Encode(reply, false, true),
-                                               *tok.TokenId("<|im_end|>"));
-    coordinator_->AddWorker("", WorkerInfo{"", 1, 0}, worker_);
-    ASSERT_TRUE(coordinator_->scheduler().WaitForPlans(1, 30000));
-    HttpOptions h;
-    h.listen = "127.0.0.1:0";
-    h.idle_timeout_s = 0.5;
-    auto server = HttpServer::Start(*coordinator_, registry_, h);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-  }
-
-  std::string Rendered() { return coordinator_->tokenizer().Decode(worker_->prompt()); }
-
-  static std::string* path_;
-  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<Coordinator> coordinator_;
-  std::shared_ptr<ScriptedWorker> worker_;
-  std::unique_ptr<HttpServer> server_;
-};
-
-std::string* ScriptedBackendTest::path_ = nullptr;
+using ScriptedBackendTest = ScriptedBackend;
 
 const char kReply[] =
     "<think>\nThe user asks about the weather.\n</think>\n\nChecking. <tool_call>\n"
@@ -325,7 +216,7 @@ TEST_F(ScriptedBackendTest, IdleConnectionsAreClosed) {
   // The server closes its side after the idle timeout (0.5 s here): the read ends with EOF.
   const auto t0 = std::chrono::steady_clock::now();
   char byte;
-  beast::error_code ec;
+  boost::beast::error_code ec;
   socket.read_some(boost::asio::buffer(&byte, 1), ec);
   EXPECT_EQ(ec, boost::asio::error::eof);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
