@@ -15,6 +15,7 @@ import fs from "node:fs";
 import http from "node:http";
 import {createRequire} from "node:module";
 import path from "node:path";
+import {listeningLine} from "./listening_line.mjs";
 
 const BIN = process.env.FUCINA_BIN;
 const MODEL = process.env.FUCINA_DEFAULT_MODEL;
@@ -80,25 +81,7 @@ async function awaitReady(server, healthHost) {
   child.stderr.on("data", (d) => {
     server.stderr = (server.stderr + d).slice(-4000);
   });
-  const line = await new Promise((resolve, reject) => {
-    let out = "";
-    const timer = setTimeout(() => reject(new Error("no `listening` line within 60 s")), 60000);
-    const onData = (d) => {
-      out += d;
-      const nl = out.indexOf("\n");
-      if (nl < 0) return;
-      clearTimeout(timer);
-      child.stdout.off("data", onData);
-      child.stdout.resume();  // keep draining so the server never blocks on a full pipe
-      resolve(out.slice(0, nl));
-    };
-    child.stdout.on("data", onData);
-    child.once("exit", (code, signal) => {
-      clearTimeout(timer);
-      reject(new Error(`fucina serve exited (${code ?? signal}) before listening: ` +
-                       server.stderr));
-    });
-  });
+  const line = await listeningLine(child, server);
   const m = /^listening grpc=(\S+) metrics=(\S+) http=(\S+)$/.exec(line);
   assert.ok(m, `unexpected first line: ${line}`);
   [, server.grpc, server.metrics, server.http] = m;

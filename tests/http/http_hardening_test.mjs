@@ -9,6 +9,7 @@ import {after, before, describe, test} from "node:test";
 import assert from "node:assert/strict";
 import {spawn} from "node:child_process";
 import net from "node:net";
+import {listeningLine} from "./listening_line.mjs";
 
 const BIN = process.env.FUCINA_BIN;
 const MODEL = process.env.FUCINA_DEFAULT_MODEL;
@@ -27,21 +28,7 @@ async function startServer(args) {
   const server = {child, stderr: ""};
   live.add(server);
   child.stderr.on("data", (d) => (server.stderr = (server.stderr + d).slice(-4000)));
-  const line = await new Promise((resolve, reject) => {
-    let out = "";
-    const timer = setTimeout(() => reject(new Error("no `listening` line within 60 s")), 60000);
-    const onData = (d) => {
-      out += d;
-      const nl = out.indexOf("\n");
-      if (nl < 0) return;
-      clearTimeout(timer);
-      child.stdout.off("data", onData);
-      child.stdout.resume();
-      resolve(out.slice(0, nl));
-    };
-    child.stdout.on("data", onData);
-    child.once("exit", (code) => reject(new Error(`serve exited (${code}): ${server.stderr}`)));
-  });
+  const line = await listeningLine(child, server);
   const m = /http=(\S+)$/.exec(line);
   assert.ok(m, line);
   const [host, port] = m[1].split(":");
