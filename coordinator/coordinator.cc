@@ -319,7 +319,18 @@ Pipeline Coordinator::BuildPipeline() {
       }
       pipeline.ready = true;
       pipeline.kv_slots = plan.kv_slots;
-      std::fprintf(stderr, "placement: %s\n", plan.status.c_str());
+      // Which worker (and device) holds what: the first thing to read when a plan surprises.
+      std::string where;
+      for (const StagePlan& st : plan.stages) {
+        const WorkerRecord& w = record(st.worker_id);
+        absl::StrAppend(&where, "; ", w.id, w.address.empty() ? "" : "@" + w.address, " (",
+                        w.device, ") layers ", st.first_layer, "-", st.last_layer);
+      }
+      for (const ExpertPlan& e : plan.experts) {
+        const WorkerRecord& w = record(e.worker_id);
+        absl::StrAppend(&where, "; ", w.id, " (", w.device, ") ", e.experts.size(), " experts");
+      }
+      std::fprintf(stderr, "placement: %s%s\n", plan.status.c_str(), where.c_str());
       return pipeline;
     }
     if (absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) {
