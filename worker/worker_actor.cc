@@ -133,6 +133,12 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::Forward(
   return executor_.Call([&] { return DoForward(request); });
 }
 
+void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
+  executor_.Post([this, request = std::move(request), done = std::move(done)] {
+    done(DoForward(request));
+  });
+}
+
 absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::ExpertForward(
     const wire::ExpertForwardRequest& request) {
   return executor_.Call([&] { return DoExpertForward(request); });

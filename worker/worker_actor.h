@@ -50,6 +50,8 @@ class WorkerActor : public WorkerClient {
       const wire::LoadShardRequest& request) override;
   absl::StatusOr<wire::ForwardResponse> Forward(
       const wire::ForwardRequest& request) override;
+  // Posted to the actor's executor, which then runs `done`.
+  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override;
   absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
       const wire::ExpertForwardRequest& request) override;
   absl::StatusOr<wire::SessionReply> TruncateSession(

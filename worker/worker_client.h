@@ -1,12 +1,15 @@
 // How a coordinator (or a stage computing MoE layers) reaches a worker: one interface with an
 // in-process implementation (embedded mode, unit tests) and a gRPC one (separate processes).
 //
-// Calls are synchronous and thread-safe; the messages are the internal protocol's
+// Calls are thread-safe; the messages are the internal protocol's
 // (proto/fucina/cluster/v1/worker.proto), so both implementations carry exactly the same data.
 // Errors are the worker's status, or UNAVAILABLE / DEADLINE_EXCEEDED when the peer is gone.
+// Every call is synchronous except ForwardAsync, which lets a caller keep several stages busy
+// at once (a pipeline with micro-batches in flight).
 #ifndef FUCINA_WORKER_WORKER_CLIENT_H_
 #define FUCINA_WORKER_WORKER_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,6 +21,9 @@ namespace fucina {
 
 namespace wire = ::fucina::cluster::v1;  // the internal protocol's messages
 
+// The reply to an asynchronous Forward.
+using ForwardCallback = std::function<void(absl::StatusOr<wire::ForwardResponse>)>;
+
 class WorkerClient {
  public:
   virtual ~WorkerClient() = default;
@@ -25,6 +31,14 @@ class WorkerClient {
       const wire::LoadShardRequest& request) = 0;
   virtual absl::StatusOr<wire::ForwardResponse> Forward(
       const wire::ForwardRequest& request) = 0;
+  // Starts a Forward and returns; `done` runs exactly once with the reply or the error. The
+  // in-process actor runs it on its executor, the gRPC client on a gRPC thread (never inside
+  // this call); `done` must not block for long, as the next reply may wait for that thread.
+  // CancelInFlight reaches these calls too. The default runs Forward on the calling thread,
+  // for clients whose Forward cannot wait on a peer.
+  virtual void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
+    done(Forward(request));
+  }
   virtual absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
       const wire::ExpertForwardRequest& request) = 0;
   virtual absl::StatusOr<wire::SessionReply> TruncateSession(

@@ -1,6 +1,7 @@
 #include "worker/worker_service.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 
 #include "absl/container/flat_hash_set.h"
@@ -53,39 +54,86 @@ class GrpcWorkerClient final : public WorkerClient {
     return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
                 deadlines_.control_ms);
   }
+  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
+    // Owns what the call needs until gRPC's callback (on one of its threads) is done with it.
+    struct AsyncCall {
+      grpc::ClientContext context;
+      wire::ForwardRequest request;
+      wire::ForwardResponse reply;
+      ForwardCallback done;
+    };
+    auto* call = new AsyncCall;
+    call->request = std::move(request);
+    call->done = std::move(done);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++async_calls_;
+    }
+    Start(&call->context, deadlines_.forward_ms);
+    stub_->async()->Forward(&call->context, &call->request, &call->reply,
+                            [this, call](grpc::Status status) {
+                              Finish(&call->context);
+                              absl::StatusOr<wire::ForwardResponse> result =
+                                  status.ok() ? absl::StatusOr<wire::ForwardResponse>(
+                                                    std::move(call->reply))
+                                              : FromGrpc(status);
+                              ForwardCallback reply = std::move(call->done);
+                              delete call;  // the context goes while the channel is alive
+                              reply(std::move(result));
+                              // Last: the destructor may free everything from here on.
+                              std::lock_guard<std::mutex> lock(mu_);
+                              if (--async_calls_ == 0) idle_.notify_all();
+                            });
+  }
+
   void CancelInFlight() override {
     std::lock_guard<std::mutex> lock(mu_);
     for (grpc::ClientContext* context : in_flight_) context->TryCancel();
   }
 
+  // Asynchronous calls still running reach back into this client: they are cancelled and
+  // waited for (their `done` must not destroy the client).
+  ~GrpcWorkerClient() override {
+    CancelInFlight();
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return async_calls_ == 0; });
+  }
+
  private:
+  // Every call's context: its deadline and the join token, and a place in in_flight_ (where
+  // CancelInFlight reaches it) until Finish.
+  void Start(grpc::ClientContext* context, int deadline_ms) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(deadline_ms));
+    credentials_.Prepare(context);
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.insert(context);
+  }
+  // After this, CancelInFlight no longer reaches `context`, which is about to die.
+  void Finish(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(context);
+  }
+
   template <typename Request, typename Reply>
   absl::StatusOr<Reply> Call(grpc::Status (wire::Worker::Stub::*method)(
                                  grpc::ClientContext*, const Request&, Reply*),
                              const Request& request, int deadline_ms) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(deadline_ms));
-    credentials_.Prepare(&context);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.insert(&context);
-    }
+    Start(&context, deadline_ms);
     Reply reply;
     grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
-    {
-      // After this, CancelInFlight no longer reaches `context`, which is about to die.
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.erase(&context);
-    }
+    Finish(&context);
     if (!status.ok()) return FromGrpc(status);
     return reply;
   }
 
   WorkerDeadlines deadlines_;
   ClusterCredentials credentials_;
-  std::mutex mu_;  // in_flight_
+  std::mutex mu_;  // in_flight_, async_calls_
+  std::condition_variable idle_;  // async_calls_ reached 0
   absl::flat_hash_set<grpc::ClientContext*> in_flight_;
+  int async_calls_ = 0;  // ForwardAsync calls whose callback has not finished
   std::unique_ptr<wire::Worker::Stub> stub_;
 };
 

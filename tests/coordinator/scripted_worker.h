@@ -8,13 +8,13 @@
 #include <mutex>
 #include <vector>
 
-#include "worker/worker_client.h"
+#include "tests/worker/fake_worker_client.h"
 
 namespace fucina {
 
 // A last stage that answers every step with the next token of its script (then end-of-turn) and
 // remembers the prompt it was given.
-class ScriptedWorker : public WorkerClient {
+class ScriptedWorker : public FakeWorkerClient {
  public:
   ScriptedWorker(std::vector<int32_t> script, int32_t eos) : script_(std::move(script)), eos_(eos) {}
 
@@ -46,10 +46,6 @@ class ScriptedWorker : public WorkerClient {
       ++i;
     }
     return response;
-  }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest&) override {
-    return absl::UnimplementedError("no experts");
   }
   absl::StatusOr<wire::SessionReply> TruncateSession(const wire::TruncateSessionRequest&) override {
     return wire::SessionReply();

@@ -1,0 +1,253 @@
+// WorkerClient::ForwardAsync through each implementation: the in-process actor and the gRPC
+// client against a real WorkerService on 127.0.0.1 give the synchronous Forward's reply; a call
+// to a peer that hangs is cut by CancelInFlight or by destroying the client; and the test
+// double that holds calls lets a test choose the order of replies.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "models/gguf/fixture.h"
+#include "tests/worker/fake_worker_client.h"
+#include "worker/cluster_auth.h"
+#include "worker/grpc_util.h"
+#include "worker/sampling_wire.h"
+#include "worker/worker_actor.h"
+#include "worker/worker_service.h"
+
+namespace fucina {
+namespace {
+
+constexpr char kToken[] = "async-forward-test-token-0123456789";
+constexpr auto kBound = std::chrono::seconds(10);  // far past any reply, far short of a hang
+
+using Reply = absl::StatusOr<wire::ForwardResponse>;
+
+// A reply delivered through a callback, waited for with a bound; records the thread it came on.
+struct Awaited {
+  std::promise<Reply> promise;
+  std::future<Reply> future = promise.get_future();
+  std::thread::id thread;
+  ForwardCallback Callback() {
+    return [this](Reply r) {
+      thread = std::this_thread::get_id();
+      promise.set_value(std::move(r));
+    };
+  }
+  bool Arrives(std::chrono::milliseconds within = kBound) {
+    return future.wait_for(within) == std::future_status::ready;
+  }
+};
+
+wire::Segment Greedy(uint64_t session, std::vector<int32_t> ids) {
+  wire::Segment s;
+  s.set_session_id(session);
+  s.set_pos0(0);
+  for (int32_t id : ids) s.add_token_ids(id);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  *s.mutable_sampling() = SamplingToWire(greedy);
+  return s;
+}
+
+wire::ForwardRequest Request(uint64_t session) {
+  wire::ForwardRequest f;
+  *f.add_segments() = Greedy(session, {3, 4, 5});
+  return f;
+}
+
+// A worker serving gRPC on a free loopback port, in front of `worker`.
+class Server {
+ public:
+  explicit Server(WorkerClient& worker)
+      : gate_(CallGateOptions{.cluster_token = kToken}), service_(worker, gate_) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~Server() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5)); }
+  std::unique_ptr<WorkerClient> Client(const std::string& token = kToken) {
+    return MakeGrpcWorkerClient(address_, MakeClusterCredentials(std::nullopt, token));
+  }
+
+ private:
+  CallGate gate_;
+  WorkerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+// A worker whose Forward hangs (as a stopped process does) until released.
+class HangingWorker : public FakeWorkerClient {
+ public:
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++entered_;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return released_; });
+    return wire::ForwardResponse();
+  }
+  bool WaitEntered(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kBound, [&] { return entered_ >= n; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int entered_ = 0;
+  bool released_ = false;
+};
+
+class AsyncForwardTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = new std::string(testing::TempDir() + "/async_forward_" + std::to_string(getpid()) +
+                            ".gguf");
+    gguf::FixtureOptions o;
+    o.arch = "qwen3";
+    o.num_layers = 2;
+    ThreadPool pool(1);
+    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
+  }
+  static void TearDownTestSuite() {
+    std::remove(path_->c_str());
+    delete path_;
+  }
+  static std::unique_ptr<WorkerActor> LoadedActor() {
+    auto actor = std::make_unique<WorkerActor>(WorkerOptions{.threads = 1});
+    wire::LoadShardRequest r;
+    r.set_model_path(*path_);
+    r.set_stage(0);
+    r.set_first_layer(0);
+    r.set_last_layer(2);
+    r.set_embeddings(true);
+    r.set_head(true);
+    r.set_context(32);
+    r.set_cache_type("f32");
+    EXPECT_TRUE(actor->LoadShard(r).ok());
+    return actor;
+  }
+  static std::string* path_;
+};
+
+std::string* AsyncForwardTest::path_ = nullptr;
+
+TEST_F(AsyncForwardTest, TheActorRepliesOnItsExecutorWithForwardsResult) {
+  auto actor = LoadedActor();
+  auto sync = actor->Forward(Request(1));
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  Awaited a;
+  actor->ForwardAsync(Request(2), a.Callback());
+  ASSERT_TRUE(a.Arrives());
+  Reply r = a.future.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->results_size(), 1);
+  EXPECT_EQ(r->results(0).token(), sync->results(0).token());
+  EXPECT_EQ(r->results(0).logprob(), sync->results(0).logprob());
+  EXPECT_NE(a.thread, std::this_thread::get_id());
+  // Errors come back the same way: session 2 now holds 3 positions, so pos0 = 0 is refused
+  // (the request's only segment failing fails the call).
+  Awaited again;
+  actor->ForwardAsync(Request(2), again.Callback());
+  ASSERT_TRUE(again.Arrives());
+  Reply e = again.future.get();
+  EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << e.status();
+  EXPECT_NE(e.status().message().find("session 2"), std::string::npos) << e.status();
+}
+
+TEST_F(AsyncForwardTest, TheGrpcClientRepliesAsTheActorDoes) {
+  auto actor = LoadedActor();
+  auto reference = LoadedActor()->Forward(Request(1));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  Server server(*actor);
+  auto client = server.Client();
+  Awaited a;
+  client->ForwardAsync(Request(1), a.Callback());
+  ASSERT_TRUE(a.Arrives());
+  Reply r = a.future.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->results_size(), 1);
+  EXPECT_EQ(r->results(0).token(), reference->results(0).token());
+  EXPECT_EQ(r->results(0).logprob(), reference->results(0).logprob());
+  EXPECT_NE(a.thread, std::this_thread::get_id());
+  // The join token travels with asynchronous calls too: a client without it is refused.
+  auto stranger = server.Client("not-the-cluster-token-0123456789");
+  Awaited refused;
+  stranger->ForwardAsync(Request(3), refused.Callback());
+  ASSERT_TRUE(refused.Arrives());
+  EXPECT_TRUE(absl::IsUnauthenticated(refused.future.get().status()));
+}
+
+TEST_F(AsyncForwardTest, CancelInFlightCutsAnAsynchronousCallToAHungPeer) {
+  HangingWorker hung;
+  Server server(hung);
+  auto client = server.Client();
+  Awaited a;
+  client->ForwardAsync(Request(1), a.Callback());
+  ASSERT_TRUE(hung.WaitEntered(1));
+  EXPECT_FALSE(a.Arrives(std::chrono::milliseconds(100)));  // it hangs
+  const auto t0 = std::chrono::steady_clock::now();
+  client->CancelInFlight();
+  ASSERT_TRUE(a.Arrives(std::chrono::seconds(2)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
+  hung.Release();
+}
+
+TEST_F(AsyncForwardTest, DestroyingTheClientCutsItsCallsAndWaitsForTheirReplies) {
+  HangingWorker hung;
+  Server server(hung);
+  auto client = server.Client();
+  Awaited a;
+  client->ForwardAsync(Request(1), a.Callback());
+  ASSERT_TRUE(hung.WaitEntered(1));
+  client.reset();  // must not leave gRPC a callback into a dead client
+  ASSERT_TRUE(a.Arrives(std::chrono::milliseconds(0)));
+  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
+  hung.Release();
+}
+
+TEST(HoldingWorkerClient, RepliesArriveInTheOrderTheTestReleasesThem) {
+  HoldingWorkerClient w;
+  std::vector<int> order;
+  for (int i = 0; i < 3; ++i) {
+    wire::ForwardRequest f;
+    f.set_stage(i);
+    w.ForwardAsync(f, [&order, i](Reply r) {
+      order.push_back(r.ok() ? i : -i - 1);
+    });
+  }
+  ASSERT_TRUE(w.WaitForCalls(3));
+  EXPECT_EQ(w.request(1).stage(), 1);
+  EXPECT_TRUE(order.empty());
+  EXPECT_TRUE(w.Release(2, wire::ForwardResponse()));
+  EXPECT_TRUE(w.Release(0, wire::ForwardResponse()));
+  EXPECT_FALSE(w.Release(0, wire::ForwardResponse()));  // answered once only
+  w.CancelInFlight();                                   // the one still held fails
+  EXPECT_EQ(order, (std::vector<int>{2, 0, -2}));
+  // What the fake does not script is refused, naming the call.
+  auto stats = w.GetStats();
+  EXPECT_TRUE(absl::IsUnimplemented(stats.status()));
+  EXPECT_NE(stats.status().message().find("GetStats"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fucina

@@ -1,0 +1,114 @@
+// Test doubles of WorkerClient.
+//
+// FakeWorkerClient answers UNIMPLEMENTED (naming the call) to everything, so a fake scripts only
+// the calls its test needs. HoldingWorkerClient holds every ForwardAsync until the test releases
+// it: the test decides when and in which order replies arrive, so overlap and failure orderings
+// are tested deterministically rather than with sleeps.
+#ifndef FUCINA_TESTS_WORKER_FAKE_WORKER_CLIENT_H_
+#define FUCINA_TESTS_WORKER_FAKE_WORKER_CLIENT_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/worker_client.h"
+
+namespace fucina {
+
+class FakeWorkerClient : public WorkerClient {
+ public:
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest&) override {
+    return Unscripted("LoadShard");
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
+    return Unscripted("Forward");
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest&) override {
+    return Unscripted("ExpertForward");
+  }
+  absl::StatusOr<wire::SessionReply> TruncateSession(
+      const wire::TruncateSessionRequest&) override {
+    return Unscripted("TruncateSession");
+  }
+  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest&) override {
+    return Unscripted("CopyPrefix");
+  }
+  absl::StatusOr<wire::SessionReply> ReleaseSession(
+      const wire::ReleaseSessionRequest&) override {
+    return Unscripted("ReleaseSession");
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override { return Unscripted("GetStats"); }
+
+ protected:
+  static absl::Status Unscripted(const std::string& call) {
+    return absl::UnimplementedError("the fake worker does not script " + call);
+  }
+};
+
+class HoldingWorkerClient : public FakeWorkerClient {
+ public:
+  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.push_back({std::move(request), std::move(done)});
+    }
+    cv_.notify_all();
+  }
+  // Held calls fail with CANCELLED, as a real client's do.
+  void CancelInFlight() override {
+    std::vector<Held> cut;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Held& h : held_) {
+        if (h.done) cut.push_back(std::move(h));
+        h.done = nullptr;
+      }
+    }
+    for (Held& h : cut) h.done(absl::CancelledError("cancelled"));
+  }
+
+  // Waits up to `timeout` until `n` calls have arrived in all; false if they did not.
+  bool WaitForCalls(size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return held_.size() >= n; });
+  }
+  // The request of the i-th call to arrive (0-based).
+  wire::ForwardRequest request(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.at(i).request;
+  }
+  size_t calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+  // Answers the i-th call (each at most once; false if it was answered or cancelled already).
+  // `done` runs on this thread.
+  bool Release(size_t i, absl::StatusOr<wire::ForwardResponse> reply) {
+    ForwardCallback done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = std::move(held_.at(i).done);
+      held_.at(i).done = nullptr;
+    }
+    if (!done) return false;
+    done(std::move(reply));
+    return true;
+  }
+
+ private:
+  struct Held {
+    wire::ForwardRequest request;
+    ForwardCallback done;  // null once answered
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Held> held_;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_TESTS_WORKER_FAKE_WORKER_CLIENT_H_
