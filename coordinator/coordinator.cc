@@ -38,16 +38,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (!config.ok()) return config.status();
   c->config_ = *std::move(config);
   c->size_ = MeasureModel(*c->file_, c->config_);
+  if (options.context > kMaxContext) {
+    return absl::InvalidArgumentError(absl::StrCat("--ctx must be at most ", kMaxContext,
+                                                   " positions, got ", options.context));
+  }
   {
     // A context whose KV cache cannot exist would plan "ready" and then fail every request.
     const int64_t kv = KvBytesPerSession(c->config_, c->config_.num_layers, options.context,
                                          *ParseKvCacheType(options.cache_type));
     const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-    if (options.context > kMaxContext || (ram > 0 && kv > ram)) {
+    if (ram > 0 && kv > ram) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--ctx ", options.context, " needs ", kv, " bytes of ", options.cache_type,
-          " KV cache for one session; this machine has ", ram, " bytes of memory (at most ",
-          kMaxContext, " positions in any case)"));
+          " KV cache for one session; this machine has ", ram, " bytes of memory"));
     }
   }
   auto tokenizer = Tokenizer::FromGguf(*c->file_);
@@ -156,10 +159,12 @@ void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why
       if (w.id == worker_id) address = w.address;
     }
   }
+  // Its calls in flight (a re-plan may be loading a shard on it) fail now, later ones at once.
+  if (std::shared_ptr<WorkerClient> client = ClientFor(worker_id)) client->Close();
   // A worker that holds nothing of the current plan (a spare, or a stranger that registered and
   // left) changes nothing for the running requests.
   if (!in_plan) return;
-  scheduler_->WorkerDied(absl::UnavailableError(absl::StrCat(
+  scheduler_->WorkerDied(worker_id, absl::UnavailableError(absl::StrCat(
       "worker ", worker_id, address.empty() ? "" : absl::StrCat(" (", address, ")"),
       " failed: ", why.message())));
 }
@@ -319,6 +324,8 @@ Pipeline Coordinator::BuildPipeline() {
       }
       pipeline.ready = true;
       pipeline.kv_slots = plan.kv_slots;
+      for (const StagePlan& st : plan.stages) pipeline.worker_ids.push_back(st.worker_id);
+      for (const ExpertPlan& e : plan.experts) pipeline.worker_ids.push_back(e.worker_id);
       // Which worker (and device) holds what: the first thing to read when a plan surprises.
       std::string where;
       for (const StagePlan& st : plan.stages) {

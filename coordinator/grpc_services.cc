@@ -166,9 +166,9 @@ absl::Status ValidateRegistration(const wire::RegisterRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "register: capabilities.cores must be in [1, ", kMaxWorkerCores, "], got ", c.cores()));
   }
-  if (c.memory_budget() < 0 || c.memory_budget() >= kMaxWorkerMemory) {
+  if (c.memory_budget() < 0 || c.memory_budget() > kMaxWorkerMemory) {
     return absl::InvalidArgumentError(
-        absl::StrCat("register: capabilities.memory_budget must be in [0, 2^50) bytes, got ",
+        absl::StrCat("register: capabilities.memory_budget must be in [0, 2^50] bytes, got ",
                      c.memory_budget()));
   }
   if (!c.device().empty() && c.device() != "cpu" && c.device() != "cuda") {

@@ -176,19 +176,30 @@ absl::Status Scheduler::Submit(const std::shared_ptr<Request>& request, Generate
 
 int64_t Scheduler::pipeline_context() const { return context_; }
 
-void Scheduler::WorkerDied(const absl::Status& why) {
+void Scheduler::NotifyReady() {
+  // Serialized, and reading ready_ inside, so a late "not ready" from WorkerDied cannot land
+  // after the re-plan's "ready" and leave health stale.
+  std::lock_guard<std::mutex> hook_lock(hook_mu_);
   std::function<void(bool)> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = ready_hook_;
+  }
+  if (hook) hook(ready_);
+}
+
+void Scheduler::WorkerDied(const std::string& worker_id, const absl::Status& why) {
   std::vector<std::shared_ptr<WorkerClient>> clients;
   {
     std::lock_guard<std::mutex> lock(mu_);
     death_ = why;
+    dead_worker_ = worker_id;
     replan_ = true;
     ready_ = false;
     status_ = absl::StrCat("re-planning: ", why.message());
-    hook = ready_hook_;
     clients = stage_clients_;
   }
-  if (hook) hook(false);
+  NotifyReady();
   std::fprintf(stderr, "%s: cancelling the calls in flight on %zu stage(s)\n",
                std::string(why.message()).c_str(), clients.size());
   for (const auto& client : clients) client->CancelInFlight();
@@ -266,14 +277,12 @@ void Scheduler::Loop() {
 
 void Scheduler::Replan() {
   // Not ready (and not serving, for health) until the new plan's shards are loaded.
-  std::function<void(bool)> hook;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_ = false;
     status_ = "re-planning: a worker joined or left";
-    hook = ready_hook_;
   }
-  if (hook) hook(false);
+  NotifyReady();
   FailAll(absl::UnavailableError("the cluster is being re-planned (a worker joined or left)"));
   slots_.clear();
   UpdateSlotMetrics();
@@ -291,8 +300,16 @@ void Scheduler::Replan() {
     status_ = pipeline_.status;
     ++plans_;
     planning_ = false;
-    // A death announced while planning leaves the model not ready; the loop plans again.
-    ready_ = pipeline_.ready && death_.ok();
+    // A death announced while planning matters only if the new plan uses that worker (its
+    // record may have been read before it was forgotten): then the loop plans again.
+    const bool uses_dead =
+        !death_.ok() && std::find(pipeline_.worker_ids.begin(), pipeline_.worker_ids.end(),
+                                  dead_worker_) != pipeline_.worker_ids.end();
+    if (!death_.ok() && !uses_dead) {
+      death_ = absl::OkStatus();
+      replan_ = false;
+    }
+    ready_ = pipeline_.ready && !uses_dead;
     for (const StageRef& stage : pipeline_.stages) stage_clients_.push_back(stage.client);
     if (!ready_) {
       // Fail fast: nothing queued can run until a worker joins.
@@ -304,11 +321,7 @@ void Scheduler::Replan() {
     }
   }
   cv_.notify_all();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    hook = ready_hook_;
-  }
-  if (hook) hook(ready_);
+  NotifyReady();
   if (metrics_) metrics_->SetQueue(running_, waiting_);
 }
 

@@ -100,6 +100,7 @@ struct Pipeline {
   bool ready = false;
   std::string status;  // why not ready
   std::vector<StageRef> stages;
+  std::vector<std::string> worker_ids;  // every worker the plan uses: stages and expert workers
   int kv_slots = 1;
   int64_t context = 0;
 };
@@ -145,7 +146,7 @@ class Scheduler {
   // (new requests are refused, not queued behind a hung call), the calls in flight on every stage
   // are cancelled, the running requests fail with `why`, and the loop re-plans. The failures
   // that the cancellation causes are laid to `why`, not to the stages whose calls were cut.
-  void WorkerDied(const absl::Status& why);
+  void WorkerDied(const std::string& worker_id, const absl::Status& why);
   // Blocks until `count` plans have been made since start (or the timeout); the readiness.
   bool WaitForPlans(int count, int timeout_ms);
   int plans() const;
@@ -168,6 +169,8 @@ class Scheduler {
   bool AcquireSlot(Active& a);
   void ReleaseSlot(uint64_t slot);
   void UpdateSlotMetrics();  // resident count and the KV usage gauge
+  // Calls the ready hook with the current readiness; from any thread.
+  void NotifyReady();
   // What a transport failure of `stage`'s call means: the death WorkerDied announced (which cut
   // the call), or else the stage's worker failed, which is reported and starts a re-plan.
   absl::Status StageFailure(const StageRef& stage, const absl::Status& status);
@@ -186,7 +189,9 @@ class Scheduler {
   FailureHook on_failure_;
   Metrics* metrics_;
 
-  mutable std::mutex mu_;  // guards queue_, replan_, planning_, stopping_, status_, plans_, death_, stage_clients_
+  // Guards queue_, replan_, planning_, stopping_, status_, plans_, death_, dead_worker_,
+  // stage_clients_.
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
   bool replan_ = true;
@@ -197,6 +202,8 @@ class Scheduler {
   std::string status_ = "loading";
   std::function<void(bool)> ready_hook_;
   absl::Status death_;  // set by WorkerDied until the re-plan: why calls in flight were cut
+  std::string dead_worker_;  // whose death death_ is
+  std::mutex hook_mu_;       // serializes the ready hook's calls (NotifyReady)
   std::vector<std::shared_ptr<WorkerClient>> stage_clients_;  // the plan's, for WorkerDied
   std::atomic<bool> ready_{false};
   std::atomic<int> waiting_{0};

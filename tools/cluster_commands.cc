@@ -135,11 +135,7 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
 // Flags that would start a server that cannot work (or abort it later) are refused up front.
 absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
   const CoordinatorOptions& o = a.options;
-  auto range = [](const char* flag, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
-    if (v >= lo && v <= hi) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " must be in [", lo, ", ", hi, "], got ", v));
-  };
+  const auto& range = CheckFlagRange;
   for (absl::Status s : {
            range("--threads", embedded ? a.threads : o.threads, 0, kMaxThreads),
            range("--workers", a.workers, 1, 64),
@@ -272,6 +268,9 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   WaitForStop();
   http.reset();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // Before the server goes: the coordinator's threads (heartbeat watcher, scheduler) call the
+  // ready listener, which points at the server.
+  coordinator->reset();
   return 0;
 }
 
@@ -389,7 +388,8 @@ int RunWorker(const WorkerArgs& a) {
   if (!tls.ok()) return FailUsage(tls.status());
   if (absl::Status s = CheckPlaintextAllowed(
           a.security, tls->has_value(),
-          {{"--listen", a.listen}, {"--coordinator", a.coordinator}});
+          {{"--listen", a.listen}, {"--coordinator", a.coordinator},
+           {"--advertise", a.advertise}});
       !s.ok()) {
     return FailUsage(s);
   }

@@ -22,6 +22,7 @@
 #include "models/engine/session.h"
 #include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tools/command_status.h"
 #include "tools/commands.h"
 
 namespace fucina::cli {
@@ -50,18 +51,8 @@ struct RunArgs {
   SamplingParams sampling;
 };
 
-// Exit code 2 for what the command line got wrong, 1 for everything else.
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  return absl::IsInvalidArgument(status) ? 2 : 1;
-}
-
 absl::Status ValidateRunArgs(const RunArgs& a) {
-  auto range = [](const char* flag, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
-    if (v >= lo && v <= hi) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " must be in [", lo, ", ", hi, "], got ", v));
-  };
+  const auto& range = CheckFlagRange;
   constexpr int64_t kMaxPositions = int64_t{1} << 24;
   for (absl::Status s : {range("--threads", a.threads, 0, kMaxThreads),
                          range("--ctx", a.ctx, 2, kMaxPositions),

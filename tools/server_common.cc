@@ -14,18 +14,6 @@
 
 namespace fucina::cli {
 
-// Exit code 2 for what the command line got wrong, 1 for everything else.
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  return absl::IsInvalidArgument(status) ? 2 : 1;
-}
-
-// Flags that cannot work together: exit status 2, as for a usage error.
-int FailUsage(const absl::Status& status) {
-  Fail(status);
-  return 2;
-}
-
 // SIGINT/SIGTERM are blocked in every thread (call before starting any) and taken by
 // WaitForStop on the main thread.
 void BlockStopSignals() {
@@ -161,7 +149,7 @@ absl::Status CheckPlaintextAllowed(
     const std::vector<std::pair<const char*, std::string>>& addresses) {
   if (tls || s.insecure_cluster) return absl::OkStatus();
   for (const auto& [flag, address] : addresses) {
-    if (!IsLoopbackAddress(address)) {
+    if (!address.empty() && !IsLoopbackAddress(address)) {  // empty: a flag not given
       return absl::FailedPreconditionError(absl::StrCat(
           flag, " ", address,
           " is not a loopback address and the cluster plane has no TLS: give --tls-cert, "

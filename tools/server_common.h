@@ -13,6 +13,7 @@
 #include <prometheus/exposer.h>
 
 #include "absl/status/statusor.h"
+#include "tools/command_status.h"
 #include "worker/cluster_auth.h"
 
 namespace CLI {
@@ -20,12 +21,6 @@ class App;
 }
 
 namespace fucina::cli {
-
-// Prints "error: MESSAGE"; exit code 2 for what the command line got wrong (INVALID_ARGUMENT),
-// 1 for everything else.
-int Fail(const absl::Status& status);
-// Flags that cannot work together: exit status 2, as for a usage error, whatever the status.
-int FailUsage(const absl::Status& status);
 
 // SIGINT/SIGTERM are blocked in every thread (call before starting any) and taken by
 // WaitForStop on the main thread.
@@ -75,7 +70,8 @@ struct SecurityArgs {
 void AddSecurityFlags(CLI::App* cmd, SecurityArgs* s, bool cluster);
 
 // A plaintext cluster plane stays on this machine unless --insecure-cluster says otherwise.
-// `addresses`: (flag, address) pairs this process listens on or dials.
+// `addresses`: (flag, address) pairs this process listens on, dials or advertises (empty ones,
+// flags not given, are skipped).
 absl::Status CheckPlaintextAllowed(
     const SecurityArgs& s, bool tls,
     const std::vector<std::pair<const char*, std::string>>& addresses);

@@ -107,16 +107,6 @@ bool ConsumePrefix(std::string_view* text, std::string_view prefix) {
 }
 
 // Removes a leading "Bearer " (the scheme is case-insensitive, RFC 7235).
-bool ConsumeBearer(std::string_view* value) {
-  static constexpr std::string_view kScheme = "bearer ";
-  if (value->size() < kScheme.size()) return false;
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>((*value)[i])) != kScheme[i]) return false;
-  }
-  value->remove_prefix(kScheme.size());
-  return true;
-}
-
 bool IsSpace(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
 
 }  // namespace
@@ -247,6 +237,16 @@ bool ConstantTimeEquals(std::string_view given, std::string_view expected) {
     diff |= g ^ static_cast<unsigned char>(expected[i]);
   }
   return diff == 0;
+}
+
+bool ConsumeBearer(std::string_view* value) {
+  static constexpr std::string_view kScheme = "bearer ";
+  if (value->size() < kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>((*value)[i])) != kScheme[i]) return false;
+  }
+  value->remove_prefix(kScheme.size());
+  return true;
 }
 
 bool IsLoopbackAddress(std::string_view address) {

@@ -70,6 +70,10 @@ absl::StatusOr<std::string> NewRandomToken();
 // `given`'s length beyond `expected`'s).
 bool ConstantTimeEquals(std::string_view given, std::string_view expected);
 
+// Strips an `authorization` value's "Bearer " scheme (case-insensitive, as RFC 9110 says);
+// false when the value has another scheme.
+bool ConsumeBearer(std::string_view* value);
+
 // True when only this machine can reach `address` (host:port, [v6]:port or a gRPC target):
 // 127.0.0.0/8, ::1, localhost, and unix: sockets. Anything else, 0.0.0.0 and names included,
 // may be reachable from elsewhere.

@@ -52,6 +52,10 @@ class WorkerClient {
   // hold them until their deadline); later calls are not affected. In-process clients, whose
   // calls cannot hang on a peer, need not do anything.
   virtual void CancelInFlight() {}
+  // The worker was declared dead: cancels the calls in flight and fails every later call at
+  // once with UNAVAILABLE (ForwardAsync's `done` then runs inside the call). A worker that
+  // registers again gets a new client. In-process clients need not do anything.
+  virtual void Close() {}
 };
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a

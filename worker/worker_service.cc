@@ -69,7 +69,14 @@ class GrpcWorkerClient final : public WorkerClient {
       std::lock_guard<std::mutex> lock(mu_);
       ++async_calls_;
     }
-    Start(&call->context, deadlines_.forward_ms);
+    if (absl::Status closed = Start(&call->context, deadlines_.forward_ms); !closed.ok()) {
+      ForwardCallback reply = std::move(call->done);
+      delete call;
+      reply(closed);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--async_calls_ == 0) idle_.notify_all();
+      return;
+    }
     stub_->async()->Forward(&call->context, &call->request, &call->reply,
                             [this, call](grpc::Status status) {
                               Finish(&call->context);
@@ -90,6 +97,13 @@ class GrpcWorkerClient final : public WorkerClient {
     std::lock_guard<std::mutex> lock(mu_);
     for (grpc::ClientContext* context : in_flight_) context->TryCancel();
   }
+  void Close() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    CancelInFlight();
+  }
 
   // Asynchronous calls still running reach back into this client: they are cancelled and
   // waited for (their `done` must not destroy the client).
@@ -102,12 +116,17 @@ class GrpcWorkerClient final : public WorkerClient {
  private:
   // Every call's context: its deadline and the join token, and a place in in_flight_ (where
   // CancelInFlight reaches it) until Finish.
-  void Start(grpc::ClientContext* context, int deadline_ms) {
+  // UNAVAILABLE (and nothing registered) once the client is closed.
+  absl::Status Start(grpc::ClientContext* context, int deadline_ms) {
     context->set_deadline(std::chrono::system_clock::now() +
                           std::chrono::milliseconds(deadline_ms));
     credentials_.Prepare(context);
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      return absl::UnavailableError("the worker was declared dead (its client is closed)");
+    }
     in_flight_.insert(context);
+    return absl::OkStatus();
   }
   // After this, CancelInFlight no longer reaches `context`, which is about to die.
   void Finish(grpc::ClientContext* context) {
@@ -120,7 +139,7 @@ class GrpcWorkerClient final : public WorkerClient {
                                  grpc::ClientContext*, const Request&, Reply*),
                              const Request& request, int deadline_ms) {
     grpc::ClientContext context;
-    Start(&context, deadline_ms);
+    if (absl::Status closed = Start(&context, deadline_ms); !closed.ok()) return closed;
     Reply reply;
     grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
     Finish(&context);
@@ -130,10 +149,11 @@ class GrpcWorkerClient final : public WorkerClient {
 
   WorkerDeadlines deadlines_;
   ClusterCredentials credentials_;
-  std::mutex mu_;  // in_flight_, async_calls_
+  std::mutex mu_;  // in_flight_, async_calls_, closed_
   std::condition_variable idle_;  // async_calls_ reached 0
   absl::flat_hash_set<grpc::ClientContext*> in_flight_;
   int async_calls_ = 0;  // ForwardAsync calls whose callback has not finished
+  bool closed_ = false;
   std::unique_ptr<wire::Worker::Stub> stub_;
 };
 

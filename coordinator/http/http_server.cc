@@ -527,8 +527,9 @@ void HttpServer::Impl::Route(const HttpRequest& req, HttpExchange& ex, bool over
     // Compared in constant time, as the gRPC planes' secrets are (a timing side channel must
     // not reveal how much of a guessed key was right).
     const std::string auth(req[http::field::authorization]);
+    std::string_view bearer = auth;
     const std::string key(req["x-api-key"]);
-    const bool ok = ConstantTimeEquals(auth, "Bearer " + options.api_key) ||
+    const bool ok = (ConsumeBearer(&bearer) && ConstantTimeEquals(bearer, options.api_key)) ||
                     ConstantTimeEquals(key, options.api_key);
     if (!ok) {
       SendError(ex, dialect, 401, "invalid or missing API key", "", "invalid_api_key");

@@ -225,6 +225,28 @@ TEST_F(AsyncForwardTest, DestroyingTheClientCutsItsCallsAndWaitsForTheirReplies)
   hung.Release();
 }
 
+TEST_F(AsyncForwardTest, AClosedClientCutsItsCallsAndRefusesNewOnesAtOnce) {
+  // What the coordinator does to a worker it declared dead: a re-plan loading a shard on it,
+  // or any later call, must not wait for a deadline.
+  HangingWorker hung;
+  Server server(hung);
+  auto client = server.Client();
+  Awaited a;
+  client->ForwardAsync(Request(1), a.Callback());
+  ASSERT_TRUE(hung.WaitEntered(1));
+  client->Close();
+  ASSERT_TRUE(a.Arrives(std::chrono::seconds(2)));
+  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(absl::IsUnavailable(client->GetStats().status()));
+  Awaited later;
+  client->ForwardAsync(Request(2), later.Callback());
+  ASSERT_TRUE(later.Arrives(std::chrono::milliseconds(0)));
+  EXPECT_TRUE(absl::IsUnavailable(later.future.get().status()));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  hung.Release();
+}
+
 TEST(HoldingWorkerClient, RepliesArriveInTheOrderTheTestReleasesThem) {
   HoldingWorkerClient w;
   std::vector<int> order;
