@@ -15,7 +15,7 @@ import fs from "node:fs";
 import http from "node:http";
 import {createRequire} from "node:module";
 import path from "node:path";
-import {listeningLine} from "./listening_line.mjs";
+import {listeningLine, terminate} from "./serve_process.mjs";
 
 const BIN = process.env.FUCINA_BIN;
 const MODEL = process.env.FUCINA_DEFAULT_MODEL;
@@ -103,11 +103,7 @@ async function stopServer(server) {
   if (!server) return;
   live.delete(server);
   if (server.child.exitCode !== null || server.child.signalCode !== null) return;
-  const exited = new Promise((resolve) => server.child.once("exit", resolve));
-  server.child.kill("SIGTERM");
-  const timer = setTimeout(() => server.child.kill("SIGKILL"), 10000);
-  await exited;
-  clearTimeout(timer);
+  await terminate(server.child);
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

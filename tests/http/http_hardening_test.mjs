@@ -9,7 +9,7 @@ import {after, before, describe, test} from "node:test";
 import assert from "node:assert/strict";
 import {spawn} from "node:child_process";
 import net from "node:net";
-import {listeningLine} from "./listening_line.mjs";
+import {listeningLine, terminate} from "./serve_process.mjs";
 
 const BIN = process.env.FUCINA_BIN;
 const MODEL = process.env.FUCINA_DEFAULT_MODEL;
@@ -49,11 +49,7 @@ async function stopServer(server) {
   if (server.child.exitCode !== null || server.child.signalCode !== null) {
     assert.fail(`the server had died: ${server.stderr}`);
   }
-  const exited = new Promise((resolve) => server.child.once("exit", resolve));
-  server.child.kill("SIGTERM");
-  const timer = setTimeout(() => server.child.kill("SIGKILL"), 10000);
-  await exited;
-  clearTimeout(timer);
+  await terminate(server.child);
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -116,6 +116,19 @@ class HangingWorker : public FakeWorkerClient {
   bool released_ = false;
 };
 
+// An asynchronous Forward its peer hangs on, started; released at the end so the server can
+// shut down.
+struct HungCall {
+  HungCall() { client->ForwardAsync(Request(1), reply.Callback()); }
+  ~HungCall() { hung.Release(); }
+  bool Started() { return hung.WaitEntered(1); }
+
+  HangingWorker hung;
+  Server server{hung};
+  std::unique_ptr<WorkerClient> client = server.Client();
+  Awaited reply;
+};
+
 class AsyncForwardTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -197,54 +210,39 @@ TEST_F(AsyncForwardTest, TheGrpcClientRepliesAsTheActorDoes) {
 }
 
 TEST_F(AsyncForwardTest, CancelInFlightCutsAnAsynchronousCallToAHungPeer) {
-  HangingWorker hung;
-  Server server(hung);
-  auto client = server.Client();
-  Awaited a;
-  client->ForwardAsync(Request(1), a.Callback());
-  ASSERT_TRUE(hung.WaitEntered(1));
-  EXPECT_FALSE(a.Arrives(std::chrono::milliseconds(100)));  // it hangs
+  HungCall call;
+  ASSERT_TRUE(call.Started());
+  EXPECT_FALSE(call.reply.Arrives(std::chrono::milliseconds(100)));  // it hangs
   const auto t0 = std::chrono::steady_clock::now();
-  client->CancelInFlight();
-  ASSERT_TRUE(a.Arrives(std::chrono::seconds(2)));
+  call.client->CancelInFlight();
+  ASSERT_TRUE(call.reply.Arrives(std::chrono::seconds(2)));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
-  hung.Release();
+  EXPECT_TRUE(absl::IsCancelled(call.reply.future.get().status()));
 }
 
 TEST_F(AsyncForwardTest, DestroyingTheClientCutsItsCallsAndWaitsForTheirReplies) {
-  HangingWorker hung;
-  Server server(hung);
-  auto client = server.Client();
-  Awaited a;
-  client->ForwardAsync(Request(1), a.Callback());
-  ASSERT_TRUE(hung.WaitEntered(1));
-  client.reset();  // must not leave gRPC a callback into a dead client
-  ASSERT_TRUE(a.Arrives(std::chrono::milliseconds(0)));
-  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
-  hung.Release();
+  HungCall call;
+  ASSERT_TRUE(call.Started());
+  call.client.reset();  // must not leave gRPC a callback into a dead client
+  ASSERT_TRUE(call.reply.Arrives(std::chrono::milliseconds(0)));
+  EXPECT_TRUE(absl::IsCancelled(call.reply.future.get().status()));
 }
 
 TEST_F(AsyncForwardTest, AClosedClientCutsItsCallsAndRefusesNewOnesAtOnce) {
   // What the coordinator does to a worker it declared dead: a re-plan loading a shard on it,
   // or any later call, must not wait for a deadline.
-  HangingWorker hung;
-  Server server(hung);
-  auto client = server.Client();
-  Awaited a;
-  client->ForwardAsync(Request(1), a.Callback());
-  ASSERT_TRUE(hung.WaitEntered(1));
-  client->Close();
-  ASSERT_TRUE(a.Arrives(std::chrono::seconds(2)));
-  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
+  HungCall call;
+  ASSERT_TRUE(call.Started());
+  call.client->Close();
+  ASSERT_TRUE(call.reply.Arrives(std::chrono::seconds(2)));
+  EXPECT_TRUE(absl::IsCancelled(call.reply.future.get().status()));
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(absl::IsUnavailable(client->GetStats().status()));
+  EXPECT_TRUE(absl::IsUnavailable(call.client->GetStats().status()));
   Awaited later;
-  client->ForwardAsync(Request(2), later.Callback());
+  call.client->ForwardAsync(Request(2), later.Callback());
   ASSERT_TRUE(later.Arrives(std::chrono::milliseconds(0)));
   EXPECT_TRUE(absl::IsUnavailable(later.future.get().status()));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
-  hung.Release();
 }
 
 TEST(HoldingWorkerClient, RepliesArriveInTheOrderTheTestReleasesThem) {

@@ -1,5 +1,6 @@
-// The first line a `fucina` server prints on stdout (`listening grpc=... metrics=... http=...`),
-// shared by the HTTP test files. Rejects when the process exits first or after 60 s; stdout keeps
+// A `fucina serve` child process as the HTTP test files handle it.
+
+// The first line a `fucina` server prints on stdout (`listening grpc=... metrics=... http=...`). Rejects when the process exits first or after 60 s; stdout keeps
 // draining afterwards so the server never blocks on a full pipe. `server.stderr` (the last 4 KB,
 // kept by the caller) goes into the error.
 export function listeningLine(child, server) {
@@ -22,4 +23,14 @@ export function listeningLine(child, server) {
                        server.stderr));
     });
   });
+}
+
+// SIGTERM (the server drains), SIGKILL after 10 s; resolves once the process has exited.
+export async function terminate(child) {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once("exit", resolve));
+  child.kill("SIGTERM");
+  const timer = setTimeout(() => child.kill("SIGKILL"), 10000);
+  await exited;
+  clearTimeout(timer);
 }
