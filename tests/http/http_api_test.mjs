@@ -1032,9 +1032,12 @@ describe("fucina HTTP API", {skip: SKIP}, () => {
                            401, {type: "authentication_error"});
     });
 
-    test("Bearer and x-api-key both work; /health and /metrics stay open", async () => {
+    test("Bearer (any case) and x-api-key both work; /health and /metrics stay open", async () => {
       const bearer = await post(server, "/v1/completions", body, {authorization: "Bearer k"});
       assert.equal(bearer.status, 200, bearer.text);
+      // The scheme is case-insensitive (RFC 9110), as on the gRPC API.
+      const lower = await post(server, "/v1/completions", body, {authorization: "bearer k"});
+      assert.equal(lower.status, 200, lower.text);
       const xkey = await post(server, "/v1/completions", body, {"x-api-key": "k"});
       assert.equal(xkey.status, 200, xkey.text);
       assert.equal((await call(server, "GET", "/health")).status, 200);
