@@ -133,6 +133,16 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::Forward(
   return executor_.Call([&] { return DoForward(request); });
 }
 
+void WorkerActor::CancelInFlight() {
+  // Not through the executor: the call to cut is the one occupying it.
+  std::vector<std::shared_ptr<WorkerClient>> peers;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers = peers_;
+  }
+  for (const auto& peer : peers) peer->CancelInFlight();
+}
+
 void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
   executor_.Post([this, request = std::move(request), done = std::move(done)] {
     done(DoForward(request));
@@ -279,6 +289,10 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
                                           peer.address());
       }
       peers.push_back(std::move(client));
+    }
+    {
+      std::lock_guard<std::mutex> lock(peers_mu_);
+      peers_ = peers;
     }
     remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(names),
                                                       std::move(owner), &expert_counts_);

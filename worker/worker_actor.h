@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ class WorkerActor : public WorkerClient {
       const wire::LoadShardRequest& request) override;
   absl::StatusOr<wire::ForwardResponse> Forward(
       const wire::ForwardRequest& request) override;
+  // Cuts this actor's calls to its expert peers (a stage whose own caller gave up must not wait
+  // on a hung expert worker until the deadline); from any thread.
+  void CancelInFlight() override;
   // Posted to the actor's executor, which then runs `done`.
   void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override;
   absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
@@ -95,6 +99,9 @@ class WorkerActor : public WorkerClient {
   wire::LoadShardRequest shard_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<RemoteExperts> remote_experts_;
+  // The expert peers of the current shard, for CancelInFlight from other threads.
+  std::mutex peers_mu_;
+  std::vector<std::shared_ptr<WorkerClient>> peers_;
   int64_t weight_bytes_ = 0;
   int64_t kv_bytes_per_session_ = 0;
   // node_hash_map: Session pointers stay valid while a step creates other sessions.

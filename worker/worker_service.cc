@@ -159,6 +159,39 @@ class GrpcWorkerClient final : public WorkerClient {
 
 }  // namespace
 
+WorkerService::WorkerService(WorkerClient& worker, const CallGate& gate)
+    : worker_(worker), gate_(gate), watcher_([this] { WatchCancellations(); }) {}
+
+WorkerService::~WorkerService() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  watcher_.join();
+}
+
+void WorkerService::WatchCancellations() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(kCancelPollMs));
+    bool cancelled = false;
+    for (grpc::ServerContext* context : serving_) cancelled |= context->IsCancelled();
+    if (!cancelled) continue;
+    lock.unlock();
+    worker_.CancelInFlight();
+    lock.lock();
+    // Once per cancelled call is enough: wait for it to leave before looking again.
+    cv_.wait(lock, [&] {
+      if (stopping_) return true;
+      for (grpc::ServerContext* context : serving_) {
+        if (context->IsCancelled()) return false;
+      }
+      return true;
+    });
+  }
+}
+
 template <typename Reply, typename Run>
 grpc::Status WorkerService::Serve(grpc::ServerContext* context, std::string_view method,
                                   Run run, Reply* response) {
@@ -166,7 +199,16 @@ grpc::Status WorkerService::Serve(grpc::ServerContext* context, std::string_view
       !s.ok()) {
     return s;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    serving_.insert(context);
+  }
   absl::StatusOr<Reply> result = run();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    serving_.erase(context);
+  }
+  cv_.notify_all();
   if (!result.ok()) return ToGrpc(result.status());
   *response = *std::move(result);
   return grpc::Status::OK;

@@ -1,10 +1,17 @@
 // gRPC face of a worker: the fucina.cluster.v1.Worker service over any WorkerClient (the
 // actor). Handlers run on gRPC's threads; each passes the call through the gate (join token,
 // peer certificate) and only then hands the request to the actor, which runs it on its own
-// executor.
+// executor. A call its client gives up on (cancelled, past its deadline) is noticed within
+// kCancelPollMs and passed on as worker.CancelInFlight(), so a stage waiting on a hung expert
+// worker is freed when the coordinator cancels the stage's call.
 #ifndef FUCINA_WORKER_WORKER_SERVICE_H_
 #define FUCINA_WORKER_WORKER_SERVICE_H_
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_set.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "worker/cluster_auth.h"
 #include "worker/worker_client.h"
@@ -13,8 +20,11 @@ namespace fucina {
 
 class WorkerService final : public wire::Worker::Service {
  public:
+  static constexpr int kCancelPollMs = 50;
+
   // Borrows both; they outlive the server.
-  WorkerService(WorkerClient& worker, const CallGate& gate) : worker_(worker), gate_(gate) {}
+  WorkerService(WorkerClient& worker, const CallGate& gate);
+  ~WorkerService() override;
 
   grpc::Status LoadShard(grpc::ServerContext* context, const wire::LoadShardRequest* request,
                          wire::LoadShardResponse* response) override;
@@ -40,8 +50,16 @@ class WorkerService final : public wire::Worker::Service {
   grpc::Status Serve(grpc::ServerContext* context, std::string_view method, Run run,
                      Reply* response);
 
+  // Polls the calls being served; the first one found cancelled is passed on to the worker.
+  void WatchCancellations();
+
   WorkerClient& worker_;
   const CallGate& gate_;
+  std::mutex mu_;  // serving_, stopping_
+  std::condition_variable cv_;
+  absl::flat_hash_set<grpc::ServerContext*> serving_;
+  bool stopping_ = false;
+  std::thread watcher_;  // last
 };
 
 }  // namespace fucina

@@ -76,6 +76,34 @@ class WorkerFaultTest(cc.ClusterTestCase):
         self.wait_health(c, 1)
         self.assertEqual(list(self.generate(c, cc.greedy(cc.PROMPT, 8)).token_ids), ref)
 
+    def test_a_hung_expert_worker_frees_the_stage_waiting_on_it(self):
+        # Two stages call one expert worker for their MoE layers. When the expert worker hangs,
+        # a stage is stuck inside its Forward, waiting on it. The coordinator cancels its call
+        # to that stage; the stage must pass the cancellation on to its own expert call, or its
+        # actor stays busy until that call's deadline (2 min) and the re-plan, which loads a
+        # shard on it, waits as long.
+        model = cc.fixture("moe")
+        ref, _ = cc.reference(model, cc.PROMPT, 8)
+        c = self.cluster()
+        c.coordinator(model, "--expert-workers", "1", *FAST_DEATH)
+        workers = [c.worker(), c.worker(), c.worker()]
+        p = self.wait_ready(c, 2, experts=1)
+        expert = next(w for w in workers if w.grpc == p.experts[0].address)
+        stream = c.api.GenerateStream(long_request(), timeout=cc.RPC_S)
+        self.assertTrue(next(stream).token_ids)
+        expert.p.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: expert.p.poll() is None and expert.p.send_signal(signal.SIGCONT))
+        stopped_at = time.monotonic()
+        with self.assertRaises(cc.grpc.RpcError) as ctx:
+            for _ in stream:
+                pass
+        self.assertLess(time.monotonic() - stopped_at, DEAD_AFTER_S + 2.0, c.logs())
+        self.assertIn(expert.grpc, ctx.exception.details())
+        # The survivors: one stage and one expert worker, loaded well before any deadline.
+        p = self.wait_ready(c, 1, experts=1, timeout=15)
+        self.assertNotIn(expert.grpc, [p.stages[0].address, p.experts[0].address])
+        self.assertEqual(list(self.generate(c, cc.greedy(cc.PROMPT, 8)).token_ids), ref)
+
     def test_health_stops_serving_as_soon_as_a_worker_hangs(self):
         c = self.cluster()
         c.coordinator(cc.fixture("dense"), "--heartbeat-ms", "200", "--dead-after-ms", "1500")
