@@ -44,6 +44,24 @@ class WorkerFaultTest(cc.ClusterTestCase):
                 self.fail(f"{what} within {timeout} s\n{c.logs()}")
             time.sleep(cc.POLL_S)
 
+    def hang(self, proc):
+        """SIGSTOP `proc` (resumed at cleanup, so it can be killed); returns when it stopped."""
+        proc.p.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: proc.p.poll() is None and proc.p.send_signal(signal.SIGCONT))
+        return time.monotonic()
+
+    def assert_stream_fails_in_time(self, c, stream, since):
+        """The stream ends with UNAVAILABLE within --dead-after-ms + 2 s of `since`; the
+        error's details."""
+        with self.assertRaises(cc.grpc.RpcError) as ctx:
+            for _ in stream:
+                pass
+        self.assertLess(time.monotonic() - since, DEAD_AFTER_S + 2.0,
+                        f"the stream outlived a hung worker\n{c.logs()}")
+        self.assertEqual(ctx.exception.code(), cc.grpc.StatusCode.UNAVAILABLE,
+                         ctx.exception.details())
+        return ctx.exception.details()
+
     def test_a_hung_worker_fails_its_streams_in_time_and_health_says_so(self):
         # SIGSTOP: no crash, no closed socket; the calls to it simply never return. It is
         # declared dead after --dead-after-ms of silence; then its in-flight calls are cancelled,
@@ -59,17 +77,8 @@ class WorkerFaultTest(cc.ClusterTestCase):
         self.assertTrue(next(stream).token_ids)
         # The last stage: the one the coordinator waits on for every token.
         victim = next(w for w in workers if w.grpc == p.stages[-1].address)
-        victim.p.send_signal(signal.SIGSTOP)
-        self.addCleanup(lambda: victim.p.poll() is None and victim.p.send_signal(signal.SIGCONT))
-        stopped_at = time.monotonic()
-        with self.assertRaises(cc.grpc.RpcError) as ctx:
-            for _ in stream:
-                pass
-        elapsed = time.monotonic() - stopped_at
-        self.assertLess(elapsed, DEAD_AFTER_S + 2.0, f"the stream outlived a hung worker\n{c.logs()}")
-        self.assertEqual(ctx.exception.code(), cc.grpc.StatusCode.UNAVAILABLE,
-                         ctx.exception.details())
-        self.assertIn(victim.grpc, ctx.exception.details())
+        details = self.assert_stream_fails_in_time(c, stream, self.hang(victim))
+        self.assertIn(victim.grpc, details)
         # Health: not serving while re-planning, then serving on the survivor.
         p = self.wait_ready(c, 1)
         self.check_stages(p, 4, [w.grpc for w in workers if w is not victim])
@@ -91,14 +100,8 @@ class WorkerFaultTest(cc.ClusterTestCase):
         expert = next(w for w in workers if w.grpc == p.experts[0].address)
         stream = c.api.GenerateStream(long_request(), timeout=cc.RPC_S)
         self.assertTrue(next(stream).token_ids)
-        expert.p.send_signal(signal.SIGSTOP)
-        self.addCleanup(lambda: expert.p.poll() is None and expert.p.send_signal(signal.SIGCONT))
-        stopped_at = time.monotonic()
-        with self.assertRaises(cc.grpc.RpcError) as ctx:
-            for _ in stream:
-                pass
-        self.assertLess(time.monotonic() - stopped_at, DEAD_AFTER_S + 2.0, c.logs())
-        self.assertIn(expert.grpc, ctx.exception.details())
+        details = self.assert_stream_fails_in_time(c, stream, self.hang(expert))
+        self.assertIn(expert.grpc, details)
         # The survivors: one stage and one expert worker, loaded well before any deadline.
         p = self.wait_ready(c, 1, experts=1, timeout=15)
         self.assertNotIn(expert.grpc, [p.stages[0].address, p.experts[0].address])
@@ -112,9 +115,7 @@ class WorkerFaultTest(cc.ClusterTestCase):
         self.wait_health(c, 1)
         stream = c.api.GenerateStream(long_request(), timeout=cc.RPC_S)
         self.assertTrue(next(stream).token_ids)
-        only.p.send_signal(signal.SIGSTOP)
-        self.addCleanup(lambda: only.p.poll() is None and only.p.send_signal(signal.SIGCONT))
-        stopped_at = time.monotonic()
+        stopped_at = self.hang(only)
         self.wait_health(c, 2, timeout=1.5 + 2.0)
         self.assertLess(time.monotonic() - stopped_at, 1.5 + 2.0)
         # No survivor: a new request is refused at once, not queued behind the hung call.
