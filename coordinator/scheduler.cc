@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/metrics.h"
-#include "coordinator/text_hold.h"
+#include "coordinator/output_text.h"
 #include "worker/activations.h"
 #include "worker/sampling_wire.h"
 
@@ -88,12 +88,8 @@ struct Scheduler::Active {
   Slot* slot = nullptr;
   size_t prompt_pos = 0;       // next prompt token to forward
   int32_t pending = -1;        // sampled, not yet forwarded
-  bool sampler_started = false;
-  int64_t completion = 0;
-  int64_t max_tokens = 0;
   int64_t cached = 0;
-  Utf8Stream utf8;
-  std::string held;            // decoded text not yet shown (may start a stop string)
+  std::unique_ptr<OutputText> output;  // the tokens so far as the client sees them
   Delta out;                   // this step's output
   double first_token_at = 0, last_token_at = 0;
   bool finished = false;
@@ -469,8 +465,9 @@ void Scheduler::Admit() {
       --waiting_;
     }
     const GenerateJob& job = request->job_;
-    a->max_tokens = std::min<int64_t>(job.max_tokens,
-                                      context_ - static_cast<int64_t>(job.prompt.size()));
+    a->output = std::make_unique<OutputText>(
+        tokenizer_, job,
+        std::min<int64_t>(job.max_tokens, context_ - static_cast<int64_t>(job.prompt.size())));
     if (metrics_) metrics_->OnPrefixQuery(static_cast<int64_t>(job.prompt.size()), a->cached);
     active_.push_back(std::move(a));
     running_ = static_cast<int>(active_.size());
@@ -487,7 +484,7 @@ void Scheduler::Finish(Active& a, absl::Status status, const std::string& reason
   o.finish_reason = reason;
   o.stop_sequence = stop_sequence;
   o.prompt_tokens = static_cast<int64_t>(job.prompt.size());
-  o.completion_tokens = a.completion;
+  o.completion_tokens = a.output->tokens();
   o.cached_tokens = a.cached;
   if (status.ok()) {
     a.slot->busy = false;
@@ -508,17 +505,15 @@ void Scheduler::Finish(Active& a, absl::Status status, const std::string& reason
 }
 
 void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
-  const GenerateJob& job = a.request->job_;
   const int32_t id = result.token();
   const double now = Now();
-  if (a.completion == 0) {
+  if (a.output->tokens() == 0) {
     a.first_token_at = now;
     if (metrics_) metrics_->ObserveTtft(now - a.request->submitted_at_);
   } else if (metrics_) {
     metrics_->ObserveItl(now - a.last_token_at);
   }
   a.last_token_at = now;
-  ++a.completion;
   if (metrics_) metrics_->OnGenerated(1);
   SampleResult sample;
   sample.id = id;
@@ -528,48 +523,15 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
   a.out.samples.push_back(std::move(sample));
   a.pending = id;
 
-  const bool stop_token =
-      (!job.ignore_eos && tokenizer_.IsEndOfGeneration(id)) ||
-      std::find(job.stop_token_ids.begin(), job.stop_token_ids.end(), id) !=
-          job.stop_token_ids.end();
-  std::string reason;
-  if (stop_token) {
-    reason = "stop";
-  } else {
-    a.held += ValidUtf8(a.utf8.Push(tokenizer_.TokenToPiece(id)));
-    if (a.completion >= a.max_tokens) reason = "length";
-  }
-  if (!reason.empty()) a.held += ValidUtf8(a.utf8.Flush());
-  // Stop strings: cut at the first occurrence; otherwise hold back the longest tail that could
-  // still begin one.
-  size_t cut = std::string::npos;
-  std::string matched;
-  for (const std::string& s : job.stop) {
-    if (s.empty()) continue;
-    const size_t at = a.held.find(s);
-    if (at != std::string::npos && at < cut) {
-      cut = at;
-      matched = s;
-    }
-  }
-  if (cut != std::string::npos) {
-    a.out.text += a.held.substr(0, cut);
-    a.held.clear();
-    reason = "stop";
-  } else if (!reason.empty()) {
-    a.out.text += a.held;
-    a.held.clear();
-  } else {
-    size_t keep = 0;
-    for (const std::string& s : job.stop) keep = std::max(keep, PartialPrefixAtEnd(a.held, s));
-    a.out.text += a.held.substr(0, a.held.size() - keep);
-    a.held.erase(0, a.held.size() - keep);
-  }
+  OutputText::Step step = a.output->Push(id);
+  a.out.text += step.text;
   if (!a.out.ids.empty() || !a.out.text.empty()) {
     a.request->Push(std::move(a.out));
     a.out = Delta();
   }
-  if (!reason.empty()) Finish(a, absl::OkStatus(), reason, matched);
+  if (!step.finish_reason.empty()) {
+    Finish(a, absl::OkStatus(), step.finish_reason, step.stop_sequence);
+  }
 }
 
 void Scheduler::Step() {
