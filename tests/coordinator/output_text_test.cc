@@ -13,8 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/scheduler.h"
-#include "models/gguf/fixture.h"
 #include "models/gguf/gguf.h"
+#include "tests/coordinator/http/scripted_backend.h"
 
 namespace fucina {
 namespace {
@@ -26,16 +26,7 @@ class OutputTextTest : public testing::Test {
     if (dir == nullptr || *dir == '\0') return;
     const std::string path =
         testing::TempDir() + "/output_text_" + std::to_string(getpid()) + ".gguf";
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 1;
-    o.hidden = 32;
-    o.ffn = 32;
-    o.num_heads = 2;
-    o.num_heads_kv = 1;
-    o.tokenizer_dir = dir;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, path, pool).ok());
+    ASSERT_TRUE(MakeTinyQwen3Fixture(path, dir).ok());
     auto file = gguf::File::Open(path);
     ASSERT_TRUE(file.ok()) << file.status();
     auto tok = Tokenizer::FromGguf(**file);

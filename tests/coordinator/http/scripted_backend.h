@@ -71,6 +71,21 @@ inline std::vector<nlohmann::json> Events(const std::string& body) {
   return out;
 }
 
+// The smallest Qwen3 fixture with the real Qwen3 tokenizer and chat template (from
+// `tokenizer_dir`) at `path`: what tests of text handling need, with no weights worth running.
+inline absl::Status MakeTinyQwen3Fixture(const std::string& path, const char* tokenizer_dir) {
+  gguf::FixtureOptions o;
+  o.arch = "qwen3";
+  o.num_layers = 1;
+  o.hidden = 32;
+  o.ffn = 32;
+  o.num_heads = 2;
+  o.num_heads_kv = 1;
+  o.tokenizer_dir = tokenizer_dir;
+  ThreadPool pool(1);
+  return gguf::MakeFixture(o, path, pool);
+}
+
 class ScriptedBackend : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -78,16 +93,7 @@ class ScriptedBackend : public testing::Test {
     if (dir == nullptr || *dir == '\0') return;
     path_ = new std::string(testing::TempDir() + "/scripted_qwen3_" + std::to_string(getpid()) +
                             ".gguf");
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 1;
-    o.hidden = 32;
-    o.ffn = 32;
-    o.num_heads = 2;
-    o.num_heads_kv = 1;
-    o.tokenizer_dir = dir;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
+    ASSERT_TRUE(MakeTinyQwen3Fixture(*path_, dir).ok());
   }
   static void TearDownTestSuite() {
     if (path_ != nullptr) std::remove(path_->c_str());
