@@ -159,14 +159,16 @@ void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why
       if (w.id == worker_id) address = w.address;
     }
   }
+  // A worker that holds nothing of the current plan (a spare, or a stranger that registered and
+  // left) changes nothing for the running requests. One that does: the scheduler learns why
+  // first, so the failures the cuts below cause are laid to this death, not to the stages.
+  if (in_plan) {
+    scheduler_->WorkerDied(worker_id, absl::UnavailableError(absl::StrCat(
+        "worker ", worker_id, address.empty() ? "" : absl::StrCat(" (", address, ")"),
+        " failed: ", why.message())));
+  }
   // Its calls in flight (a re-plan may be loading a shard on it) fail now, later ones at once.
   if (std::shared_ptr<WorkerClient> client = ClientFor(worker_id)) client->Close();
-  // A worker that holds nothing of the current plan (a spare, or a stranger that registered and
-  // left) changes nothing for the running requests.
-  if (!in_plan) return;
-  scheduler_->WorkerDied(worker_id, absl::UnavailableError(absl::StrCat(
-      "worker ", worker_id, address.empty() ? "" : absl::StrCat(" (", address, ")"),
-      " failed: ", why.message())));
 }
 
 bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) {

@@ -185,7 +185,6 @@ void Scheduler::NotifyReady() {
 }
 
 void Scheduler::WorkerDied(const std::string& worker_id, const absl::Status& why) {
-  std::vector<std::shared_ptr<WorkerClient>> clients;
   {
     std::lock_guard<std::mutex> lock(mu_);
     death_ = why;
@@ -193,12 +192,16 @@ void Scheduler::WorkerDied(const std::string& worker_id, const absl::Status& why
     replan_ = true;
     ready_ = false;
     status_ = absl::StrCat("re-planning: ", why.message());
-    clients = stage_clients_;
   }
   NotifyReady();
-  std::fprintf(stderr, "%s: cancelling the calls in flight on %zu stage(s)\n",
-               std::string(why.message()).c_str(), clients.size());
-  for (const auto& client : clients) client->CancelInFlight();
+  {
+    // Under cancel_mu_, so the cut reaches the old plan's calls only: the re-plan that the cut
+    // sets off clears stage_clients_ (under the same lock) before it loads any shard.
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+    std::fprintf(stderr, "%s: cancelling the calls in flight on %zu stage(s)\n",
+                 std::string(why.message()).c_str(), stage_clients_.size());
+    for (const auto& client : stage_clients_) client->CancelInFlight();
+  }
   cv_.notify_all();
 }
 
@@ -286,6 +289,9 @@ void Scheduler::Replan() {
     // Deaths announced before this plan concern the old one.
     std::lock_guard<std::mutex> lock(mu_);
     death_ = absl::OkStatus();
+  }
+  {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
     stage_clients_.clear();
   }
   pipeline_ = planner_();
@@ -306,7 +312,6 @@ void Scheduler::Replan() {
       replan_ = false;
     }
     ready_ = pipeline_.ready && !uses_dead;
-    for (const StageRef& stage : pipeline_.stages) stage_clients_.push_back(stage.client);
     if (!ready_) {
       // Fail fast: nothing queued can run until a worker joins.
       for (auto& r : queue_) {
@@ -315,6 +320,10 @@ void Scheduler::Replan() {
       }
       queue_.clear();
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+    for (const StageRef& stage : pipeline_.stages) stage_clients_.push_back(stage.client);
   }
   cv_.notify_all();
   NotifyReady();

@@ -189,8 +189,7 @@ class Scheduler {
   FailureHook on_failure_;
   Metrics* metrics_;
 
-  // Guards queue_, replan_, planning_, stopping_, status_, plans_, death_, dead_worker_,
-  // stage_clients_.
+  // Guards queue_, replan_, planning_, stopping_, status_, plans_, death_, dead_worker_.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
@@ -204,6 +203,7 @@ class Scheduler {
   absl::Status death_;  // set by WorkerDied until the re-plan: why calls in flight were cut
   std::string dead_worker_;  // whose death death_ is
   std::mutex hook_mu_;       // serializes the ready hook's calls (NotifyReady)
+  std::mutex cancel_mu_;  // stage_clients_; held while WorkerDied cancels their calls
   std::vector<std::shared_ptr<WorkerClient>> stage_clients_;  // the plan's, for WorkerDied
   std::atomic<bool> ready_{false};
   std::atomic<int> waiting_{0};
