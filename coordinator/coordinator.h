@@ -27,14 +27,12 @@
 #include "fucina/v1/generate.pb.h"
 #include "models/chat/chat_template.h"
 #include "models/engine/config.h"
+#include "models/engine/kv_cache.h"
 #include "models/gguf/gguf.h"
 #include "models/tokenizer/tokenizer.h"
 #include "worker/worker_client.h"
 
 namespace fucina {
-
-// The longest context accepted at all (positions per session).
-inline constexpr int64_t kMaxContext = int64_t{1} << 24;
 
 struct CoordinatorOptions {
   std::string model_path;

@@ -91,7 +91,7 @@ struct Scheduler::Active {
   int64_t cached = 0;
   std::unique_ptr<OutputText> output;  // the tokens so far as the client sees them
   Delta out;                   // this step's output
-  double first_token_at = 0, last_token_at = 0;
+  double last_token_at = 0;
   bool finished = false;
 };
 
@@ -517,7 +517,6 @@ void Scheduler::Deliver(Active& a, const wire::SegmentResult& result) {
   const int32_t id = result.token();
   const double now = Now();
   if (a.output->tokens() == 0) {
-    a.first_token_at = now;
     if (metrics_) metrics_->ObserveTtft(now - a.request->submitted_at_);
   } else if (metrics_) {
     metrics_->ObserveItl(now - a.last_token_at);

@@ -53,10 +53,9 @@ struct RunArgs {
 
 absl::Status ValidateRunArgs(const RunArgs& a) {
   const auto& range = CheckFlagRange;
-  constexpr int64_t kMaxPositions = int64_t{1} << 24;
   for (absl::Status s : {range("--threads", a.threads, 0, kMaxThreads),
-                         range("--ctx", a.ctx, 2, kMaxPositions),
-                         range("--gen", a.gen, 1, kMaxPositions),
+                         range("--ctx", a.ctx, 2, kMaxContext),
+                         range("--gen", a.gen, 1, kMaxContext),
                          range("--streams", a.streams, 1, 1024),
                          range("--bench", a.bench, 0, 1000)}) {
     if (!s.ok()) return s;

@@ -16,6 +16,10 @@
 
 namespace fucina {
 
+// The longest context any command accepts (positions per session): past it the KV arithmetic
+// of a session, not the machine, is the limit worth stating.
+inline constexpr int64_t kMaxContext = int64_t{1} << 24;
+
 class KvCache {
  public:
   // `num_layers` layers of the given geometry. Errors: unsupported type, q8_0 with a head size
