@@ -174,6 +174,8 @@ WorkerService::~WorkerService() {
 void WorkerService::WatchCancellations() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
+    // Polls only while calls are being served: an idle worker's watcher does not wake.
+    cv_.wait(lock, [this] { return stopping_ || !serving_.empty(); });
     cv_.wait_for(lock, std::chrono::milliseconds(kCancelPollMs));
     bool cancelled = false;
     for (grpc::ServerContext* context : serving_) cancelled |= context->IsCancelled();
@@ -199,10 +201,13 @@ grpc::Status WorkerService::Serve(grpc::ServerContext* context, std::string_view
       !s.ok()) {
     return s;
   }
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    first = serving_.empty();
     serving_.insert(context);
   }
+  if (first) cv_.notify_all();  // the watcher sleeps while nothing is served
   absl::StatusOr<Reply> result = run();
   {
     std::lock_guard<std::mutex> lock(mu_);
