@@ -305,10 +305,16 @@ Pipeline Coordinator::BuildPipeline() {
       load.set_activation_type(activation);
       load.set_threads(options_.threads);
       for (const ExpertPlan& e : plan.experts) {
-        wire::ExpertPeer* peer = load.add_expert_peers();
+        wire::Peer* peer = load.add_expert_peers();
         peer->set_worker_id(e.worker_id);
         peer->set_address(record(e.worker_id).address);
         for (int32_t x : e.experts) peer->add_experts(x);
+      }
+      if (i + 1 < plan.stages.size()) {
+        // Activations go from stage to stage; the coordinator talks to stage 0 only.
+        const WorkerRecord& next = record(plan.stages[i + 1].worker_id);
+        load.mutable_next_stage()->set_worker_id(next.id);
+        load.mutable_next_stage()->set_address(next.address);
       }
       const WorkerRecord& w = record(s.worker_id);
       auto r = w.client->LoadShard(load);

@@ -1,6 +1,6 @@
 #include "coordinator/metrics.h"
 
-#include "coordinator/scheduler.h"
+#include "coordinator/request.h"
 
 namespace fucina {
 namespace {
@@ -56,6 +56,21 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
                    kItlBuckets);
   e2e_ = histogram("fucina_e2e_request_latency_seconds", "Request latency, admission to finish.",
                    kE2eBuckets);
+  auto& forward = prometheus::BuildCounter()
+                      .Name("fucina_coordinator_forward_bytes_total")
+                      .Help("Serialized bytes of the forward calls the coordinator makes.")
+                      .Register(*registry_);
+  forward_sent_ = &forward.Add({{"model_name", model_name}, {"direction", "sent"}});
+  forward_received_ = &forward.Add({{"model_name", model_name}, {"direction", "received"}});
+  activation_bytes_ = counter("fucina_coordinator_activation_bytes_total",
+                              "Activation bytes the coordinator sent or received (stages pass "
+                              "activations among themselves, so 0 in a healthy pipeline).");
+}
+
+void Metrics::OnForwardCall(int64_t sent, int64_t received, int64_t activations) {
+  forward_sent_->Increment(static_cast<double>(sent));
+  forward_received_->Increment(static_cast<double>(received));
+  activation_bytes_->Increment(static_cast<double>(activations));
 }
 
 void Metrics::SetQueue(int running, int waiting) {

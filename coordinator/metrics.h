@@ -30,6 +30,9 @@ class Metrics {
   // A finished request: success by finish reason ("abort" when the client cancelled), or a
   // failure (counted apart).
   void OnFinished(const Outcome& outcome, double e2e_seconds);
+  // Bytes of one forward call as the coordinator sends and receives them (serialized), and
+  // the activation payload among them (zero while stages pass activations among themselves).
+  void OnForwardCall(int64_t sent, int64_t received, int64_t activations);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -48,6 +51,9 @@ class Metrics {
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;
   prometheus::Histogram* e2e_;
+  prometheus::Counter* forward_sent_;
+  prometheus::Counter* forward_received_;
+  prometheus::Counter* activation_bytes_;
 };
 
 }  // namespace fucina

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "coordinator/scheduler.h"
+#include "coordinator/request.h"
 #include "coordinator/text_hold.h"
 
 namespace fucina {

@@ -1,15 +1,14 @@
-// The scheduler: admission queue, KV slot table and the pipeline driver of one model.
+// The scheduler of one model: composes the admission queue, the KV slot table, the pipeline
+// driver and the request outputs, and owns the plan (which workers hold which stage) and its
+// failures.
 //
-// Threading: Reserve/Submit/Cancel are called from front-end threads; everything else (the slot
-// table, the pipeline, every worker call) runs on the scheduler's own thread, which loops:
-//   re-plan if asked -> admit queued requests into free slots -> one lockstep step for every
-//   active request (a prefill chunk or one decode token each) through all stages -> deliver.
+// Threading: Reserve/Submit/Cancel and WorkerDied are called from front-end and watcher
+// threads; everything else (the plan, the slot table, the driver, every worker call) runs on
+// the scheduler's own thread, which loops:
+//   run the replies that came in -> re-plan if asked -> admit queued requests into free slots
+//   -> start the next step of every idle micro-batch -> sleep until something happens.
 // Requests get their output through their own Request buffer, so a slow reader never blocks
 // the loop.
-//
-// KV reuse: finished conversations stay resident as slots (LRU, at most kv_slots). A new
-// request takes the resident slot sharing its longest token prefix (truncating it), or copies
-// that prefix from a busy slot into a new one, and prefills only the rest.
 #ifndef FUCINA_COORDINATOR_SCHEDULER_H_
 #define FUCINA_COORDINATOR_SCHEDULER_H_
 
@@ -26,68 +25,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "models/sampler/sampler.h"
+#include "coordinator/admission.h"
+#include "coordinator/pipeline_driver.h"
+#include "coordinator/request.h"
+#include "coordinator/slot_table.h"
 #include "models/tokenizer/tokenizer.h"
 #include "worker/worker_client.h"
 
 namespace fucina {
 
 class Metrics;
-
-struct GenerateJob {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens = 128;
-  SamplingParams sampling;
-  std::vector<std::string> stop;        // stop strings, never emitted
-  std::vector<int32_t> stop_token_ids;  // besides the vocabulary's end-of-generation ids
-  bool ignore_eos = false;
-};
-
-// A piece of output: text that is safe to show (complete UTF-8, no part of a stop string) and
-// the tokens generated since the previous delta.
-struct Delta {
-  std::string text;
-  std::vector<int32_t> ids;
-  std::vector<SampleResult> samples;  // one per id
-};
-
-struct Outcome {
-  absl::Status status;
-  std::string finish_reason;  // stop | length
-  std::string stop_sequence;  // the stop string that ended it, if one did
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;
-};
-
-// One request's output buffer, shared by the front end (reader) and the scheduler (writer).
-class Request {
- public:
-  // Waits up to `wait_ms` for output. Returns the next delta, or nullopt when nothing came in
-  // time or the request is finished (then done() is true and outcome() final).
-  std::optional<Delta> Next(int wait_ms);
-  bool done() const;
-  Outcome outcome() const;
-  // Stops the request at the next step and frees its KV on every stage.
-  void Cancel() { cancelled_ = true; }
-  // The prompt's length in tokens (known once submitted).
-  int64_t prompt_tokens() const { return static_cast<int64_t>(job_.prompt.size()); }
-  bool cancelled() const { return cancelled_; }
-
- private:
-  friend class Scheduler;
-  void Push(Delta delta);
-  void Finish(Outcome outcome);
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Delta> deltas_;
-  bool done_ = false;
-  Outcome outcome_;
-  std::atomic<bool> cancelled_{false};
-  GenerateJob job_;
-  double submitted_at_ = 0;  // seconds on a steady clock
-};
 
 // A pipeline stage as the scheduler drives it.
 struct StageRef {
@@ -99,6 +46,8 @@ struct StageRef {
 struct Pipeline {
   bool ready = false;
   std::string status;  // why not ready
+  // In order; each stage hands its activations to the next itself, so forward steps go to
+  // stages[0] only. Session calls (truncate, copy, release) go to every stage.
   std::vector<StageRef> stages;
   std::vector<std::string> worker_ids;  // every worker the plan uses: stages and expert workers
   int kv_slots = 1;
@@ -106,9 +55,10 @@ struct Pipeline {
 };
 
 struct SchedulerOptions {
-  int max_queue = 64;       // requests admitted but not yet running
-  int batch = 4;            // requests stepped together
-  int64_t prefill_chunk = 512;
+  int max_queue = 64;  // requests admitted but not yet running
+  int batch = 4;       // requests running at once, across all micro-batches
+  int micro_batches = 0;  // groups stepped independently; 0: one per stage
+  int64_t max_step_tokens = 512;  // tokens per step of a group: decode first, prompt chunks after
 };
 
 class Scheduler {
@@ -153,46 +103,62 @@ class Scheduler {
   bool ready() const { return ready_; }
   std::string status() const;
   int running() const { return running_; }
-  int waiting() const { return waiting_; }
+  int waiting() const { return admission_.waiting(); }
   int kv_slots() const;
   int resident_slots() const;
+  // Micro-batches of the current plan (0 before one is ready).
+  int micro_batches() const { return micro_batches_; }
 
  private:
-  struct Slot;
-  struct Active;
+  // The slot table's session calls, on every stage of the plan.
+  class StageSessions : public SessionOps {
+   public:
+    explicit StageSessions(Scheduler& s) : s_(s) {}
+    absl::Status Truncate(uint64_t session, int64_t length) override;
+    absl::Status CopyPrefix(uint64_t from, uint64_t to, int64_t length) override;
+    void Release(uint64_t session) override;
 
-  int64_t pipeline_context() const;
+   private:
+    Scheduler& s_;
+  };
+
+  // What wakes the loop: work posted for it (replies) and changes it must look at. Shared
+  // with the callbacks of calls in flight, which may outlive the scheduler: what they post
+  // after it stopped is dropped unrun.
+  struct Mailbox {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> posted;
+    uint64_t wakes = 0;  // the loop sleeps until this changes
+
+    void Post(std::function<void()> fn);
+    void Wake();
+  };
+
   void Loop();
   void Replan();
   void Admit();
-  void Step();
-  bool AcquireSlot(Active& a);
-  void ReleaseSlot(uint64_t slot);
-  void UpdateSlotMetrics();  // resident count and the KV usage gauge
+  void UpdateCounts();  // running, waiting, resident and KV usage: atomics and gauges
   // Calls the ready hook with the current readiness; from any thread.
   void NotifyReady();
-  // What a transport failure of `stage`'s call means: the death WorkerDied announced (which cut
-  // the call), or else the stage's worker failed, which is reported and starts a re-plan.
-  absl::Status StageFailure(const StageRef& stage, const absl::Status& status);
-  // Runs `fn` on every stage; a failure marks the stage's worker as failed.
+  // What a failure of `worker_id`'s call means: the death WorkerDied announced (which cut the
+  // call), or else that worker failed, which is reported and starts a re-plan.
+  absl::Status WorkerFailure(const std::string& worker_id, const absl::Status& status);
+  // Runs `fn` on every stage; a worker failure marks the stage's worker as failed.
   absl::Status OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn);
-  // Fails every running request. Their sessions are not released: only a re-plan (which
-  // drops every session) or shutdown follows.
-  void FailAll(const absl::Status& status);
-  void Finish(Active& a, absl::Status status, const std::string& reason,
-              const std::string& stop_sequence = "");
-  void Deliver(Active& a, const wire::SegmentResult& result);
 
   SchedulerOptions options_;
   const Tokenizer& tokenizer_;
   Planner planner_;
   FailureHook on_failure_;
   Metrics* metrics_;
+  std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
+  AdmissionQueue admission_;
 
-  // Guards queue_, replan_, planning_, stopping_, status_, plans_, death_, dead_worker_.
+  // Guards replan_, replan_drain_, planning_, stopping_, status_, plans_, death_, dead_worker_,
+  // ready_hook_; ready_ changes under it.
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Request>> queue_;
+  std::condition_variable cv_;  // WaitForPlans sleeps on it
   bool replan_ = true;
   bool replan_drain_ = false;
   bool stopping_ = false;
@@ -206,18 +172,17 @@ class Scheduler {
   std::mutex cancel_mu_;  // stage_clients_; held while WorkerDied cancels their calls
   std::vector<std::shared_ptr<WorkerClient>> stage_clients_;  // the plan's, for WorkerDied
   std::atomic<bool> ready_{false};
-  std::atomic<int> waiting_{0};
   std::atomic<int> running_{0};
   std::atomic<int> kv_slots_{0};
   std::atomic<int> resident_{0};
+  std::atomic<int> micro_batches_{0};
   std::atomic<int64_t> context_{0};
 
   // ---- Scheduler thread only. ----
   Pipeline pipeline_;
-  std::vector<std::unique_ptr<Active>> active_;
-  std::vector<std::unique_ptr<Slot>> slots_;
-  uint64_t next_slot_id_ = 1;
-  uint64_t clock_ = 0;
+  StageSessions sessions_{*this};
+  SlotTable slots_{sessions_};
+  PipelineDriver driver_;
   std::thread thread_;  // last
 };
 
@@ -226,11 +191,6 @@ class Scheduler {
 // templates), submits. On error the place is given back and the status is what to answer.
 absl::StatusOr<std::shared_ptr<Request>> StartRequest(
     Scheduler& scheduler, const std::function<absl::StatusOr<GenerateJob>()>& make_job);
-
-// Hands the request's output to `on_delta` until it finishes. `client_gone` is polled every
-// 50 ms; when it says so, or `on_delta` returns false, the request is cancelled (its KV freed).
-Outcome RelayRequest(Request& request, const std::function<bool()>& client_gone,
-                     const std::function<bool(const Delta&)>& on_delta);
 
 }  // namespace fucina
 

@@ -109,7 +109,15 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
       ->capture_default_str();
   cmd->add_option("--kv-slots", o.kv_slots, "Finished conversations kept resident for reuse")
       ->capture_default_str();
-  cmd->add_option("--batch", o.scheduler.batch, "Requests stepped together")
+  cmd->add_option("--batch", o.scheduler.batch,
+                  "Requests running at once (split across the micro-batches)")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", o.scheduler.micro_batches,
+                  "Groups of running requests stepped independently, so that every stage "
+                  "computes at once (0: one per pipeline stage)")
+      ->capture_default_str();
+  cmd->add_option("--max-step-tokens", o.scheduler.max_step_tokens,
+                  "Tokens per step of a micro-batch: decode tokens first, then prompt chunks")
       ->capture_default_str();
   cmd->add_option("--max-queue", o.scheduler.max_queue, "Waiting requests before refusing")
       ->capture_default_str();
@@ -142,6 +150,8 @@ absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
            range("--ctx", o.context, 2, kMaxContext),
            range("--kv-slots", o.kv_slots, 1, 4096),
            range("--batch", o.scheduler.batch, 1, 1024),
+           range("--micro-batches", o.scheduler.micro_batches, 0, 64),
+           range("--max-step-tokens", o.scheduler.max_step_tokens, 1, kMaxContext),
            range("--max-queue", o.scheduler.max_queue, 1, 1 << 20),
            range("--expert-workers", o.expert_workers, 0, 1024),
            range("--gen", o.max_tokens, 1, kMaxContext),
@@ -257,7 +267,7 @@ int RunCoordinator(ModelArgs a, bool embedded) {
       wo.threads = std::max(1, total / a.workers);
       wo.memory_budget = *budget;
       auto actor = std::make_shared<WorkerActor>(
-          wo, [&c](const wire::ExpertPeer& peer) { return c.ClientFor(peer.worker_id()); });
+          wo, [&c](const wire::Peer& peer) { return c.ClientFor(peer.worker_id()); });
       WorkerInfo info;
       info.cores = wo.threads;
       info.memory_budget = wo.memory_budget;
@@ -411,8 +421,9 @@ int RunWorker(const WorkerArgs& a) {
   wo.threads = a.threads;
   wo.memory_budget = *budget;
   wo.on_forward = [&latency](double s) { latency.Observe(s); };
-  // Expert peers are other workers: dialled with this worker's certificate and token.
-  WorkerActor actor(wo, [credentials](const wire::ExpertPeer& peer) {
+  // Peers (the next stage, expert workers) are other workers: dialled with this worker's
+  // certificate and token.
+  WorkerActor actor(wo, [credentials](const wire::Peer& peer) {
     return std::shared_ptr<WorkerClient>(MakeGrpcWorkerClient(peer.address(), credentials));
   });
   WorkerService service(actor, gate);

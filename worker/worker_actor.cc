@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -12,9 +13,33 @@
 #include "worker/sampling_wire.h"
 
 namespace fucina {
-namespace {
 
-}  // namespace
+absl::StatusOr<wire::ForwardResponse> MergeChainReply(
+    wire::ForwardResponse own, const std::vector<int>& index, const std::string& next_worker,
+    absl::StatusOr<wire::ForwardResponse> later) {
+  if (!later.ok()) {
+    if (!IsWorkerFailure(later.status())) return later.status();  // about the request
+    wire::ForwardResponse failure;
+    wire::ChainFailure* f = failure.mutable_chain_failure();
+    f->set_worker_id(next_worker);
+    f->set_code(static_cast<int>(later.status().code()));
+    f->set_message(std::string(later.status().message()));
+    return failure;
+  }
+  if (later->has_chain_failure()) return later;  // names a stage further on
+  wire::ForwardResponse merged;
+  *merged.mutable_errors() = std::move(*own.mutable_errors());
+  for (wire::SegmentError& e : *later->mutable_errors()) {
+    if (e.index() < 0 || e.index() >= static_cast<int>(index.size())) {
+      return absl::InternalError(absl::StrCat("stage ", next_worker, " reported segment ",
+                                              e.index(), " of ", index.size()));
+    }
+    e.set_index(index[e.index()]);
+    *merged.add_errors() = std::move(e);
+  }
+  *merged.mutable_results() = std::move(*later->mutable_results());
+  return merged;
+}
 
 // The expert FFN of a stage whose MoE experts live partly on other workers: pairs (token,
 // slot) are grouped by owner, each peer gets one ExpertForward per layer step with the rows it
@@ -115,7 +140,7 @@ WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
       max_threads_(options.threads > 0 ? options.threads : ThreadPool::Default().num_threads()),
       pool_(std::make_unique<ThreadPool>(max_threads_)) {
   if (!resolver_) {
-    resolver_ = [](const wire::ExpertPeer& peer) -> std::shared_ptr<WorkerClient> {
+    resolver_ = [](const wire::Peer& peer) -> std::shared_ptr<WorkerClient> {
       return MakeGrpcWorkerClient(peer.address(), ClusterCredentials{});
     };
   }
@@ -130,7 +155,14 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::LoadShard(
 
 absl::StatusOr<wire::ForwardResponse> WorkerActor::Forward(
     const wire::ForwardRequest& request) {
-  return executor_.Call([&] { return DoForward(request); });
+  // Waits off the executor: with a next stage, the reply comes after this stage's part is done
+  // and the executor has gone on to other steps.
+  std::promise<absl::StatusOr<wire::ForwardResponse>> reply;
+  auto future = reply.get_future();
+  ForwardAsync(request, [&reply](absl::StatusOr<wire::ForwardResponse> r) {
+    reply.set_value(std::move(r));
+  });
+  return future.get();
 }
 
 void WorkerActor::CancelInFlight() {
@@ -144,8 +176,31 @@ void WorkerActor::CancelInFlight() {
 }
 
 void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
-  executor_.Post([this, request = std::move(request), done = std::move(done)] {
-    done(DoForward(request));
+  executor_.Post([this, request = std::move(request), done = std::move(done)]() mutable {
+    auto reply = DoForward(request);
+    if (!reply.ok() || next_stage_ == nullptr || !reply->has_activations()) {
+      done(std::move(reply));
+      return;
+    }
+    // Hand the rows to the next stage and free the executor for the next step: the reply to
+    // our caller is the next stage's, re-indexed, and comes on that call's thread.
+    wire::ForwardRequest next;
+    next.set_stage(request.stage() + 1);
+    std::vector<bool> failed(request.segments_size(), false);
+    for (const wire::SegmentError& e : reply->errors()) failed[e.index()] = true;
+    std::vector<int> index;  // next's segment j is request's index[j]
+    for (int i = 0; i < request.segments_size(); ++i) {
+      if (failed[i]) continue;
+      index.push_back(i);
+      *next.add_segments() = std::move(*request.mutable_segments(i));
+    }
+    *next.mutable_activations() = std::move(*reply->mutable_activations());
+    next_stage_->ForwardAsync(
+        std::move(next),
+        [own = std::move(*reply), index = std::move(index), next_id = shard_.next_stage().worker_id(),
+         done = std::move(done)](absl::StatusOr<wire::ForwardResponse> later) mutable {
+          done(MergeChainReply(std::move(own), index, next_id, std::move(later)));
+        });
   });
 }
 
@@ -226,6 +281,11 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
   // The old shard and its sessions go first: the new one may need their memory.
   sessions_.clear();
   remote_experts_.reset();
+  next_stage_.reset();
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers_.clear();
+  }
   model_.reset();
   weight_bytes_ = kv_bytes_per_session_ = 0;
   auto cache_type = ParseKvCacheType(request.cache_type().empty() ? "f16" : request.cache_type());
@@ -254,7 +314,7 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
     weight_bytes_ = size.ExpertBytes(first, last, request.serve_experts_size());
   } else {
     int64_t remote = 0;
-    for (const wire::ExpertPeer& peer : request.expert_peers()) remote += peer.experts_size();
+    for (const wire::Peer& peer : request.expert_peers()) remote += peer.experts_size();
     weight_bytes_ = size.StageBytes(first, last, c.num_experts - remote, request.embeddings(),
                                     request.head());
     kv_bytes_per_session_ = KvBytesPerSession(c, last - first, request.context(), *cache_type);
@@ -273,7 +333,7 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
     std::vector<int> owner(c.num_experts, -1);
     std::vector<std::shared_ptr<WorkerClient>> peers;
     std::vector<std::string> names;
-    for (const wire::ExpertPeer& peer : request.expert_peers()) {
+    for (const wire::Peer& peer : request.expert_peers()) {
       names.push_back(absl::StrCat(peer.worker_id(), peer.address().empty() ? "" : " at ",
                                    peer.address()));
       for (int32_t e : peer.experts()) {
@@ -298,6 +358,21 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
                                                       std::move(owner), &expert_counts_);
     (*model)->SetExpertFfn(remote_experts_.get());
   }
+  std::shared_ptr<WorkerClient> next_stage;
+  if (request.has_next_stage()) {
+    if ((*model)->has_head() || options.experts_only) {
+      return absl::InvalidArgumentError("only a stage before the last has a next stage");
+    }
+    next_stage = resolver_(request.next_stage());
+    if (next_stage == nullptr) {
+      return absl::InvalidArgumentError("cannot reach next stage " +
+                                        request.next_stage().worker_id() + " " +
+                                        request.next_stage().address());
+    }
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers_.push_back(next_stage);
+  }
+  next_stage_ = std::move(next_stage);
   model_ = *std::move(model);
   shard_ = request;
   wire::LoadShardResponse response;

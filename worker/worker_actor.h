@@ -6,6 +6,10 @@
 // waits, so gRPC handlers and in-process callers may call from any thread. Forward steps run
 // one at a time on the executor, each using the shard's whole thread pool.
 //
+// Pipelining: a stage with a next stage sends its output rows there itself (asynchronously)
+// and answers its caller with the next stage's reply; its executor is free for the next step as
+// soon as its own layers are done, so with several steps in flight every stage computes at once.
+//
 // Ownership of sessions: a session's KV is created by its first Forward (pos0 = 0) or by
 // CopyPrefix, and freed only by ReleaseSession or by loading another shard: the coordinator owns
 // the slot table and every eviction decision. The worker refuses new sessions beyond its
@@ -36,13 +40,21 @@ struct WorkerOptions {
   std::function<void(double seconds)> on_forward;
 };
 
+// A chained Forward's reply: what this stage found (`own`: its segment errors) merged with the
+// next stage's reply to the segments it was given (next's segment j is this call's index[j]).
+// A worker failure of the next stage (or one it reports further on) becomes a chain_failure
+// naming that stage, so the caller does not blame this one; other errors pass through.
+absl::StatusOr<wire::ForwardResponse> MergeChainReply(
+    wire::ForwardResponse own, const std::vector<int>& index, const std::string& next_worker,
+    absl::StatusOr<wire::ForwardResponse> later);
+
 class WorkerActor : public WorkerClient {
  public:
   // Resolves an expert peer named in a shard to a client (by default gRPC by address, plaintext
   // and without a join token: a worker process passes one dialling with its credentials; the
   // embedded mode maps worker ids to in-process actors).
   using PeerResolver =
-      std::function<std::shared_ptr<WorkerClient>(const wire::ExpertPeer& peer)>;
+      std::function<std::shared_ptr<WorkerClient>(const wire::Peer& peer)>;
 
   explicit WorkerActor(const WorkerOptions& options, PeerResolver resolver = nullptr);
   ~WorkerActor() override;
@@ -101,7 +113,8 @@ class WorkerActor : public WorkerClient {
   std::unique_ptr<RemoteExperts> remote_experts_;
   // The expert peers of the current shard, for CancelInFlight from other threads.
   std::mutex peers_mu_;
-  std::vector<std::shared_ptr<WorkerClient>> peers_;
+  std::vector<std::shared_ptr<WorkerClient>> peers_;  // expert peers and the next stage
+  std::shared_ptr<WorkerClient> next_stage_;  // the shard's next_stage; null on the last
   int64_t weight_bytes_ = 0;
   int64_t kv_bytes_per_session_ = 0;
   // node_hash_map: Session pointers stay valid while a step creates other sessions.

@@ -21,6 +21,14 @@ namespace fucina {
 
 namespace wire = ::fucina::cluster::v1;  // the internal protocol's messages
 
+// Whether a call's failure means the worker itself is gone, stuck or broken (transport errors,
+// DATA_LOSS when its model file broke under it), rather than something about the request.
+inline bool IsWorkerFailure(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) ||
+         absl::IsUnknown(s) || absl::IsInternal(s) || absl::IsFailedPrecondition(s) ||
+         absl::IsDataLoss(s);
+}
+
 // The reply to an asynchronous Forward.
 using ForwardCallback = std::function<void(absl::StatusOr<wire::ForwardResponse>)>;
 

@@ -100,7 +100,7 @@ std::unique_ptr<Cluster> StartCluster(const std::string& path, int stages, int e
   for (int i = 0; i < stages + expert_workers; ++i) {
     auto actor = std::make_shared<WorkerActor>(
         WorkerOptions{.threads = 1, .memory_budget = budget},
-        [coordinator](const wire::ExpertPeer& p) { return coordinator->ClientFor(p.worker_id()); });
+        [coordinator](const wire::Peer& p) { return coordinator->ClientFor(p.worker_id()); });
     workers.emplace_back(WorkerInfo{"", 1, budget}, actor);
     cluster->actors.push_back(std::move(actor));
   }

@@ -1,0 +1,225 @@
+#include "coordinator/pipeline_driver.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/sampling_wire.h"
+
+namespace fucina {
+
+struct PipelineDriver::Running {
+  std::unique_ptr<RequestOutput> output;
+  SlotTable::Slot* slot = nullptr;
+  size_t prompt_pos = 0;  // next prompt token to forward
+  int32_t pending = -1;   // sampled, not yet forwarded
+  int group = 0;
+};
+
+struct PipelineDriver::Group {
+  std::vector<Running*> members;  // in arrival order
+  bool in_flight = false;
+  // The step in flight: segment i is order[i]'s, with tokens[i] of its tokens.
+  std::vector<Running*> order;
+  std::vector<int64_t> tokens;
+};
+
+PipelineDriver::PipelineDriver(SlotTable& slots, Metrics* metrics, Hooks hooks)
+    : slots_(slots), metrics_(metrics), hooks_(std::move(hooks)) {}
+
+PipelineDriver::~PipelineDriver() = default;
+
+int PipelineDriver::groups() const { return static_cast<int>(groups_.size()); }
+
+void PipelineDriver::Reset(std::shared_ptr<WorkerClient> entry, std::string entry_id,
+                           const DriverOptions& options) {
+  ++epoch_;
+  in_flight_ = 0;
+  running_.clear();
+  entry_ = std::move(entry);
+  entry_id_ = std::move(entry_id);
+  options_ = options;
+  groups_.assign(std::max(1, options.micro_batches), Group());
+}
+
+void PipelineDriver::Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot* slot) {
+  auto r = std::make_unique<Running>();
+  r->prompt_pos = static_cast<size_t>(output->cached());
+  r->output = std::move(output);
+  r->slot = slot;
+  // The smallest group; the first of those, so groups fill in order.
+  int g = 0;
+  for (int i = 1; i < static_cast<int>(groups_.size()); ++i) {
+    if (groups_[i].members.size() < groups_[g].members.size()) g = i;
+  }
+  r->group = g;
+  groups_[g].members.push_back(r.get());
+  running_.push_back(std::move(r));
+}
+
+int PipelineDriver::Launch() {
+  int left = 0;
+  for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
+    if (!groups_[g].in_flight) left += LaunchGroup(g);
+  }
+  return left;
+}
+
+int PipelineDriver::LaunchGroup(int g) {
+  std::vector<Running*> cancelled;
+  for (Running* r : groups_[g].members) {
+    if (r->output->request().cancelled()) cancelled.push_back(r);
+  }
+  for (Running* r : cancelled) End(r, absl::CancelledError("cancelled"));
+  Group& group = groups_[g];
+  const int left = static_cast<int>(cancelled.size());
+  if (group.members.empty() || entry_ == nullptr) return left;
+
+  // Decode tokens first, then prompt chunks while the budget lasts.
+  wire::ForwardRequest request;
+  request.set_stage(0);
+  group.order.clear();
+  group.tokens.clear();
+  int64_t budget = options_.max_step_tokens;
+  for (Running* r : group.members) {
+    if (r->prompt_pos < r->output->job().prompt.size()) continue;
+    wire::Segment* seg = request.add_segments();
+    seg->set_session_id(r->slot->id);
+    seg->set_pos0(static_cast<int64_t>(r->slot->tokens.size()));
+    seg->add_token_ids(r->pending);
+    group.order.push_back(r);
+    group.tokens.push_back(1);
+    --budget;
+  }
+  for (Running* r : group.members) {
+    const std::vector<int32_t>& prompt = r->output->job().prompt;
+    if (r->prompt_pos >= prompt.size()) continue;
+    if (budget <= 0) break;
+    const size_t end = std::min(prompt.size(), r->prompt_pos + static_cast<size_t>(budget));
+    wire::Segment* seg = request.add_segments();
+    seg->set_session_id(r->slot->id);
+    seg->set_pos0(static_cast<int64_t>(r->slot->tokens.size()));
+    seg->mutable_token_ids()->Add(prompt.begin() + r->prompt_pos, prompt.begin() + end);
+    if (end < prompt.size()) {
+      seg->set_prefill_only(true);
+    } else {
+      *seg->mutable_sampling() = SamplingToWire(r->output->job().sampling);
+    }
+    group.order.push_back(r);
+    group.tokens.push_back(static_cast<int64_t>(end - r->prompt_pos));
+    budget -= static_cast<int64_t>(end - r->prompt_pos);
+  }
+  if (group.order.empty()) return left;
+
+  if (metrics_) {
+    metrics_->OnForwardCall(static_cast<int64_t>(request.ByteSizeLong()), 0,
+                            static_cast<int64_t>(request.activations().data().size()));
+  }
+  group.in_flight = true;
+  ++in_flight_;
+  entry_->ForwardAsync(std::move(request),
+                       [post = hooks_.post, this, epoch = epoch_,
+                        g](absl::StatusOr<wire::ForwardResponse> reply) {
+                         post([this, epoch, g, reply = std::move(reply)]() mutable {
+                           OnReply(epoch, g, std::move(reply));
+                         });
+                       });
+  return left;
+}
+
+void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::ForwardResponse> reply) {
+  if (epoch != epoch_) return;  // its requests were failed; a re-plan may have followed
+  Group& group = groups_[g];
+  group.in_flight = false;
+  --in_flight_;
+  const std::vector<Running*> order = std::move(group.order);
+  const std::vector<int64_t> tokens = std::move(group.tokens);
+  if (reply.ok() && metrics_) {
+    metrics_->OnForwardCall(0, static_cast<int64_t>(reply->ByteSizeLong()),
+                            static_cast<int64_t>(reply->activations().data().size()));
+  }
+  if (!reply.ok()) {
+    if (IsWorkerFailure(reply.status())) {
+      FailAll(hooks_.worker_failed(entry_id_, reply.status()));
+      return;
+    }
+    for (Running* r : order) End(r, reply.status());  // about these requests
+    return;
+  }
+  if (reply->has_chain_failure()) {
+    const wire::ChainFailure& f = reply->chain_failure();
+    FailAll(hooks_.worker_failed(
+        f.worker_id(), absl::Status(static_cast<absl::StatusCode>(f.code()), f.message())));
+    return;
+  }
+  std::vector<bool> failed(order.size(), false);
+  for (const wire::SegmentError& e : reply->errors()) {
+    if (e.index() < 0 || e.index() >= static_cast<int>(order.size()) || failed[e.index()]) {
+      continue;
+    }
+    failed[e.index()] = true;
+    End(order[e.index()], absl::Status(static_cast<absl::StatusCode>(e.code()), e.message()));
+  }
+  // What every stage now holds, then the samples.
+  std::vector<Running*> sampled;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (failed[i]) continue;
+    Running* r = order[i];
+    const std::vector<int32_t>& prompt = r->output->job().prompt;
+    if (r->prompt_pos < prompt.size()) {
+      r->slot->tokens.insert(r->slot->tokens.end(), prompt.begin() + r->prompt_pos,
+                             prompt.begin() + r->prompt_pos + tokens[i]);
+      r->prompt_pos += static_cast<size_t>(tokens[i]);
+    } else {
+      r->slot->tokens.push_back(r->pending);
+    }
+    if (r->prompt_pos >= prompt.size()) sampled.push_back(r);  // a sample is due
+  }
+  for (const wire::SegmentResult& result : reply->results()) {
+    auto it = std::find_if(sampled.begin(), sampled.end(), [&](Running* r) {
+      return r != nullptr && r->slot->id == result.session_id();
+    });
+    if (it == sampled.end()) continue;
+    Running* r = *it;
+    *it = nullptr;
+    r->pending = result.token();
+    if (r->output->Deliver(result)) End(r, absl::OkStatus());
+  }
+  for (Running* r : sampled) {
+    if (r != nullptr) {
+      End(r, absl::InternalError(absl::StrCat("the last stage returned no sample for session ",
+                                              r->slot->id)));
+    }
+  }
+}
+
+void PipelineDriver::End(Running* r, const absl::Status& status) {
+  if (status.ok()) {
+    slots_.Done(r->slot);
+  } else {
+    slots_.Release(r->slot);  // cancelled or failed: its KV is freed on every stage
+  }
+  std::erase(groups_[r->group].members, r);
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [r](const std::unique_ptr<Running>& x) { return x.get() == r; });
+  std::unique_ptr<Running> owned = std::move(*it);
+  running_.erase(it);
+  if (hooks_.counts_changed) hooks_.counts_changed();
+  if (status.ok()) {
+    owned->output->Complete();
+  } else {
+    owned->output->Fail(status);
+  }
+}
+
+void PipelineDriver::FailAll(const absl::Status& status) {
+  ++epoch_;
+  in_flight_ = 0;
+  std::vector<std::unique_ptr<Running>> failed = std::move(running_);
+  running_.clear();
+  for (Group& g : groups_) g = Group();
+  if (hooks_.counts_changed) hooks_.counts_changed();
+  for (auto& r : failed) r->output->Fail(status);
+}
+
+}  // namespace fucina

@@ -1,0 +1,62 @@
+#include "coordinator/request.h"
+
+#include <chrono>
+
+namespace fucina {
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::optional<Delta> Request::Next(int wait_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(wait_ms),
+               [this] { return done_ || !deltas_.empty(); });
+  if (deltas_.empty()) return std::nullopt;
+  Delta d = std::move(deltas_.front());
+  deltas_.pop_front();
+  return d;
+}
+
+bool Request::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ && deltas_.empty();
+}
+
+Outcome Request::outcome() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outcome_;
+}
+
+void Request::Push(Delta delta) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deltas_.push_back(std::move(delta));
+  }
+  cv_.notify_all();
+}
+
+void Request::Finish(Outcome outcome) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    done_ = true;
+    outcome_ = std::move(outcome);
+  }
+  cv_.notify_all();
+}
+
+Outcome RelayRequest(Request& request, const std::function<bool()>& client_gone,
+                     const std::function<bool(const Delta&)>& on_delta) {
+  // Well inside the 1 s a disconnect may take to free its KV.
+  constexpr int kPollMs = 50;
+  while (!request.done()) {
+    if (client_gone()) request.Cancel();
+    auto d = request.Next(kPollMs);
+    if (d && !request.cancelled() && !on_delta(*d)) request.Cancel();
+  }
+  return request.outcome();
+}
+
+}  // namespace fucina
