@@ -241,6 +241,7 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code) {
   kernels->add_option("--types", args->types, "Comma-separated weight types")->capture_default_str();
   kernels->callback([args, exit_code] { *exit_code = RunKernels(*args); });
   RegisterClusterBench(*bench, exit_code);
+  RegisterClusterAggregateBench(*bench, exit_code);
 }
 
 }  // namespace fucina::cli

@@ -19,6 +19,9 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code);
 void RegisterPullCommand(CLI::App& app, int* exit_code);
 // `fucina bench cluster` (bench/cluster_bench.cc), added under the `bench` subcommand.
 void RegisterClusterBench(CLI::App& bench, int* exit_code);
+// `fucina bench cluster-aggregate` (bench/cluster_aggregate_bench.cc): real processes, many
+// streams, against two single-thread `fucina run` at once.
+void RegisterClusterAggregateBench(CLI::App& bench, int* exit_code);
 
 }  // namespace fucina::cli
 
