@@ -371,6 +371,8 @@ Pipeline Coordinator::BuildPipeline() {
   out.set_ready(plan_.ready);
   out.set_status(plan_.status);
   out.set_kv_slots(plan_.kv_slots);
+  out.set_resident_slots(scheduler_->resident_slots());
+  out.set_micro_batches(scheduler_->micro_batches());
   auto record = [&](const std::string& id) -> const WorkerRecord* {
     for (const WorkerRecord& w : workers_) {
       if (w.id == id) return &w;

@@ -150,11 +150,13 @@ absl::Status Scheduler::WorkerFailure(const std::string& worker_id, const absl::
     std::lock_guard<std::mutex> lock(mu_);
     if (!death_.ok()) return death_;  // the re-plan is already asked for
   }
-  absl::Status failure = absl::UnavailableError(
-      absl::StrCat("worker ", worker_id, " failed: ", status.message()));
-  if (on_failure_) on_failure_(worker_id, failure);
+  // The hook declares the worker dead, which (through WorkerDied) cuts the other calls in
+  // flight and words the failure with what the coordinator knows of the worker.
+  if (on_failure_) on_failure_(worker_id, status);
   RequestReplan();
-  return failure;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!death_.ok()) return death_;
+  return absl::UnavailableError(absl::StrCat("worker ", worker_id, " failed: ", status.message()));
 }
 
 void Scheduler::RequestReplan(bool drain) {
