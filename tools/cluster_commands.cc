@@ -9,10 +9,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -34,6 +37,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_services.h"
 #include "coordinator/http/http_server.h"
+#include "coordinator/model_source.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
 #include "models/hub/pull.h"
@@ -41,6 +45,7 @@
 #include "tools/server_common.h"
 #include "worker/cluster_auth.h"
 #include "worker/grpc_util.h"
+#include "worker/model_fetch.h"
 #include "worker/worker_actor.h"
 #include "worker/worker_service.h"
 
@@ -236,7 +241,15 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   GenerationService generation(c, gate);
   RegistryService registry_service(c, gate, MakeClusterCredentials(*tls, token.value));
   std::vector<grpc::Service*> services = {&generation};
-  if (!embedded) services.push_back(&registry_service);
+  // Workers without the model file fetch their shards' tensors from here.
+  std::unique_ptr<ModelSourceService> model_source;
+  if (!embedded) {
+    auto source = ModelSourceService::Create(a.options.model_path, gate);
+    if (!source.ok()) return Fail(source.status());
+    model_source = *std::move(source);
+    services.push_back(&registry_service);
+    services.push_back(model_source.get());
+  }
   // Public clients need no certificate here; cluster calls are held to one by the gate.
   auto server = StartGrpc(a.listen, services,
                           MakeServerCredentials(*tls, ClientCertificates::kRequest),
@@ -294,8 +307,29 @@ struct WorkerArgs {
   bool metrics_given = false;  // --metrics on the command line: a taken port is an error
   std::string memory_budget;
   int threads = 0;
+  std::string model_cache;       // empty: $FUCINA_CACHE/model-cache
+  std::string model_fetch_rate;  // bytes per second, e.g. 100M; empty: unlimited
   SecurityArgs security;
 };
+
+// Where fetched models are kept: --model-cache, else $FUCINA_CACHE/model-cache (FUCINA_CACHE
+// defaults to ~/.cache/fucina, as for the join token and pulled models).
+absl::StatusOr<std::string> WorkerModelCache(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* cache = std::getenv("FUCINA_CACHE");
+  if (cache != nullptr && *cache != '\0') return absl::StrCat(cache, "/model-cache");
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0') {
+    return absl::InvalidArgumentError(
+        "no model cache: neither FUCINA_CACHE nor HOME is set (give --model-cache)");
+  }
+  return absl::StrCat(home, "/.cache/fucina/model-cache");
+}
+
+std::string ShardName(const wire::LoadShardRequest& r) {
+  return absl::StrCat(r.stage() < 0 ? "experts of layers [" : "layers [", r.first_layer(), ", ",
+                      r.last_layer(), ")");
+}
 
 // The actor's stats for heartbeats, without waiting on the actor: GetStats queues behind the
 // running task (a shard load takes minutes, a long prefill seconds), and heartbeats that waited
@@ -406,6 +440,14 @@ int RunWorker(const WorkerArgs& a) {
   auto token = LoadToken(a.security);
   if (!token.ok()) return Fail(token.status());
   const ClusterCredentials credentials = MakeClusterCredentials(*tls, token->value);
+  auto model_cache = WorkerModelCache(a.model_cache);
+  if (!model_cache.ok()) return FailUsage(model_cache.status());
+  auto fetch_rate = ParseBytes(a.model_fetch_rate, "--model-fetch-rate");
+  if (!fetch_rate.ok()) return FailUsage(fetch_rate.status());
+  // The shard's model: the coordinator's path when this machine can read it (a shared
+  // filesystem, or the same machine), else its tensors fetched from the coordinator.
+  ModelFetcher fetcher(MakeModelSourceStub(a.coordinator, credentials), credentials,
+                       {.cache_dir = *model_cache, .max_bytes_per_second = *fetch_rate});
   const CallGate gate({.cluster_token = token->value,
                        .require_peer_certificate = tls->has_value(),
                        .api_key = ""});
@@ -421,6 +463,29 @@ int RunWorker(const WorkerArgs& a) {
   wo.threads = a.threads;
   wo.memory_budget = *budget;
   wo.on_forward = [&latency](double s) { latency.Observe(s); };
+  wo.locate_model = [&fetcher](const wire::LoadShardRequest& r) -> absl::StatusOr<std::string> {
+    const std::string shard = ShardName(r);
+    if (::access(r.model_path().c_str(), R_OK) == 0) {
+      std::fprintf(stderr, "shard %s: model from the file %s, 0 bytes moved\n", shard.c_str(),
+                   r.model_path().c_str());
+      return r.model_path();
+    }
+    const int err = errno;
+    std::fprintf(stderr, "shard %s: cannot read %s here (%s): fetching from the coordinator\n",
+                 shard.c_str(), r.model_path().c_str(), std::strerror(err));
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<FetchReport> report = fetcher.Fetch(r);
+    if (!report.ok()) {
+      std::fprintf(stderr, "shard %s: model fetch failed: %s\n", shard.c_str(),
+                   report.status().ToString().c_str());
+      return report.status();
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "shard %s: model %s\n", shard.c_str(),
+                 DescribeFetch(*report, seconds).c_str());
+    return report->path;
+  };
   // Peers (the next stage, expert workers) are other workers: dialled with this worker's
   // certificate and token.
   WorkerActor actor(wo, [credentials](const wire::Peer& peer) {
@@ -646,6 +711,11 @@ void RegisterClusterCommands(CLI::App& app, int* exit_code) {
     metrics->capture_default_str();
     cmd->add_option("--memory-budget", a->memory_budget, "Bytes for weights + KV, e.g. 4G");
     cmd->add_option("--threads", a->threads, "Threads (default: all)");
+    cmd->add_option("--model-cache", a->model_cache,
+                    "Folder for models fetched from the coordinator when its model file cannot "
+                    "be read here (default: $FUCINA_CACHE/model-cache)");
+    cmd->add_option("--model-fetch-rate", a->model_fetch_rate,
+                    "Bytes per second a model fetch may use, e.g. 100M (default: unlimited)");
     AddSecurityFlags(cmd, &a->security, /*cluster=*/true);
     cmd->callback([a, metrics, exit_code] {
       a->metrics_given = metrics->count() > 0;

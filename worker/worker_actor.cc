@@ -276,6 +276,16 @@ wire::WorkerStats WorkerActor::DoStats() const {
   return stats;
 }
 
+LoadOptions LoadOptionsFor(const wire::LoadShardRequest& request) {
+  LoadOptions options;
+  options.first_layer = request.first_layer();
+  options.last_layer = request.last_layer();
+  options.embeddings = request.embeddings();
+  options.head = request.head();
+  options.experts_only = request.stage() < 0;
+  return options;
+}
+
 absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
     const wire::LoadShardRequest& request) {
   // The old shard and its sessions go first: the new one may need their memory.
@@ -294,13 +304,14 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
     return absl::InvalidArgumentError(absl::StrCat("context must be positive, got ",
                                                    request.context()));
   }
-  LoadOptions options;
-  options.first_layer = request.first_layer();
-  options.last_layer = request.last_layer();
-  options.embeddings = request.embeddings();
-  options.head = request.head();
-  options.experts_only = request.stage() < 0;
-  auto file = gguf::File::Open(request.model_path());
+  const LoadOptions options = LoadOptionsFor(request);
+  std::string path = request.model_path();
+  if (options_.locate_model) {
+    auto located = options_.locate_model(request);
+    if (!located.ok()) return located.status();
+    path = *std::move(located);
+  }
+  auto file = gguf::File::Open(path);
   if (!file.ok()) return file.status();
   const int threads = request.threads() > 0 ? std::min(request.threads(), max_threads_)
                                             : max_threads_;

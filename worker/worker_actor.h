@@ -38,6 +38,11 @@ struct WorkerOptions {
   int64_t memory_budget = 0;  // bytes for weights + KV; 0: unlimited
   // Observes each forward step's wall time (the worker's latency histogram); on the executor.
   std::function<void(double seconds)> on_forward;
+  // The local file to open for a shard (on the executor, before the shard loads). Null: the
+  // request's model_path as it is. A worker process installs one that fetches the shard's
+  // tensors from the coordinator when that path cannot be opened here (worker/model_fetch.h);
+  // its error fails the LoadShard.
+  std::function<absl::StatusOr<std::string>(const wire::LoadShardRequest& request)> locate_model;
 };
 
 // A chained Forward's reply: what this stage found (`own`: its segment errors) merged with the
@@ -47,6 +52,9 @@ struct WorkerOptions {
 absl::StatusOr<wire::ForwardResponse> MergeChainReply(
     wire::ForwardResponse own, const std::vector<int>& index, const std::string& next_worker,
     absl::StatusOr<wire::ForwardResponse> later);
+
+// The model loading options a LoadShard asks for (stage < 0: an experts-only shard).
+LoadOptions LoadOptionsFor(const wire::LoadShardRequest& request);
 
 class WorkerActor : public WorkerClient {
  public:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/activations.h"
 #include "kernels/attention.h"
@@ -238,6 +239,35 @@ absl::StatusOr<ExpertStacks> ExpertStacksOf(const gguf::File& f, const std::stri
 }
 
 }  // namespace
+
+std::vector<std::string> ShardTensorNames(const gguf::File& file, const LoadOptions& options) {
+  const bool tied = file.FindTensor("output.weight") == nullptr;
+  const bool embeddings = options.embeddings && !options.experts_only;
+  const bool head = options.head && !options.experts_only;
+  std::vector<std::string> names;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    const std::string_view name = t.name;
+    bool needed = true;
+    if (name.starts_with("blk.")) {
+      // "blk.<layer>.<rest>"
+      const size_t dot = name.find('.', 4);
+      int64_t layer = -1;
+      if (dot != std::string_view::npos &&
+          !absl::SimpleAtoi(absl::string_view(name.data() + 4, dot - 4), &layer)) {
+        layer = -1;
+      }
+      needed = layer >= options.first_layer &&
+               (options.last_layer < 0 || layer < options.last_layer) &&
+               (!options.experts_only || name.find("_exps.") != std::string_view::npos);
+    } else if (name == "token_embd.weight") {
+      needed = embeddings || (head && tied);
+    } else if (name == "output.weight" || name == "output_norm.weight") {
+      needed = head;
+    }
+    if (needed) names.push_back(t.name);
+  }
+  return names;
+}
 
 absl::Status Model::Bind(const LoadOptions& options) {
   const ModelConfig& c = config_;

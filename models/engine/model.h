@@ -55,6 +55,14 @@ struct LoadOptions {
   bool experts_only = false;
 };
 
+// Names of the tensors a Model loaded with `options` reads (Bind): the layers' tensors in
+// [first_layer, last_layer) (for experts_only only the expert stacks), token_embd with the
+// embeddings or a tied head, output_norm and output with the head, and every other tensor
+// outside the layers (rope_freqs). The bytes of the others are never touched, so a worker that
+// fetches its shard over the network fetches only these (worker/model_fetch.h). Keep in step
+// with Bind: tests load shards from files holding only these tensors.
+std::vector<std::string> ShardTensorNames(const gguf::File& file, const LoadOptions& options);
+
 // A MoE layer's expert weights: stacks [num_experts, rows, cols] borrowed from the mapping.
 struct ExpertStacks {
   WeightView gate, up, down;  // gate/up: [E * expert_ffn, hidden], down: [E * hidden, expert_ffn]

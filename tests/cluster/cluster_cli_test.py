@@ -1006,7 +1006,8 @@ class ClusterAuthTest(ClusterTestCase):
         c.coordinator(model)
         worker = c.worker()
         self.wait_ready(c, 1)
-        targets = {"Worker": worker.grpc, "Registry": c.front.grpc}
+        targets = {"Worker": worker.grpc, "Registry": c.front.grpc,
+                   "ModelSource": c.front.grpc}
         services = wire.DESCRIPTOR.services_by_name
         self.assertEqual(set(services), set(targets), "a cluster service is not tested here")
         for service, address in targets.items():

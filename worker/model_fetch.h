@@ -1,0 +1,99 @@
+// A worker's copy of the coordinator's model file, for workers without a shared filesystem:
+// the tensors a shard reads are streamed from the coordinator (fucina.cluster.v1.ModelSource)
+// into a local cache and checked, tensor by tensor, against the coordinator's SHA-256.
+//
+// Cache layout, under the cache directory (`fucina worker --model-cache`, default
+// $FUCINA_CACHE/model-cache):
+//   <model digest hex>/model.gguf  the original file's layout: the header, then each fetched
+//                                  tensor at its own offset in a sparse file of the original
+//                                  size (the other tensors are holes no shard reads; see
+//                                  ShardTensorNames)
+//   <model digest hex>/verified    one line per tensor verified: "<sha256 hex> <name>"
+//   <model digest hex>/lock        flock'd during a fetch (workers sharing a cache take turns)
+// The model digest is the SHA-256 of the header bytes, so a file with another layout gets
+// another folder; tensors are reused only when the coordinator's digest equals the recorded one
+// and the bytes on disk still hash to it (a corrupted cache is refetched, not trusted). A
+// transfer cut short keeps every tensor verified so far: the next load continues from there.
+//
+// Threading: Fetch is called from one thread at a time (the worker actor's executor).
+#ifndef FUCINA_WORKER_MODEL_FETCH_H_
+#define FUCINA_WORKER_MODEL_FETCH_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fucina/cluster/v1/worker.grpc.pb.h"
+#include "worker/cluster_auth.h"
+#include "worker/file_digest.h"
+#include "worker/worker_client.h"
+
+namespace fucina {
+
+struct ModelFetchOptions {
+  std::string cache_dir;               // created when missing
+  int64_t max_bytes_per_second = 0;    // 0: as fast as the network goes
+  int manifest_deadline_ms = 600'000;  // hashing a large model's tensors on first request
+  // A tensor's stream may take this long plus 1 s per MiB (slower: DEADLINE_EXCEEDED).
+  int range_deadline_ms = 60'000;
+};
+
+// What one Fetch did, for the worker's log line.
+struct FetchReport {
+  std::string path;              // the local file to load
+  int tensors_reused = 0;        // verified in the cache, not transferred
+  int tensors_fetched = 0;
+  int tensors_refetched = 0;     // of those, cached ones whose bytes no longer matched
+  uint64_t bytes_received = 0;   // tensor and header bytes transferred
+  bool header_fetched = false;
+};
+
+class ModelFetcher {
+ public:
+  // `stub` reaches the coordinator's ModelSource; every call carries `credentials`' token.
+  ModelFetcher(std::shared_ptr<::fucina::cluster::v1::ModelSource::StubInterface> stub,
+               ClusterCredentials credentials, ModelFetchOptions options);
+
+  // The local path of a file holding the header and every tensor `request`'s shard reads,
+  // each verified. Errors: DATA_LOSS naming the tensor when its bytes fail the checksum twice;
+  // INVALID_ARGUMENT when the coordinator's answer is absurd (a file over 1 PiB, a header
+  // outside the file, a digest of the wrong length, chunks out of place); the coordinator's
+  // own status (UNAVAILABLE when it went away mid-transfer: what was verified stays cached).
+  absl::StatusOr<FetchReport> Fetch(const wire::LoadShardRequest& request);
+
+  // Bytes transferred by every Fetch so far.
+  uint64_t bytes_received() const { return bytes_received_.load(); }
+
+ private:
+  // The coordinator's manifest with the digests of `tensors`, checked for sense.
+  absl::StatusOr<::fucina::cluster::v1::ModelManifest> Manifest(
+      const std::string& model_path, const std::vector<std::string>& tensors);
+  // Streams file bytes [offset, offset + size) into `fd` at the same offset, hashing as it
+  // goes; OK with the digest of what arrived (the caller compares). `what` names the range in
+  // errors; bytes are counted into `report`.
+  absl::StatusOr<Sha256Digest> ReadRange(const std::string& model_path, const std::string& digest,
+                                         int fd, uint64_t offset, uint64_t size,
+                                         const std::string& what, FetchReport* report);
+
+  std::shared_ptr<::fucina::cluster::v1::ModelSource::StubInterface> stub_;
+  const ClusterCredentials credentials_;
+  const ModelFetchOptions options_;
+  std::atomic<uint64_t> bytes_received_{0};
+  std::chrono::steady_clock::time_point fetch_start_;  // of the Fetch running (rate limit)
+};
+
+// A ModelSource stub for the coordinator at `address`, dialled with `credentials`' channel
+// credentials (the token is added per call by ModelFetcher).
+std::shared_ptr<::fucina::cluster::v1::ModelSource::StubInterface> MakeModelSourceStub(
+    const std::string& address, const ClusterCredentials& credentials);
+
+// One line for the worker's log: where the shard's model came from and how many bytes moved.
+std::string DescribeFetch(const FetchReport& report, double seconds);
+
+}  // namespace fucina
+
+#endif  // FUCINA_WORKER_MODEL_FETCH_H_
