@@ -44,16 +44,15 @@ class PipelineTestCase(cc.ClusterTestCase):
         greedy = [cc.reference(model, p, GEN)[0] for p in PROMPTS]
         seeded = cc.reference(model, PROMPTS[1], GEN, *SEEDED)[0]
         for ids in greedy + [seeded]:
-            self.assertEqual(len(ids), GEN)
+            self.assertTrue(ids)  # some end early (end of generation): they leave early here too
         return greedy, seeded
 
     def run_mixed(self, c, greedy_refs, seeded_ref, what):
         """Two streams start and decode; then the other prompts (and a seeded one) arrive while
         they do. Every reply equals its reference."""
-        requests = [cc.greedy(p, GEN, ignore_eos=True) for p in PROMPTS]
+        requests = [cc.greedy(p, GEN) for p in PROMPTS]
         seeded = cc.pb.GenerateRequest(prompt=PROMPTS[1], max_tokens=GEN,
-                                       sampling=cc.pb.Sampling(temperature=0.8, seed=7),
-                                       ignore_eos=True)
+                                       sampling=cc.pb.Sampling(temperature=0.8, seed=7))
         early = [c.api.GenerateStream(requests[i], timeout=cc.RPC_S) for i in (2, 0)]
         got = {2: [], 0: []}
         for i, stream in zip((2, 0), early):
