@@ -58,18 +58,41 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
            slots * kv_per_layer * (last - first);
   };
 
-  // Target layer counts in proportion to cores, then assign front to back: each stage takes
-  // its target, or less if its budget is smaller, or more when later stages would overflow.
+  // Target layer counts that give each stage work in proportion to its cores, then assign
+  // front to back: each stage takes its target, or less if its budget is smaller, or more when
+  // later stages would overflow. The head counts: on a small model it is as much work as
+  // several layers, and the stages of a pipeline run at the pace of the slowest.
   int64_t total_cores = 0;
   for (const WorkerInfo& w : stage_workers) total_cores += std::max(1, w.cores);
   const int n = static_cast<int>(stage_workers.size());
-  std::vector<int64_t> target(n);
-  int64_t assigned = 0;
-  for (int i = 0; i < n; ++i) {
-    target[i] = i + 1 == n ? num_layers - assigned
-                           : num_layers * std::max(1, stage_workers[i].cores) / total_cores;
-    assigned += target[i];
+  const bool known_work = static_cast<int64_t>(r.size.layer_work.size()) == num_layers;
+  const int64_t used_experts = moe ? c.num_experts_used : 0;
+  const double head_work =
+      static_cast<double>(known_work ? r.size.head_work : r.size.head_bytes);
+  auto layer_work = [&](int64_t l) {
+    return static_cast<double>(known_work ? r.size.layer_work[l]
+                                          : r.size.StageBytes(l, l + 1, used_experts, false,
+                                                              false));
+  };
+  double total_work = head_work;
+  for (int64_t l = 0; l < num_layers; ++l) total_work += layer_work(l);
+  std::vector<int64_t> target(n, 0);
+  int64_t layer = 0, cores = 0;
+  double done = 0;
+  for (int i = 0; i + 1 < n; ++i) {
+    cores += std::max(1, stage_workers[i].cores);
+    const double share = total_work * static_cast<double>(cores) / total_cores;  // stages 0..i
+    // Layers while the next one's middle stays within the share: at least one, and one left
+    // for every later stage.
+    while (layer < num_layers - (n - 1 - i)) {
+      const double w = layer_work(layer);
+      if (target[i] > 0 && done + w / 2 > share) break;
+      done += w;
+      ++target[i];
+      ++layer;
+    }
   }
+  target[n - 1] = num_layers - layer;
   // Splits the layers so each stage also holds `slots` sessions' KV; empty when impossible.
   auto split = [&](int slots) {
     std::vector<StagePlan> stages;

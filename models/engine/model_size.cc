@@ -35,14 +35,19 @@ ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config) {
   ModelSize size;
   size.layer_bytes.assign(config.num_layers, 0);
   size.expert_bytes.assign(config.num_layers, 0);
+  size.layer_work.assign(config.num_layers, 0);
   bool tied = true;
+  int64_t embedding_elements = 0;
   for (const gguf::TensorInfo& t : file.tensors()) {
     const int64_t bytes = static_cast<int64_t>(t.nbytes);
+    const int64_t elements = t.num_elements();
     const std::string& name = t.name;
     if (name == "token_embd.weight") {
       size.embedding_bytes += bytes;
+      embedding_elements = elements;
     } else if (name == "output.weight" || name == "output_norm.weight") {
       size.head_bytes += bytes;
+      size.head_work += elements;
       if (name == "output.weight") tied = false;
     } else if (absl::StartsWith(name, "blk.")) {
       const size_t dot = name.find('.', 4);
@@ -53,12 +58,17 @@ ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config) {
       }
       if (absl::StrContains(name, "_exps.") && config.num_experts > 0) {
         size.expert_bytes[layer] += bytes / config.num_experts;
+        size.layer_work[layer] += elements / config.num_experts * config.num_experts_used;
       } else {
         size.layer_bytes[layer] += bytes;
+        size.layer_work[layer] += elements;
       }
     }
   }
-  if (tied) size.head_bytes += size.embedding_bytes;
+  if (tied) {
+    size.head_bytes += size.embedding_bytes;
+    size.head_work += embedding_elements;
+  }
   return size;
 }
 

@@ -16,6 +16,11 @@ struct ModelSize {
   std::vector<int64_t> expert_bytes;  // [num_layers]: one expert's gate + up + down (0: dense)
   int64_t embedding_bytes = 0;        // token_embd
   int64_t head_bytes = 0;             // output_norm + output (token_embd again when tied)
+  // Work per token, in weight elements (multiply-adds): each layer's with the experts a token
+  // uses, and the head's. What a stage costs in time, whatever its weights' types; empty (0)
+  // when unknown, and then bytes stand in for it.
+  std::vector<int64_t> layer_work;    // [num_layers]
+  int64_t head_work = 0;
 
   // Weights of layers [first, last) with `experts` of each layer's experts local.
   int64_t LayersBytes(int64_t first, int64_t last, int64_t experts) const;

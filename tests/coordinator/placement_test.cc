@@ -43,7 +43,9 @@ TEST(Placement, OneWorkerHoldsEverything) {
 }
 
 TEST(Placement, SplitsInProportionToCores) {
-  Plan p = PlanPlacement(Request(12), {W("a", 1), W("b", 2), W("c", 1)});
+  PlanRequest r = Request(12);
+  r.size.head_bytes = 0;  // layers alone (the next test weighs the head)
+  Plan p = PlanPlacement(r, {W("a", 1), W("b", 2), W("c", 1)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 3u);
   EXPECT_EQ(p.stages[0].last_layer - p.stages[0].first_layer, 3);
@@ -56,6 +58,19 @@ TEST(Placement, SplitsInProportionToCores) {
   EXPECT_EQ(p.stages[1].first_layer, p.stages[0].last_layer);
   EXPECT_EQ(p.stages[2].first_layer, p.stages[1].last_layer);
   EXPECT_EQ(p.stages[2].last_layer, 12);
+}
+
+TEST(Placement, TheHeadCountsAsWorkOfTheLastStage) {
+  // 12 layers of 100 bytes and a head of 400: 800 bytes of work per token for each of two
+  // equal workers, so the last stage holds 4 layers beside the head.
+  PlanRequest r = Request(12);
+  r.size.head_bytes = 400;
+  Plan p = PlanPlacement(r, {W("a", 1), W("b", 1)});
+  ASSERT_TRUE(p.ready) << p.status;
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0].last_layer, 8);
+  EXPECT_EQ(p.stages[1].first_layer, 8);
+  EXPECT_TRUE(p.stages[1].head);
 }
 
 TEST(Placement, SmallBudgetTakesFewerLayers) {
