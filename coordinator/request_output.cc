@@ -45,6 +45,8 @@ bool RequestOutput::Deliver(const wire::SegmentResult& result) {
 }
 
 void RequestOutput::Finish(const absl::Status& status) {
+  if (finished_) return;
+  finished_ = true;
   Outcome o;
   o.status = status;
   if (status.ok()) {

@@ -43,6 +43,7 @@ class RequestOutput {
   Metrics* metrics_;
   double last_token_at_ = 0;
   OutputText::Step end_;  // the step that ended the reply, once Deliver has said so
+  bool finished_ = false;
 
   void Finish(const absl::Status& status);
 };

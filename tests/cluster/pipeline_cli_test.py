@@ -77,7 +77,9 @@ class PipelineTestCase(cc.ClusterTestCase):
                     c = self.cluster()
                     c.serve(model, workers, "--micro-batches", str(micro),
                             "--max-step-tokens", "16", "--batch", "8")
-                    p = self.wait_ready(c, workers)
+                    self.wait_ready(c, workers)
+                    # Read again: the placement wait_ready saw may predate the loaded plan.
+                    p = c.api.GetPlacement(cc.pb.GetPlacementRequest(), timeout=10)
                     self.check_stages(p, num_layers)
                     self.assertEqual(p.micro_batches, micro)
                     self.run_mixed(c, greedy_refs, seeded_ref, what)
