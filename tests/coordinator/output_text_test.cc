@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "coordinator/scheduler.h"
-#include "models/gguf/gguf.h"
+#include "coordinator/request.h"
+#include "tests/coordinator/fixture_tokenizer.h"
 #include "tests/coordinator/http/scripted_backend.h"
 
 namespace fucina {
@@ -24,15 +24,10 @@ class OutputTextTest : public testing::Test {
   static void SetUpTestSuite() {
     const char* dir = std::getenv("FUCINA_QWEN3_TOKENIZER");
     if (dir == nullptr || *dir == '\0') return;
-    const std::string path =
-        testing::TempDir() + "/output_text_" + std::to_string(getpid()) + ".gguf";
-    ASSERT_TRUE(MakeTinyQwen3Fixture(path, dir).ok());
-    auto file = gguf::File::Open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    auto tok = Tokenizer::FromGguf(**file);
+    auto tok = FixtureTokenizer(
+        "output_text", [dir](const std::string& path) { return MakeTinyQwen3Fixture(path, dir); });
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = tok->release();
-    std::remove(path.c_str());
   }
   static void TearDownTestSuite() {
     delete tokenizer_;

@@ -4,8 +4,6 @@
 // runs what the driver posts.
 #include "coordinator/pipeline_driver.h"
 
-#include <unistd.h>
-
 #include <deque>
 #include <memory>
 #include <string>
@@ -13,8 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "models/gguf/fixture.h"
-#include "models/gguf/gguf.h"
+#include "tests/coordinator/fixture_tokenizer.h"
 #include "tests/worker/fake_worker_client.h"
 
 namespace fucina {
@@ -31,16 +28,9 @@ class RecordingSessions : public SessionOps {
 class PipelineDriverTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path =
-        testing::TempDir() + "/pipeline_driver_" + std::to_string(getpid()) + ".gguf";
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(gguf::FixtureOptions(), path, pool).ok());
-    auto file = gguf::File::Open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    auto tok = Tokenizer::FromGguf(**file);
+    auto tok = FixtureTokenizer("pipeline_driver");
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = tok->release();
-    std::remove(path.c_str());
   }
   static void TearDownTestSuite() {
     delete tokenizer_;

@@ -2,8 +2,6 @@
 // sample, the reply ends on its budget, and the request metrics count what happened.
 #include "coordinator/request_output.h"
 
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 
@@ -11,8 +9,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include "models/gguf/fixture.h"
-#include "models/gguf/gguf.h"
+#include "tests/coordinator/fixture_tokenizer.h"
 
 namespace fucina {
 namespace {
@@ -20,16 +17,9 @@ namespace {
 class RequestOutputTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path =
-        testing::TempDir() + "/request_output_" + std::to_string(getpid()) + ".gguf";
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(gguf::FixtureOptions(), path, pool).ok());
-    auto file = gguf::File::Open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    auto tok = Tokenizer::FromGguf(**file);
+    auto tok = FixtureTokenizer("request_output");
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = tok->release();
-    std::remove(path.c_str());
   }
   static void TearDownTestSuite() {
     delete tokenizer_;

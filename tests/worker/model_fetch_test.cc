@@ -19,8 +19,8 @@
 
 #include "coordinator/model_source.h"
 #include "models/engine/model.h"
-#include "models/gguf/fixture.h"
 #include "models/gguf/gguf.h"
+#include "tests/worker/fixture_model.h"
 #include "worker/sampling_wire.h"
 #include "worker/worker_actor.h"
 
@@ -91,22 +91,10 @@ class FaultyModelSource final : public wire::ModelSource::Service {
   int64_t sent_ = 0;
 };
 
-class ModelFetchTest : public testing::Test {
+class ModelFetchTest : public FixtureModelTest {
  protected:
-  static void SetUpTestSuite() {
-    path_ = new std::string(testing::TempDir() + "/model_fetch_" + std::to_string(getpid()) +
-                            ".gguf");
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 4;
-    o.init_std = 0.3;  // every layer changes the output: a missing tensor would show
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
-  }
-  static void TearDownTestSuite() {
-    std::remove(path_->c_str());
-    delete path_;
-  }
+  static void SetUpTestSuite() { MakeModel("model_fetch", /*init_std=*/0.3); }
+  static void TearDownTestSuite() { RemoveModel(); }
 
   void SetUp() override {
     gate_ = std::make_unique<CallGate>(CallGateOptions{.cluster_token = kToken});
@@ -150,20 +138,6 @@ class ModelFetchTest : public testing::Test {
         ModelFetchOptions{.cache_dir = cache.empty() ? cache_ : cache});
   }
 
-  static wire::LoadShardRequest Shard(int stage, int64_t first, int64_t last, bool emb,
-                                      bool head) {
-    wire::LoadShardRequest r;
-    r.set_model_path(*path_);
-    r.set_stage(stage);
-    r.set_first_layer(first);
-    r.set_last_layer(last);
-    r.set_embeddings(emb);
-    r.set_head(head);
-    r.set_context(32);
-    r.set_cache_type("f32");
-    return r;
-  }
-
   const gguf::TensorInfo& Tensor(const std::string& name) const {
     const gguf::TensorInfo* t = original_->FindTensor(name);
     EXPECT_NE(t, nullptr) << name;
@@ -197,7 +171,6 @@ class ModelFetchTest : public testing::Test {
     return {};
   }
 
-  static std::string* path_;
   std::unique_ptr<CallGate> gate_;
   std::unique_ptr<ModelSourceService> real_;
   std::vector<std::unique_ptr<FaultyModelSource>> faulties_;
@@ -206,8 +179,6 @@ class ModelFetchTest : public testing::Test {
   std::vector<std::unique_ptr<grpc::Server>> servers_;
   std::string cache_;
 };
-
-std::string* ModelFetchTest::path_ = nullptr;
 
 TEST_F(ModelFetchTest, FetchesOnlyTheShardsTensors) {
   const wire::LoadShardRequest shard = Shard(0, 0, 2, true, false);

@@ -9,53 +9,25 @@
 
 #include <gtest/gtest.h>
 
-#include "models/gguf/fixture.h"
 #include "tests/worker/fake_worker_client.h"
-#include "worker/sampling_wire.h"
+#include "tests/worker/fixture_model.h"
 #include "worker/worker_actor.h"
 
 namespace fucina {
 namespace {
 
-class StageChainTest : public testing::Test {
+class StageChainTest : public FixtureModelTest {
  protected:
-  static void SetUpTestSuite() {
-    path_ = new std::string(testing::TempDir() + "/stage_chain_" + std::to_string(getpid()) +
-                            ".gguf");
-    gguf::FixtureOptions o;
-    o.num_layers = 4;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
-  }
-  static void TearDownTestSuite() {
-    std::remove(path_->c_str());
-    delete path_;
-  }
+  static void SetUpTestSuite() { MakeModel("stage_chain"); }
+  static void TearDownTestSuite() { RemoveModel(); }
 
+  // Layers [first, last) of the 4, handing on to the worker `next` (none when empty).
   static wire::LoadShardRequest Shard(int stage, int64_t first, int64_t last,
                                       const std::string& next = "") {
-    wire::LoadShardRequest r;
-    r.set_model_path(*path_);
-    r.set_stage(stage);
-    r.set_first_layer(first);
-    r.set_last_layer(last);
-    r.set_embeddings(first == 0);
-    r.set_head(last == 4);
-    r.set_context(32);
-    r.set_cache_type("f32");
+    wire::LoadShardRequest r =
+        FixtureModelTest::Shard(stage, first, last, first == 0, last == kLayers);
     if (!next.empty()) r.mutable_next_stage()->set_worker_id(next);
     return r;
-  }
-
-  static wire::Segment Seg(uint64_t session, int64_t pos0, std::vector<int32_t> ids) {
-    wire::Segment s;
-    s.set_session_id(session);
-    s.set_pos0(pos0);
-    for (int32_t id : ids) s.add_token_ids(id);
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    *s.mutable_sampling() = SamplingToWire(greedy);
-    return s;
   }
 
   // Starts a Forward on `w`; the future gets its reply.
@@ -69,10 +41,7 @@ class StageChainTest : public testing::Test {
     return future;
   }
 
-  static std::string* path_;
 };
-
-std::string* StageChainTest::path_ = nullptr;
 
 TEST_F(StageChainTest, AChainOfThreeStagesSamplesWhatOneWorkerDoes) {
   std::shared_ptr<WorkerActor> s1, s2;

@@ -9,61 +9,18 @@
 
 #include <gtest/gtest.h>
 
-#include "models/gguf/fixture.h"
+#include "tests/worker/fixture_model.h"
 #include "worker/activations.h"
 #include "worker/sampling_wire.h"
 
 namespace fucina {
 namespace {
 
-class WorkerActorTest : public testing::Test {
+class WorkerActorTest : public FixtureModelTest {
  protected:
-  static void SetUpTestSuite() {
-    path_ = new std::string(testing::TempDir() + "/worker_actor_" + std::to_string(getpid()) +
-                            ".gguf");
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 4;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
-  }
-  static void TearDownTestSuite() {
-    std::remove(path_->c_str());
-    delete path_;
-  }
-
-  static wire::LoadShardRequest Shard(int stage, int64_t first, int64_t last, bool emb,
-                                      bool head) {
-    wire::LoadShardRequest r;
-    r.set_model_path(*path_);
-    r.set_stage(stage);
-    r.set_first_layer(first);
-    r.set_last_layer(last);
-    r.set_embeddings(emb);
-    r.set_head(head);
-    r.set_context(32);
-    r.set_cache_type("f32");
-    return r;
-  }
-
-  static wire::Segment Seg(uint64_t session, int64_t pos0, std::vector<int32_t> ids,
-                           bool sample = true) {
-    wire::Segment s;
-    s.set_session_id(session);
-    s.set_pos0(pos0);
-    for (int32_t id : ids) s.add_token_ids(id);
-    if (sample) {
-      SamplingParams greedy;
-      greedy.temperature = 0;
-      *s.mutable_sampling() = SamplingToWire(greedy);
-    }
-    return s;
-  }
-
-  static std::string* path_;
+  static void SetUpTestSuite() { MakeModel("worker_actor"); }
+  static void TearDownTestSuite() { RemoveModel(); }
 };
-
-std::string* WorkerActorTest::path_ = nullptr;
 
 TEST_F(WorkerActorTest, ForwardBeforeLoadIsAnError) {
   WorkerActor w({.threads = 1});
