@@ -91,11 +91,34 @@ int PipelineDriver::LaunchGroup(int g) {
     group.tokens.push_back(1);
     --budget;
   }
+  // Prompt chunks: first an equal share of what the decode tokens left for every prefilling
+  // request (a short prompt is not kept waiting behind an older long one), then the rest to the
+  // oldest first.
+  std::vector<Running*> prefilling;
   for (Running* r : group.members) {
+    if (r->prompt_pos < r->output->job().prompt.size()) prefilling.push_back(r);
+  }
+  std::vector<int64_t> take(prefilling.size(), 0);
+  auto unfed = [](const Running* r) {
+    return static_cast<int64_t>(r->output->job().prompt.size() - r->prompt_pos);
+  };
+  if (!prefilling.empty() && budget > 0) {
+    const int64_t share = std::max<int64_t>(1, budget / static_cast<int64_t>(prefilling.size()));
+    for (size_t i = 0; i < prefilling.size(); ++i) {
+      take[i] = std::min({unfed(prefilling[i]), share, budget});
+      budget -= take[i];
+    }
+    for (size_t i = 0; i < prefilling.size(); ++i) {
+      const int64_t more = std::min(unfed(prefilling[i]) - take[i], budget);
+      take[i] += more;
+      budget -= more;
+    }
+  }
+  for (size_t i = 0; i < prefilling.size(); ++i) {
+    if (take[i] == 0) continue;
+    Running* r = prefilling[i];
     const std::vector<int32_t>& prompt = r->output->job().prompt;
-    if (r->prompt_pos >= prompt.size()) continue;
-    if (budget <= 0) break;
-    const size_t end = std::min(prompt.size(), r->prompt_pos + static_cast<size_t>(budget));
+    const size_t end = r->prompt_pos + static_cast<size_t>(take[i]);
     wire::Segment* seg = request.add_segments();
     seg->set_session_id(r->slot->id);
     seg->set_pos0(static_cast<int64_t>(r->slot->tokens.size()));
@@ -106,8 +129,7 @@ int PipelineDriver::LaunchGroup(int g) {
       *seg->mutable_sampling() = SamplingToWire(r->output->job().sampling);
     }
     group.order.push_back(r);
-    group.tokens.push_back(static_cast<int64_t>(end - r->prompt_pos));
-    budget -= static_cast<int64_t>(end - r->prompt_pos);
+    group.tokens.push_back(take[i]);
   }
   if (group.order.empty()) return left;
 

@@ -8,9 +8,11 @@
 //
 // Continuous batching: a request joins the smallest group at that group's next step and leaves
 // when it finishes. A step spends a token budget (`max_step_tokens`) on its group's decode
-// tokens first, one per decoding request, and on prompt chunks after, oldest request first: a
-// long prompt is prefilled over several steps while the others keep decoding. A request's rows
-// are computed the same whatever its group or chunks, so its output is too.
+// tokens first, one per decoding request, and on prompt chunks after (an equal share for every
+// prompt, then what is left to the oldest): a long prompt is prefilled over several steps while
+// the others keep decoding, and a short one that arrives meanwhile is not kept waiting behind
+// it. A request's rows are computed the same whatever its group or chunks, so its output is
+// too.
 //
 // Threading: one owner thread calls everything; replies arrive on the entry client's threads
 // and are handed back to the owner through Hooks::post.

@@ -67,11 +67,14 @@ class WorkerClient {
 };
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a
-// long prefill chunk on a slow machine can take seconds.
+// long prefill chunk on a slow machine can take seconds. Session calls queue on the worker
+// behind the forward steps in flight (one per micro-batch), so they get the forward deadline:
+// a shorter one would declare a busy worker dead. A hung worker is found by its heartbeats.
 struct WorkerDeadlines {
   int load_ms = 600'000;
   int forward_ms = 120'000;
-  int control_ms = 10'000;  // truncate, copy, release, stats
+  int session_ms = 120'000;  // truncate, copy, release
+  int stats_ms = 10'000;
 };
 
 // A client for the worker serving gRPC at `address` (host:port), dialled with `credentials`

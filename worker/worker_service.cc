@@ -40,19 +40,19 @@ class GrpcWorkerClient final : public WorkerClient {
   }
   absl::StatusOr<wire::SessionReply> TruncateSession(
       const wire::TruncateSessionRequest& request) override {
-    return Call(&wire::Worker::Stub::TruncateSession, request, deadlines_.control_ms);
+    return Call(&wire::Worker::Stub::TruncateSession, request, deadlines_.session_ms);
   }
   absl::StatusOr<wire::SessionReply> CopyPrefix(
       const wire::CopyPrefixRequest& request) override {
-    return Call(&wire::Worker::Stub::CopyPrefix, request, deadlines_.control_ms);
+    return Call(&wire::Worker::Stub::CopyPrefix, request, deadlines_.session_ms);
   }
   absl::StatusOr<wire::SessionReply> ReleaseSession(
       const wire::ReleaseSessionRequest& request) override {
-    return Call(&wire::Worker::Stub::ReleaseSession, request, deadlines_.control_ms);
+    return Call(&wire::Worker::Stub::ReleaseSession, request, deadlines_.session_ms);
   }
   absl::StatusOr<wire::WorkerStats> GetStats() override {
     return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
-                deadlines_.control_ms);
+                deadlines_.stats_ms);
   }
   void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
     // Owns what the call needs until gRPC's callback (on one of its threads) is done with it.

@@ -186,6 +186,25 @@ TEST_F(PipelineDriverTest, DecodeTokensComeFirstAndPromptChunksShareTheRestOfThe
   EXPECT_EQ(delta->ids, std::vector<int32_t>({11}));
 }
 
+TEST_F(PipelineDriverTest, AShortPromptIsNotKeptWaitingBehindALongOne) {
+  Start(/*groups=*/1, /*budget=*/16);
+  Add(100);
+  driver_->Launch();
+  EXPECT_EQ(TokensPerSegment(entry_->request(0)), std::vector<int>({16}));
+  auto quick = Add(5);
+  Answer(0, 9);
+  driver_->Launch();
+  // An equal share (8 each, the short prompt needing 5), then the rest to the older one.
+  const wire::ForwardRequest step = entry_->request(1);
+  EXPECT_EQ(TokensPerSegment(step), std::vector<int>({11, 5}));
+  EXPECT_TRUE(step.segments(0).prefill_only());
+  EXPECT_TRUE(step.segments(1).has_sampling());
+  Answer(1, 12);
+  auto delta = quick->Next(0);
+  ASSERT_TRUE(delta.has_value());
+  EXPECT_EQ(delta->ids, std::vector<int32_t>({12}));
+}
+
 TEST_F(PipelineDriverTest, ARequestFinishesAfterItsBudgetAndKeepsItsSessionResident) {
   Start(1, 512);
   auto r = Add(4, /*max_tokens=*/2);
