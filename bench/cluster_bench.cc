@@ -78,8 +78,15 @@ absl::StatusOr<std::unique_ptr<BenchCluster>> Start(const ClusterBenchArgs& a, i
   const int threads = a.threads > 0 ? a.threads : ThreadPool::Default().num_threads();
   std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>> workers;
   for (int i = 0; i < stages; ++i) {
-    // Stages run one after another, so each may use every thread.
-    auto actor = std::make_shared<WorkerActor>(WorkerOptions{.threads = threads});
+    // One stream at a time: stages run one after another, so each may use every thread. A
+    // stage reaches the next through the coordinator's client for it: in process, or the
+    // loopback server.
+    Coordinator* coordinator = b->coordinator.get();
+    WorkerOptions options;
+    options.threads = threads;
+    auto actor = std::make_shared<WorkerActor>(options, [coordinator](const wire::Peer& peer) {
+      return coordinator->ClientFor(peer.worker_id());
+    });
     std::shared_ptr<WorkerClient> client = actor;
     if (grpc) {
       if (b->gate == nullptr) {
