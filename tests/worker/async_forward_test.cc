@@ -16,8 +16,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include "models/gguf/fixture.h"
 #include "tests/worker/fake_worker_client.h"
+#include "tests/worker/fixture_model.h"
 #include "worker/cluster_auth.h"
 #include "worker/grpc_util.h"
 #include "worker/sampling_wire.h"
@@ -129,39 +129,16 @@ struct HungCall {
   Awaited reply;
 };
 
-class AsyncForwardTest : public testing::Test {
+class AsyncForwardTest : public FixtureModelTest {
  protected:
-  static void SetUpTestSuite() {
-    path_ = new std::string(testing::TempDir() + "/async_forward_" + std::to_string(getpid()) +
-                            ".gguf");
-    gguf::FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 2;
-    ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
-  }
-  static void TearDownTestSuite() {
-    std::remove(path_->c_str());
-    delete path_;
-  }
+  static void SetUpTestSuite() { MakeModel("async_forward"); }
+  static void TearDownTestSuite() { RemoveModel(); }
   static std::unique_ptr<WorkerActor> LoadedActor() {
     auto actor = std::make_unique<WorkerActor>(WorkerOptions{.threads = 1});
-    wire::LoadShardRequest r;
-    r.set_model_path(*path_);
-    r.set_stage(0);
-    r.set_first_layer(0);
-    r.set_last_layer(2);
-    r.set_embeddings(true);
-    r.set_head(true);
-    r.set_context(32);
-    r.set_cache_type("f32");
-    EXPECT_TRUE(actor->LoadShard(r).ok());
+    EXPECT_TRUE(actor->LoadShard(Shard(0, 0, kLayers, true, true)).ok());
     return actor;
   }
-  static std::string* path_;
 };
-
-std::string* AsyncForwardTest::path_ = nullptr;
 
 TEST_F(AsyncForwardTest, TheActorRepliesOnItsExecutorWithForwardsResult) {
   auto actor = LoadedActor();
