@@ -58,7 +58,7 @@ grpc::Status ModelSourceService::CheckPath(const std::string& path) const {
   return grpc::Status::OK;
 }
 
-absl::StatusOr<Sha256Digest> ModelSourceService::TensorDigest(const gguf::TensorInfo& t) {
+absl::StatusOr<Sha256::Digest> ModelSourceService::TensorDigest(const gguf::TensorInfo& t) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = digests_.find(t.name); it != digests_.end()) return it->second;
@@ -113,7 +113,7 @@ grpc::Status ModelSourceService::ReadModelRange(grpc::ServerContext* context,
   }
   if (grpc::Status s = CheckPath(request->model_path()); !s.ok()) return s;
   if (request->model_digest() !=
-      std::string_view(reinterpret_cast<const char*>(model_digest_.data()), kSha256Size)) {
+      std::string_view(reinterpret_cast<const char*>(model_digest_.data()), Sha256::kDigestSize)) {
     return grpc::Status(grpc::StatusCode::ABORTED,
                         "the model digest is not this file's: the coordinator's model changed "
                         "since the manifest (load the shard again)");

@@ -40,14 +40,14 @@ class ModelSourceService final : public ::fucina::cluster::v1::ModelSource::Serv
       grpc::ServerContext* context, const ::fucina::cluster::v1::ModelRangeRequest* request,
       grpc::ServerWriter<::fucina::cluster::v1::ModelChunk>* writer) override;
 
-  const Sha256Digest& model_digest() const { return model_digest_; }
+  const Sha256::Digest& model_digest() const { return model_digest_; }
 
  private:
   ModelSourceService(std::string model_path, const CallGate& gate)
       : path_(std::move(model_path)), gate_(gate) {}
   grpc::Status CheckPath(const std::string& path) const;
   // The tensor's digest, hashed on first use.
-  absl::StatusOr<Sha256Digest> TensorDigest(const gguf::TensorInfo& tensor);
+  absl::StatusOr<Sha256::Digest> TensorDigest(const gguf::TensorInfo& tensor);
 
   const std::string path_;
   const CallGate& gate_;
@@ -55,9 +55,9 @@ class ModelSourceService final : public ::fucina::cluster::v1::ModelSource::Serv
   std::unique_ptr<gguf::File> file_;  // the tensor table (data is read with pread on fd_)
   uint64_t file_size_ = 0;
   uint64_t header_size_ = 0;
-  Sha256Digest model_digest_{};
+  Sha256::Digest model_digest_{};
   std::mutex mu_;
-  absl::flat_hash_map<std::string, Sha256Digest> digests_;  // guarded by mu_
+  absl::flat_hash_map<std::string, Sha256::Digest> digests_;  // guarded by mu_
 };
 
 }  // namespace fucina

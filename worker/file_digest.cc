@@ -7,34 +7,15 @@
 #include <cstring>
 #include <memory>
 
-#include <openssl/evp.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace fucina {
 
-Sha256Hasher::Sha256Hasher() : ctx_(EVP_MD_CTX_new()) {
-  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr);
-}
-
-Sha256Hasher::~Sha256Hasher() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
-
-void Sha256Hasher::Update(const void* data, size_t size) {
-  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size);
-}
-
-Sha256Digest Sha256Hasher::Finish() {
-  Sha256Digest out{};
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out.data(), &n);
-  return out;
-}
-
-absl::StatusOr<Sha256Digest> Sha256OfRange(int fd, uint64_t offset, uint64_t size,
-                                           const std::string& what) {
+absl::StatusOr<Sha256::Digest> Sha256OfRange(int fd, uint64_t offset, uint64_t size,
+                                             const std::string& what) {
   constexpr size_t kBlock = 1 << 20;
   std::unique_ptr<uint8_t[]> buf(new uint8_t[kBlock]);
-  Sha256Hasher hasher;
+  Sha256 hasher;
   uint64_t done = 0;
   while (done < size) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(kBlock, size - done));
@@ -54,24 +35,14 @@ absl::StatusOr<Sha256Digest> Sha256OfRange(int fd, uint64_t offset, uint64_t siz
   return hasher.Finish();
 }
 
-std::string DigestToHex(const Sha256Digest& digest) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out(2 * kSha256Size, '0');
-  for (size_t i = 0; i < kSha256Size; ++i) {
-    out[2 * i] = kHex[digest[i] >> 4];
-    out[2 * i + 1] = kHex[digest[i] & 15];
-  }
-  return out;
-}
-
-bool DigestFromHex(std::string_view text, Sha256Digest* out) {
-  if (text.size() != 2 * kSha256Size) return false;
+bool DigestFromHex(std::string_view text, Sha256::Digest* out) {
+  if (text.size() != 2 * Sha256::kDigestSize) return false;
   auto nibble = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     return -1;
   };
-  for (size_t i = 0; i < kSha256Size; ++i) {
+  for (size_t i = 0; i < Sha256::kDigestSize; ++i) {
     const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
     if (hi < 0 || lo < 0) return false;
     (*out)[i] = static_cast<uint8_t>(hi << 4 | lo);
@@ -79,9 +50,9 @@ bool DigestFromHex(std::string_view text, Sha256Digest* out) {
   return true;
 }
 
-bool DigestFromBytes(std::string_view raw, Sha256Digest* out) {
-  if (raw.size() != kSha256Size) return false;
-  std::memcpy(out->data(), raw.data(), kSha256Size);
+bool DigestFromBytes(std::string_view raw, Sha256::Digest* out) {
+  if (raw.size() != Sha256::kDigestSize) return false;
+  std::memcpy(out->data(), raw.data(), Sha256::kDigestSize);
   return true;
 }
 

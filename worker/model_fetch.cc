@@ -31,7 +31,7 @@ namespace wire = ::fucina::cluster::v1;
 constexpr uint64_t kMaxModelBytes = uint64_t{1} << 50;
 constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 30;
 
-std::string_view AsBytes(const Sha256Digest& d) {
+std::string_view AsBytes(const Sha256::Digest& d) {
   return {reinterpret_cast<const char*>(d.data()), d.size()};
 }
 
@@ -46,17 +46,17 @@ absl::Status WithContext(const absl::Status& s, const std::string& what) {
 
 // "<sha256 hex> <name>" lines; a malformed line (a write cut by a crash) is skipped, and a
 // later line for the same tensor wins.
-absl::flat_hash_map<std::string, Sha256Digest> ReadVerified(const std::string& path) {
-  absl::flat_hash_map<std::string, Sha256Digest> out;
+absl::flat_hash_map<std::string, Sha256::Digest> ReadVerified(const std::string& path) {
+  absl::flat_hash_map<std::string, Sha256::Digest> out;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    Sha256Digest d;
-    if (line.size() < 2 * kSha256Size + 2 || line[2 * kSha256Size] != ' ' ||
-        !DigestFromHex(std::string_view(line).substr(0, 2 * kSha256Size), &d)) {
+    Sha256::Digest d;
+    if (line.size() < 2 * Sha256::kDigestSize + 2 || line[2 * Sha256::kDigestSize] != ' ' ||
+        !DigestFromHex(std::string_view(line).substr(0, 2 * Sha256::kDigestSize), &d)) {
       continue;
     }
-    out[line.substr(2 * kSha256Size + 1)] = d;
+    out[line.substr(2 * Sha256::kDigestSize + 1)] = d;
   }
   return out;
 }
@@ -90,11 +90,11 @@ ModelFetcher::ModelFetcher(std::shared_ptr<wire::ModelSource::StubInterface> stu
                            ClusterCredentials credentials, ModelFetchOptions options)
     : stub_(std::move(stub)), credentials_(std::move(credentials)), options_(std::move(options)) {}
 
-absl::StatusOr<Sha256Digest> ModelFetcher::ReadRange(const std::string& model_path,
-                                                     const std::string& digest, int fd,
-                                                     uint64_t offset, uint64_t size,
-                                                     const std::string& what,
-                                                     FetchReport* report) {
+absl::StatusOr<Sha256::Digest> ModelFetcher::ReadRange(const std::string& model_path,
+                                                       const std::string& digest, int fd,
+                                                       uint64_t offset, uint64_t size,
+                                                       const std::string& what,
+                                                       FetchReport* report) {
   grpc::ClientContext ctx;
   credentials_.Prepare(&ctx);
   int64_t deadline_ms = options_.range_deadline_ms + static_cast<int64_t>(size >> 20) * 1000;
@@ -109,7 +109,7 @@ absl::StatusOr<Sha256Digest> ModelFetcher::ReadRange(const std::string& model_pa
   request.set_size(size);
   std::unique_ptr<grpc::ClientReaderInterface<wire::ModelChunk>> reader =
       stub_->ReadModelRange(&ctx, request);
-  Sha256Hasher hasher;
+  Sha256 hasher;
   const uint64_t end = offset + size;
   uint64_t next = offset;
   wire::ModelChunk chunk;
@@ -165,11 +165,11 @@ absl::StatusOr<wire::ModelManifest> ModelFetcher::Manifest(
   if (!s.ok()) {
     return WithContext(FromGrpc(s), "asking the coordinator for the model's manifest");
   }
-  Sha256Digest digest;
+  Sha256::Digest digest;
   if (!DigestFromBytes(manifest.model_digest(), &digest)) {
     return absl::InvalidArgumentError(absl::StrCat("the coordinator's model digest has ",
                                                    manifest.model_digest().size(),
-                                                   " bytes, expected ", kSha256Size));
+                                                   " bytes, expected ", Sha256::kDigestSize));
   }
   if (manifest.file_size() > kMaxModelBytes || manifest.header_size() == 0 ||
       manifest.header_size() > kMaxHeaderBytes ||
@@ -186,7 +186,7 @@ absl::StatusOr<wire::ModelManifest> ModelFetcher::Manifest(
   }
   for (int i = 0; i < manifest.tensors_size(); ++i) {
     const wire::ModelTensorDigest& t = manifest.tensors(i);
-    if (t.name() != tensors[i] || t.sha256().size() != kSha256Size) {
+    if (t.name() != tensors[i] || t.sha256().size() != Sha256::kDigestSize) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the coordinator's digest ", i, " is for '", t.name().substr(0, 80), "' with ",
           t.sha256().size(), " bytes; expected 32 bytes for '", tensors[i], "'"));
@@ -201,12 +201,12 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
   const std::string& model_path = request.model_path();
   auto first = Manifest(model_path, {});
   if (!first.ok()) return first.status();
-  Sha256Digest model_digest;
+  Sha256::Digest model_digest;
   DigestFromBytes(first->model_digest(), &model_digest);
   const uint64_t file_size = first->file_size(), header_size = first->header_size();
 
   // The cache folder of this model, held for the whole fetch.
-  const std::string dir = absl::StrCat(options_.cache_dir, "/", DigestToHex(model_digest));
+  const std::string dir = absl::StrCat(options_.cache_dir, "/", DigestHex(model_digest));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -240,8 +240,8 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
       if (*got == model_digest) break;
       if (attempt == 1) {
         return absl::DataLossError(absl::StrCat(
-            "the model header's SHA-256 ", DigestToHex(*got),
-            " is not the model digest ", DigestToHex(model_digest), " (received twice)"));
+            "the model header's SHA-256 ", DigestHex(*got),
+            " is not the model digest ", DigestHex(model_digest), " (received twice)"));
       }
     }
     report.header_fetched = true;
@@ -262,12 +262,12 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
   }
 
   const std::string journal_path = dir + "/verified";
-  absl::flat_hash_map<std::string, Sha256Digest> verified = ReadVerified(journal_path);
+  absl::flat_hash_map<std::string, Sha256::Digest> verified = ReadVerified(journal_path);
   Fd journal{::open(journal_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)};
   if (journal.fd < 0) return ErrnoError(absl::StrCat(journal_path, ": cannot open"));
   for (int i = 0; i < manifest->tensors_size(); ++i) {
     const std::string& name = manifest->tensors(i).name();
-    Sha256Digest expected;
+    Sha256::Digest expected;
     DigestFromBytes(manifest->tensors(i).sha256(), &expected);
     const gguf::TensorInfo* t = (*file)->FindTensor(name);
     const uint64_t offset = (*file)->data_offset() + t->offset;
@@ -287,12 +287,12 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
       if (*got == expected) break;
       if (attempt == 1) {
         return absl::DataLossError(absl::StrCat(
-            what, ": the SHA-256 of the bytes received is ", DigestToHex(*got),
-            ", not the coordinator's ", DigestToHex(expected), " (received twice)"));
+            what, ": the SHA-256 of the bytes received is ", DigestHex(*got),
+            ", not the coordinator's ", DigestHex(expected), " (received twice)"));
       }
     }
     ++report.tensors_fetched;
-    const std::string line = absl::StrCat(DigestToHex(expected), " ", name, "\n");
+    const std::string line = absl::StrCat(DigestHex(expected), " ", name, "\n");
     if (absl::Status s = WriteAll(journal.fd, line.data(), line.size(), UINT64_MAX,
                                   journal_path);
         !s.ok()) {

@@ -75,9 +75,10 @@ class ModelFetcher {
   // Streams file bytes [offset, offset + size) into `fd` at the same offset, hashing as it
   // goes; OK with the digest of what arrived (the caller compares). `what` names the range in
   // errors; bytes are counted into `report`.
-  absl::StatusOr<Sha256Digest> ReadRange(const std::string& model_path, const std::string& digest,
-                                         int fd, uint64_t offset, uint64_t size,
-                                         const std::string& what, FetchReport* report);
+  absl::StatusOr<Sha256::Digest> ReadRange(const std::string& model_path,
+                                           const std::string& digest, int fd, uint64_t offset,
+                                           uint64_t size, const std::string& what,
+                                           FetchReport* report);
 
   std::shared_ptr<::fucina::cluster::v1::ModelSource::StubInterface> stub_;
   const ClusterCredentials credentials_;

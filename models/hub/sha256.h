@@ -1,14 +1,16 @@
-// SHA-256 (FIPS 180-4), used to verify downloaded model files.
+// SHA-256 (FIPS 180-4): the one hasher of the project. It verifies downloaded model files
+// (`fucina pull`) and every byte of model moved to or cached by a worker (worker/model_fetch.h).
 //
-// Our own small implementation rather than OpenSSL's: the build does not otherwise need the
-// OpenSSL development headers, and a checksum over a local file is all that is required here
-// (no constant-time or hardware-accelerated paths are needed for that).
+// OpenSSL's libcrypto underneath (gRPC links it already): its SHA-NI / AVX2 paths hash several
+// times faster than portable code, which counts when a worker re-checks gigabytes of cache on
+// every load.
 #ifndef FUCINA_MODELS_HUB_SHA256_H_
 #define FUCINA_MODELS_HUB_SHA256_H_
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -23,18 +25,15 @@ class Sha256 {
   using Digest = std::array<uint8_t, kDigestSize>;
 
   Sha256();
+  ~Sha256();
   void Update(const void* data, size_t size);
   void Update(std::string_view data) { Update(data.data(), data.size()); }
   // Pads, returns the digest and resets the hasher to its initial state.
   Digest Finish();
 
  private:
-  void Compress(const uint8_t* block);
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_;
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;
+  struct Context;
+  std::unique_ptr<Context> context_;
 };
 
 // Lowercase hexadecimal of a digest.

@@ -333,7 +333,7 @@ TEST_F(ModelFetchTest, TheSourceServesOnlyItsModelAndOnlyToTheCluster) {
     wire::ModelRangeRequest r;
     r.set_model_path(path);
     r.set_model_digest(std::string(reinterpret_cast<const char*>(real_->model_digest().data()),
-                                   kSha256Size));
+                                   Sha256::kDigestSize));
     r.set_offset(offset);
     r.set_size(size);
     auto reader = stub->ReadModelRange(&ctx, r);
