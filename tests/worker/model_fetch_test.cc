@@ -291,7 +291,9 @@ TEST_F(ModelFetchTest, AnInterruptedTransferResumesWithWhatWasVerified) {
     ASSERT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
     EXPECT_NE(failed.status().message().find("coordinator going away"), std::string::npos);
     const std::set<std::string> verified = VerifiedIn(cache_);
-    if (by_calls) EXPECT_EQ(verified.size(), 3u);
+    if (by_calls) {
+      EXPECT_EQ(verified.size(), 3u);
+    }
     ASSERT_FALSE(verified.empty());
     ASSERT_LT(verified.size(), Needed(shard).size());
 
