@@ -80,24 +80,28 @@ int PipelineDriver::LaunchGroup(int g) {
   request.set_stage(0);
   group.order.clear();
   group.tokens.clear();
-  int64_t budget = options_.max_step_tokens;
-  for (Running* r : group.members) {
-    if (r->prompt_pos < r->output->job().prompt.size()) continue;
+  // The next segment of the step: `count` of `r`'s tokens, from its session's end.
+  auto add_segment = [&](Running* r, int64_t count) {
     wire::Segment* seg = request.add_segments();
     seg->set_session_id(r->slot->id);
     seg->set_pos0(static_cast<int64_t>(r->slot->tokens.size()));
-    seg->add_token_ids(r->pending);
     group.order.push_back(r);
-    group.tokens.push_back(1);
-    --budget;
+    group.tokens.push_back(count);
+    return seg;
+  };
+  int64_t budget = options_.max_step_tokens;
+  std::vector<Running*> prefilling;
+  for (Running* r : group.members) {
+    if (r->prompt_pos < r->output->job().prompt.size()) {
+      prefilling.push_back(r);
+    } else {
+      add_segment(r, 1)->add_token_ids(r->pending);
+      --budget;
+    }
   }
   // Prompt chunks: first an equal share of what the decode tokens left for every prefilling
   // request (a short prompt is not kept waiting behind an older long one), then the rest to the
   // oldest first.
-  std::vector<Running*> prefilling;
-  for (Running* r : group.members) {
-    if (r->prompt_pos < r->output->job().prompt.size()) prefilling.push_back(r);
-  }
   std::vector<int64_t> take(prefilling.size(), 0);
   auto unfed = [](const Running* r) {
     return static_cast<int64_t>(r->output->job().prompt.size() - r->prompt_pos);
@@ -119,17 +123,13 @@ int PipelineDriver::LaunchGroup(int g) {
     Running* r = prefilling[i];
     const std::vector<int32_t>& prompt = r->output->job().prompt;
     const size_t end = r->prompt_pos + static_cast<size_t>(take[i]);
-    wire::Segment* seg = request.add_segments();
-    seg->set_session_id(r->slot->id);
-    seg->set_pos0(static_cast<int64_t>(r->slot->tokens.size()));
+    wire::Segment* seg = add_segment(r, take[i]);
     seg->mutable_token_ids()->Add(prompt.begin() + r->prompt_pos, prompt.begin() + end);
     if (end < prompt.size()) {
       seg->set_prefill_only(true);
     } else {
       *seg->mutable_sampling() = SamplingToWire(r->output->job().sampling);
     }
-    group.order.push_back(r);
-    group.tokens.push_back(take[i]);
   }
   if (group.order.empty()) return left;
 
