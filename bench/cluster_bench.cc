@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "models/engine/model.h"
+#include "tools/bench_stats.h"
 #include "tools/commands.h"
 #include "worker/grpc_util.h"
 #include "worker/worker_actor.h"
@@ -184,11 +185,6 @@ absl::StatusOr<RunResult> RunOnce(Coordinator& c, const std::vector<std::vector<
   out.decode_tps = decode_tokens /
                    std::max(std::chrono::duration<double>(last_token - decode_start).count(), 1e-9);
   return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Decode t/s of `batch` streams, median over repeats (fresh prompts each time: no reuse).

@@ -22,6 +22,7 @@
 #include "models/engine/session.h"
 #include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tools/bench_stats.h"
 #include "tools/command_status.h"
 #include "tools/commands.h"
 
@@ -81,11 +82,6 @@ ChatMessage Message(std::string role, std::string content) {
   m.role = std::move(role);
   m.content = std::move(content);
   return m;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Prefill of `prompt`, then `gen` greedy decode steps on `streams` lockstep streams, repeated
