@@ -265,7 +265,10 @@ class StartupFlagTest(unittest.TestCase):
                             (("--top-p", "0"), "--top-p"),
                             (("--repeat-penalty", "-3"), "--repeat-penalty"),
                             (("--workers", "0"), "--workers"),
-                            (("--dead-after-ms", "100"), "--dead-after-ms")]:
+                            (("--dead-after-ms", "100"), "--dead-after-ms"),
+                            (("--micro-batches", "-1"), "--micro-batches"),
+                            (("--micro-batches", "1000"), "--micro-batches"),
+                            (("--max-step-tokens", "0"), "--max-step-tokens")]:
             with self.subTest(flag=extra):
                 self.check([*serve, *extra], flag)
         self.check(["coordinator", cc.SMOLLM2, *cc.FRONT_ADDRESSES, "--kv-slots", "0"],
@@ -282,8 +285,10 @@ class StartupFlagTest(unittest.TestCase):
         self.assertIn(b"no CUDA kernels yet", p.stderr)
 
     def test_worker_threads_are_checked_before_anything_starts(self):
-        self.check(["worker", "--coordinator", "127.0.0.1:1", "--listen", "127.0.0.1:0",
-                    "--metrics", "127.0.0.1:0", "--threads", "100000"], "--threads")
+        worker = ["worker", "--coordinator", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+                  "--metrics", "127.0.0.1:0"]
+        self.check([*worker, "--threads", "100000"], "--threads")
+        self.check([*worker, "--model-fetch-rate", "fast"], "--model-fetch-rate")
 
 
 if __name__ == "__main__":
