@@ -35,6 +35,17 @@ void SwiGluRef(const float* gate, const float* up, float* out, int64_t n);
 void SwiGluFused(const float* gate_up, float* out, int64_t rows, int64_t ff);
 void SwiGluFusedRef(const float* gate_up, float* out, int64_t rows, int64_t ff);
 
+// GeGLU as llama.cpp's CPU backend computes it (ggml_vec_geglu_f32 under GGML_GELU_FP16):
+// out[i] = g(gate[i]) * up[i] with g(x) = 0 for x <= -10, x for x >= 10, and otherwise the
+// tanh-form GELU of x rounded to f16, evaluated in float by ggml_gelu_f32's formula and rounded
+// to f16 again. Gemma's feed-forward blocks use it; matching the reference's rounding keeps
+// parity tests tight (the f16 steps are ~5e-4 relative, larger than any other difference).
+// The dispatched form reads a 64K-entry table built once; Ref evaluates the formula.
+void GeGlu(const float* gate, const float* up, float* out, int64_t n);
+void GeGluRef(const float* gate, const float* up, float* out, int64_t n);
+// Fused rows as SwiGluFused: gate_up [rows, 2 * ff] -> out [rows, ff]; out may equal gate_up.
+void GeGluFused(const float* gate_up, float* out, int64_t rows, int64_t ff);
+
 }  // namespace fucina
 
 #endif  // FUCINA_KERNELS_ACTIVATIONS_H_

@@ -2,11 +2,14 @@
 //
 // KV cache (one tensor for K, one for V, same layout): [capacity, num_heads_kv, head_dim] in
 // f32, f16, or q8_0 (each head row of head_dim values is head_dim / 32 BlockQ8_0; head_dim must
-// then be a multiple of 32). Row p holds position p.
+// then be a multiple of 32). Position p lives in row p % capacity: a cache shorter than the
+// sequence is a ring (sliding-window layers keep only their window plus some slack).
 //
 // Queries q[n_q, num_heads, head_dim] f32 are at positions pos0 .. pos0 + n_q - 1 and their own
-// K/V rows must already be stored (StoreKvRows) before the call. Query i attends to cache rows
-// [0, pos0 + i] (causal). Query head h reads kv head h / (num_heads / num_heads_kv) (GQA).
+// K/V rows must already be stored (StoreKvRows) before the call. Query i at position p attends
+// to positions [0, p] (causal), or with a window W to [max(0, p - W + 1), p]; the rows of every
+// position a query sees must still be in the cache. Query head h reads kv head
+// h / (num_heads / num_heads_kv) (GQA).
 //   out[i, h, :] = sum_j softmax_j(scale * q[i, h] . K[j, kvh]) V[j, kvh]
 // Output out[n_q, num_heads, head_dim] f32.
 //
@@ -39,18 +42,20 @@ struct KvLayout {
 // OK iff the type is supported, sizes are positive and q8_0 has head_dim % 32 == 0.
 absl::Status ValidateKvLayout(const KvLayout& layout);
 
-// Writes src[n, num_heads_kv, head_dim] (f32) into cache rows [pos, pos + n), converting to the
-// cache's type: f16 round-to-nearest-even, q8_0 with ggml's quantize_row_q8_0_ref rule (bit-exact
-// with both). Precondition: layout valid, 0 <= pos, pos + n <= capacity.
+// Writes src[n, num_heads_kv, head_dim] (f32) for positions [pos, pos + n) into their rows
+// (p % capacity), converting to the cache's type: f16 round-to-nearest-even, q8_0 with ggml's
+// quantize_row_q8_0_ref rule (bit-exact with both). Precondition: layout valid, 0 <= pos,
+// n <= capacity.
 void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, const float* src);
 
-// Reads back one head row (cache row pos, kv head kvh) as f32 [head_dim]; exact for every type.
+// Reads back one head row (position pos, kv head kvh) as f32 [head_dim]; exact for every type.
 void LoadKvHead(const KvLayout& layout, const void* cache, int64_t pos, int kvh, float* out);
 
 struct AttentionArgs {
   const float* q = nullptr;  // [n_q, num_heads, head_dim]
   int64_t n_q = 0;
-  int64_t pos0 = 0;          // position of q row 0; pos0 + n_q <= layout.capacity.
+  int64_t pos0 = 0;          // position of q row 0.
+  int64_t window = 0;        // 0: every earlier position; else the last `window` positions.
   int num_heads = 0;         // multiple of layout.num_heads_kv.
   float scale = 0.0f;        // usually 1 / sqrt(head_dim).
   KvLayout layout;

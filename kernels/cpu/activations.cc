@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops_isa.h"
+#include "kernels/fp16.h"
 
 namespace fucina {
 namespace {
@@ -89,6 +91,51 @@ void SwiGluFusedRef(const float* gate_up, float* out, int64_t rows, int64_t ff) 
 void SwiGluFused(const float* gate_up, float* out, int64_t rows, int64_t ff) {
   for (int64_t r = 0; r < rows; ++r) {
     SwiGlu(gate_up + r * 2 * ff, gate_up + r * 2 * ff + ff, out + r * ff, ff);
+  }
+}
+
+namespace {
+
+// ggml_gelu_f32 in float, on an f16-rounded input, rounded to f16.
+float GeluF16(float x) {
+  const float v = Fp16ToFp32(Fp32ToFp16(x));
+  const float g = 0.5f * v *
+                  (1.0f + std::tanh(static_cast<float>(kSqrt2OverPi) * v *
+                                    (1.0f + static_cast<float>(kGeluCoefA) * v * v)));
+  return Fp16ToFp32(Fp32ToFp16(g));
+}
+
+float GeGluOne(float gate, float up, const float* table) {
+  if (gate <= -10.0f) return 0.0f;
+  if (gate >= 10.0f) return gate * up;
+  return (table != nullptr ? table[Fp32ToFp16(gate)] : GeluF16(gate)) * up;
+}
+
+const float* GeluF16Table() {
+  static const std::vector<float>* table = [] {
+    auto* t = new std::vector<float>(65536);
+    for (uint32_t h = 0; h < 65536; ++h) {
+      (*t)[h] = GeluF16(Fp16ToFp32(static_cast<f16_t>(h)));
+    }
+    return t;
+  }();
+  return table->data();
+}
+
+}  // namespace
+
+void GeGluRef(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = GeGluOne(gate[i], up[i], nullptr);
+}
+
+void GeGlu(const float* gate, const float* up, float* out, int64_t n) {
+  const float* table = GeluF16Table();
+  for (int64_t i = 0; i < n; ++i) out[i] = GeGluOne(gate[i], up[i], table);
+}
+
+void GeGluFused(const float* gate_up, float* out, int64_t rows, int64_t ff) {
+  for (int64_t r = 0; r < rows; ++r) {
+    GeGlu(gate_up + r * 2 * ff, gate_up + r * 2 * ff + ff, out + r * ff, ff);
   }
 }
 

@@ -30,7 +30,13 @@ constexpr int kTile = 32;
 constexpr int kMaxRows = 8;
 
 const uint8_t* HeadRow(const KvLayout& l, const void* cache, int64_t pos, int kvh) {
-  return static_cast<const uint8_t*>(cache) + pos * l.PositionBytes() + kvh * l.HeadBytes();
+  return static_cast<const uint8_t*>(cache) + (pos % l.capacity) * l.PositionBytes() +
+         kvh * l.HeadBytes();
+}
+
+// First position query position p sees.
+int64_t FirstKey(const AttentionArgs& args, int64_t p) {
+  return args.window > 0 ? std::max<int64_t>(0, p - args.window + 1) : 0;
 }
 
 // Scalar tile kernels used when the level is kScalar; same contracts as ops_isa.h.
@@ -113,7 +119,7 @@ TileKernels SelectKernels(Isa isa, GgmlType type) {
 // Per-thread buffers of AttentionHeadsForIsa; they only grow.
 struct AttnScratch {
   std::vector<float> kbuf, vbuf, qs, acc, s, run_max, run_sum;
-  std::vector<int64_t> row_keys;
+  std::vector<int64_t> row_keys, row_first;
 };
 
 template <typename T>
@@ -149,7 +155,8 @@ void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, co
   const int hd = layout.head_dim;
   for (int64_t r = 0; r < n; ++r) {
     for (int h = 0; h < layout.num_heads_kv; ++h) {
-      uint8_t* dst = static_cast<uint8_t*>(cache) + (pos + r) * layout.PositionBytes() +
+      uint8_t* dst = static_cast<uint8_t*>(cache) +
+                     ((pos + r) % layout.capacity) * layout.PositionBytes() +
                      h * layout.HeadBytes();
       convert(src + (r * layout.num_heads_kv + h) * hd, dst, hd);
     }
@@ -191,9 +198,9 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
 
   // Scratch reused across calls on each thread (decode makes one call per kv head and layer,
   // too short to pay for fresh allocations). Per query row r = qi * nh + g of a block: scaled
-  // query, accumulator, scores, running max / sum, and how many keys the row may see (causal).
+  // query, accumulator, scores, running max / sum, and the keys [first, end) the row may see.
   // K rows past a partial tile may hold stale values: only their own score lanes see them.
-  const int64_t tile_rows = std::min<int64_t>(kTile, (args.pos0 + args.n_q + 15) / 16 * 16);
+  const int64_t tile_rows = kTile;
   thread_local AttnScratch scratch;
   AttnScratch& sc = scratch;
   Grow(sc.kbuf, tile_rows * ld);
@@ -204,6 +211,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   Grow(sc.run_max, max_rows);
   Grow(sc.run_sum, max_rows);
   Grow(sc.row_keys, max_rows);
+  Grow(sc.row_first, max_rows);
   float* const kbuf = sc.kbuf.data();
   float* const vbuf = sc.vbuf.data();
   float* const qs = sc.qs.data();
@@ -212,6 +220,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   float* const run_max = sc.run_max.data();
   float* const run_sum = sc.run_sum.data();
   int64_t* const row_keys = sc.row_keys.data();
+  int64_t* const row_first = sc.row_first.data();
   // Padding columns [hd, ld) of q, K and V must be zero (the loads write only [0, hd)).
   for (int64_t t = 0; t < tile_rows; ++t) {
     std::fill(kbuf + t * ld + hd, kbuf + (t + 1) * ld, 0.0f);
@@ -224,8 +233,13 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
     const int h_end = std::min(head_end, (kvh + 1) * group);  // heads sharing kv head kvh.
     const int nh = h_end - h;
     const int64_t q_block = std::max(1, kMaxRows / nh);
+    // Row of position j: base + (j % capacity) * stride. Tiles start at multiples of kTile
+    // (whatever the window), so a key's tile and the order a row adds its tiles in depend on
+    // positions only: a query gives the same bits whichever queries share its block. A ring's
+    // capacity is a multiple of kTile (KvCache rounds it), so no tile wraps.
     const uint8_t* k_base = HeadRow(l, args.k_cache, 0, kvh);
     const uint8_t* v_base = HeadRow(l, args.v_cache, 0, kvh);
+    auto wrap = [&](int64_t j) { return j % l.capacity; };
     for (int64_t i0 = 0; i0 < args.n_q; i0 += q_block) {
       const int64_t nqb = std::min(q_block, args.n_q - i0);
       const int rows = static_cast<int>(nqb) * nh;
@@ -238,31 +252,40 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
         run_max[r] = kNegInf;
         run_sum[r] = 0.0f;
         row_keys[r] = args.pos0 + i + 1;
+        row_first[r] = FirstKey(args, args.pos0 + i);
       }
       const int64_t n_keys = args.pos0 + i0 + nqb;  // what the block's last query sees.
-      for (int64_t j0 = 0; j0 < n_keys; j0 += kTile) {
+      const int64_t first_tile = FirstKey(args, args.pos0 + i0) / kTile * kTile;
+      for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
         // The rows of one kv head are a position apart (all kv heads of a position are
         // contiguous), a stride the hardware prefetchers do not follow: request the next
         // tile's K and V rows while this one is computed.
         const int64_t next = std::min<int64_t>(kTile, n_keys - j0 - nt);
         for (int64_t t = 0; t < next; ++t) {
-          const uint8_t* kr = k_base + (j0 + nt + t) * stride;
-          const uint8_t* vr = v_base + (j0 + nt + t) * stride;
+          const uint8_t* kr = k_base + wrap(j0 + nt + t) * stride;
+          const uint8_t* vr = v_base + wrap(j0 + nt + t) * stride;
           for (int64_t o = 0; o < head_bytes; o += 64) {
             __builtin_prefetch(kr + o, 0, 2);
             __builtin_prefetch(vr + o, 0, 2);
           }
         }
-        kern.load(k_base + j0 * stride, stride, nt, hd, ld, kbuf);
+        kern.load(k_base + wrap(j0) * stride, stride, nt, hd, ld, kbuf);
         kern.scores(qs, rows, ld, kbuf, nt, s, kTile);
         for (int r = 0; r < rows; ++r) {
           float* sr = s + r * kTile;
-          // Keys past the row's causal limit get weight exactly 0, so a row's result is the
-          // same whichever queries share its block; a tile it cannot see leaves it untouched.
+          // Keys outside the row's [first, end) get weight exactly 0, so a row's result is
+          // the same whichever queries share its block; a tile it cannot see leaves it
+          // untouched.
+          const int lo = static_cast<int>(std::clamp<int64_t>(row_first[r] - j0, 0, nt));
           const int valid = static_cast<int>(std::clamp<int64_t>(row_keys[r] - j0, 0, nt));
+          if (lo >= valid) {
+            std::fill(sr, sr + nt, 0.0f);
+            continue;
+          }
+          for (int t = 0; t < lo; ++t) sr[t] = kNegInf;
           float tile_max = kNegInf;
-          for (int t = 0; t < valid; ++t) tile_max = std::max(tile_max, sr[t]);
+          for (int t = lo; t < valid; ++t) tile_max = std::max(tile_max, sr[t]);
           if (tile_max > run_max[r]) {
             // Rescale what was accumulated under the old maximum (nothing on the first tile).
             if (run_sum[r] != 0.0f) {
@@ -272,12 +295,13 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
             }
             run_max[r] = tile_max;
           }
-          for (int t = 0; t < valid; ++t) sr[t] -= run_max[r];
-          kern.exp(sr, sr, valid);
-          for (int t = 0; t < valid; ++t) run_sum[r] += sr[t];
+          for (int t = lo; t < valid; ++t) sr[t] -= run_max[r];
+          kern.exp(sr + lo, sr + lo, valid - lo);
+          for (int t = lo; t < valid; ++t) run_sum[r] += sr[t];
+          std::fill(sr, sr + lo, 0.0f);
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
-        kern.load(v_base + j0 * stride, stride, nt, hd, ld, vbuf);
+        kern.load(v_base + wrap(j0) * stride, stride, nt, hd, ld, vbuf);
         kern.accum(s, kTile, rows, vbuf, nt, ld, acc);
       }
       for (int r = 0; r < rows; ++r) {
@@ -303,12 +327,13 @@ void AttentionRef(const AttentionArgs& args, float* out) {
   std::vector<double> scores, acc(hd);
   for (int64_t i = 0; i < args.n_q; ++i) {
     const int64_t n_keys = args.pos0 + i + 1;
+    const int64_t first = FirstKey(args, args.pos0 + i);
     scores.assign(static_cast<size_t>(n_keys), 0.0);
     for (int h = 0; h < args.num_heads; ++h) {
       const int kvh = h / group;
       const float* q = args.q + (i * args.num_heads + h) * hd;
       double max = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = first; j < n_keys; ++j) {
         LoadKvHead(l, args.k_cache, j, kvh, k.data());
         double dot = 0.0;
         for (int d = 0; d < hd; ++d) dot += static_cast<double>(q[d]) * k[d];
@@ -317,7 +342,7 @@ void AttentionRef(const AttentionArgs& args, float* out) {
       }
       double sum = 0.0;
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = first; j < n_keys; ++j) {
         const double w = std::exp(scores[j] - max);
         sum += w;
         LoadKvHead(l, args.v_cache, j, kvh, v.data());
