@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   }
   {
     // A context whose KV cache cannot exist would plan "ready" and then fail every request.
-    const int64_t kv = KvBytesPerSession(c->config_, c->config_.num_layers, options.context,
+    const int64_t kv = KvBytesPerSession(c->config_, 0, c->config_.num_layers, options.context,
                                          *ParseKvCacheType(options.cache_type));
     const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
     if (ram > 0 && kv > ram) {

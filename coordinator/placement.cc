@@ -49,13 +49,12 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
     stage_workers.resize(r.max_stages);
   }
   const int64_t local_experts = expert_workers > 0 ? 0 : c.num_experts;
-  const int64_t kv_per_layer = KvBytesPerSession(c, 1, r.context, r.cache_type);
   const int wanted_slots = std::max(1, r.kv_slots);
 
   // Bytes a worker needs for layers [first, last) with `slots` resident sessions.
   auto stage_bytes = [&](int64_t first, int64_t last, bool emb, bool head, int slots) {
     return r.size.StageBytes(first, last, local_experts, emb, head) +
-           slots * kv_per_layer * (last - first);
+           slots * KvBytesPerSession(c, first, last, r.context, r.cache_type);
   };
 
   // Target layer counts that give each stage work in proportion to its cores, then assign
@@ -118,6 +117,18 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
         }
         while (first + count + rest_capacity < num_layers && fits(i, first, count + 1)) ++count;
       }
+      // A cut may not part a layer from the layer whose K/V it reads: move it down to a legal
+      // cut, or up when there is none (fits() then decides).
+      if (count > 0 && first + count < num_layers && !c.CanSplitAt(first + count)) {
+        int64_t legal = count;
+        while (legal > 0 && !c.CanSplitAt(first + legal)) --legal;
+        if (legal == 0) {
+          legal = count;
+          while (first + legal < num_layers && !c.CanSplitAt(first + legal)) ++legal;
+        }
+        count = legal;
+        if (!fits(i, first, count)) return std::vector<StagePlan>();
+      }
       if (count == 0) continue;
       StagePlan stage;
       stage.worker_id = stage_workers[i].id;
@@ -148,7 +159,7 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
   int slots = wanted_slots;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
-    const int64_t kv = kv_per_layer * (s.last_layer - s.first_layer);
+    const int64_t kv = KvBytesPerSession(c, s.first_layer, s.last_layer, r.context, r.cache_type);
     if (kv == 0) continue;
     const WorkerInfo& w = *std::find_if(stage_workers.begin(), stage_workers.end(),
                                         [&](const WorkerInfo& x) { return x.id == s.worker_id; });

@@ -2,6 +2,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -9,7 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/thread_pool.h"
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
+#include "models/engine/model.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/quantize.h"
 #include "tools/commands.h"
@@ -79,15 +81,24 @@ int RunQuantize(const QuantizeArgs& args) {
   ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());
   gguf::QuantizeOptions options;
   options.pure = args.pure;
+  // The family's table says which matrices stay as they are (routers); a file of an unknown
+  // family falls back to the name rules.
+  std::set<std::string> keep;
+  if (auto table = ModelTensorTable(**file); table.ok()) {
+    for (const TensorSpec& t : *table) {
+      if (!t.quantize) keep.insert(t.name);
+    }
+    options.keep = [&keep](std::string_view name) { return keep.contains(std::string(name)); };
+  }
   absl::Status s = gguf::QuantizeModel(**file, args.out, *target, options, pool, stderr);
   if (!s.ok()) return Fail(s);
   std::printf("wrote %s (%s)\n", args.out.c_str(), args.type.c_str());
   return 0;
 }
 
-int RunMakeFixture(const gguf::FixtureOptions& options, const std::string& out, int threads) {
+int RunMakeFixture(const FixtureOptions& options, const std::string& out, int threads) {
   ThreadPool pool(threads > 0 ? threads : ThreadPool::Default().num_threads());
-  absl::Status s = gguf::MakeFixture(options, out, pool);
+  absl::Status s = MakeFixture(options, out, pool);
   if (!s.ok()) return Fail(s);
   std::printf("wrote %s\n", out.c_str());
   return 0;
@@ -117,13 +128,14 @@ void RegisterGgufCommands(CLI::App& app, int* exit_code) {
   quantize->add_option("--threads", q_args->threads, "Threads (default: all)");
   quantize->callback([q_args, exit_code] { *exit_code = RunQuantize(*q_args); });
 
-  auto f = std::make_shared<gguf::FixtureOptions>();
+  auto f = std::make_shared<FixtureOptions>();
   auto f_out = std::make_shared<std::string>();
   auto f_threads = std::make_shared<int>(0);
   CLI::App* fix = gguf->add_subcommand(
-      "make-fixture", "Write a random-weight qwen3/qwen3moe/llama model (see models/gguf/fixture.h)");
+      "make-fixture",
+      "Write a random-weight qwen3/qwen3moe/llama/gemma4 model (see models/engine/fixture.h)");
   fix->add_option("OUT", *f_out, "Output GGUF")->required();
-  fix->add_option("--arch", f->arch, "qwen3 | qwen3moe | llama")->capture_default_str();
+  fix->add_option("--arch", f->arch, "qwen3 | qwen3moe | llama | gemma4")->capture_default_str();
   fix->add_option("--name", f->name, "general.name");
   fix->add_option("--layers", f->num_layers)->capture_default_str();
   fix->add_option("--hidden", f->hidden)->capture_default_str();
@@ -144,6 +156,28 @@ void RegisterGgufCommands(CLI::App& app, int* exit_code) {
   fix->add_flag("--peaked", f->peaked, "Scale embeddings/output for clear next-token winners");
   fix->add_flag("--rope-freqs", f->rope_freqs, "llama: write rope_freqs.weight");
   fix->add_option("--init-std", f->init_std)->capture_default_str();
+  // gemma4's per-layer geometry.
+  fix->add_option("--sliding-window", f->sliding_window, "gemma4: sliding-window size")
+      ->capture_default_str();
+  fix->add_option("--global-every", f->global_every,
+                  "gemma4: every Nth layer is global, the rest sliding (0: all sliding)")
+      ->capture_default_str();
+  fix->add_option("--head-dim-global", f->head_dim_global, "gemma4: global layers' head size")
+      ->capture_default_str();
+  fix->add_option("--kv-heads-global", f->kv_heads_global,
+                  "gemma4: global layers' KV heads (0: as --kv-heads)")
+      ->capture_default_str();
+  fix->add_option("--shared-kv-layers", f->shared_kv_layers,
+                  "gemma4: trailing layers that read an earlier layer's K/V")
+      ->capture_default_str();
+  fix->add_option("--per-layer-input", f->per_layer_input,
+                  "gemma4: per-layer embedding width (0: none)")
+      ->capture_default_str();
+  fix->add_option("--rope-base-swa", f->rope_base_swa, "gemma4: sliding layers' RoPE base")
+      ->capture_default_str();
+  fix->add_option("--softcap", f->final_logit_softcap, "gemma4: final logit softcapping")
+      ->capture_default_str();
+  fix->add_flag("--moe", f->moe, "gemma4: routed experts beside the dense FFN");
   fix->add_option("--seed", f->seed)->capture_default_str();
   fix->add_option("--type", f->type, "Weight type, as gguf quantize --type")->capture_default_str();
   fix->add_option("--tokenizer", f->tokenizer_dir,

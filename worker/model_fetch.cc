@@ -254,8 +254,9 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
         report.path, ": the header describes a ", (*file)->file_size(), "-byte file, the "
         "coordinator a ", file_size, "-byte one"));
   }
-  const std::vector<std::string> names = ShardTensorNames(**file, LoadOptionsFor(request));
-  auto manifest = Manifest(model_path, names);
+  auto names = ShardTensorNames(**file, LoadOptionsFor(request));
+  if (!names.ok()) return WithContext(names.status(), "the model header the coordinator sent");
+  auto manifest = Manifest(model_path, *names);
   if (!manifest.ok()) return manifest.status();
   if (manifest->model_digest() != digest_bytes) {
     return absl::AbortedError("the coordinator's model changed during the fetch; load again");

@@ -328,7 +328,7 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
     for (const wire::Peer& peer : request.expert_peers()) remote += peer.experts_size();
     weight_bytes_ = size.StageBytes(first, last, c.num_experts - remote, request.embeddings(),
                                     request.head());
-    kv_bytes_per_session_ = KvBytesPerSession(c, last - first, request.context(), *cache_type);
+    kv_bytes_per_session_ = KvBytesPerSession(c, first, last, request.context(), *cache_type);
   }
   if (options_.memory_budget > 0 && weight_bytes_ > options_.memory_budget) {
     return absl::ResourceExhaustedError(absl::StrCat("shard needs ", weight_bytes_,

@@ -1,4 +1,7 @@
-// A decoder-only transformer (llama / qwen3 / qwen3moe) on CPU, for all layers or a shard.
+// A decoder-only transformer on CPU, for all layers or a shard. What a layer computes is its
+// family's code (models/families/<arch>.cc over the blocks of blocks.h, found by
+// general.architecture); this class holds what every family shares: loading a part of a model,
+// embeddings, the head, the KV contract of a forward pass, and routed experts.
 //
 // Weights stay in their GGUF dtype, borrowed from the file's mapping; q/k/v and gate/up are
 // fused into one matrix each at load when their dtypes match (one wider matmul instead of
@@ -23,27 +26,13 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/matmul.h"
+#include "models/engine/blocks.h"
 #include "models/engine/config.h"
+#include "models/engine/family.h"
 #include "models/engine/kv_cache.h"
 #include "models/gguf/gguf.h"
 
 namespace fucina {
-
-// Computes a MoE layer's routed expert mixture for n tokens.
-class ExpertFfn {
- public:
-  virtual ~ExpertFfn() = default;
-  // x: [n, hidden]; experts/weights: [n, k] (expert ids and their router weights, in routing
-  // order). out: [n, hidden] = sum_j weights[i, j] * FFN_{experts[i, j]}(x[i]), summed over j
-  // in order. `layer` is the absolute layer index.
-  virtual absl::Status Forward(int64_t layer, const float* x, int64_t n, const int32_t* experts,
-                               const float* weights, int k, float* out) = 0;
-};
-
-// out[i] = sum_j weights[i, j] * slots[i, j] for i < n, j < k, summed in slot order (j
-// ascending) so local and remote experts give the same bits. slots: [n, k, hidden].
-void WeightedExpertSum(const float* slots, const float* weights, int64_t n, int k,
-                       int64_t hidden, float* out);
 
 struct LoadOptions {
   int64_t first_layer = 0;
@@ -55,18 +44,17 @@ struct LoadOptions {
   bool experts_only = false;
 };
 
-// Names of the tensors a Model loaded with `options` reads (Bind): the layers' tensors in
-// [first_layer, last_layer) (for experts_only only the expert stacks), token_embd with the
-// embeddings or a tied head, output_norm and output with the head, and every other tensor
-// outside the layers (rope_freqs). The bytes of the others are never touched, so a worker that
-// fetches its shard over the network fetches only these (worker/model_fetch.h). Keep in step
-// with Bind: tests load shards from files holding only these tensors.
-std::vector<std::string> ShardTensorNames(const gguf::File& file, const LoadOptions& options);
+// Names of the tensors a Model loaded with `options` reads, from its family's table: the
+// layers' tensors in [first_layer, last_layer) (for experts_only only the expert stacks), the
+// embedding part with the embeddings (token_embd also for a tied head), the head part with the
+// head, and the global tensors (rope_freqs). The bytes of the others are never touched, so a
+// worker that fetches its shard over the network fetches only these (worker/model_fetch.h).
+// Errors: unknown architecture, bad config.
+absl::StatusOr<std::vector<std::string>> ShardTensorNames(const gguf::File& file,
+                                                          const LoadOptions& options);
 
-// A MoE layer's expert weights: stacks [num_experts, rows, cols] borrowed from the mapping.
-struct ExpertStacks {
-  WeightView gate, up, down;  // gate/up: [E * expert_ffn, hidden], down: [E * hidden, expert_ffn]
-};
+// The tensor table of a file's family and config (names, shapes, parts).
+absl::StatusOr<TensorTable> ModelTensorTable(const gguf::File& file);
 
 class Model {
  public:
@@ -122,11 +110,9 @@ class Model {
   // A batch of rows through this model's layers, in place on x[rows, hidden]. Row r belongs to
   // segment s with begin <= r < begin + count, at position kv->len() + (r - begin); each
   // segment's cache advances by its count. Segments must not share a cache.
-  struct Segment {
-    KvCache* kv;
-    int64_t begin;
-    int64_t count;
-  };
+  // Families with per-layer embeddings need each segment's tokens (the model must then hold
+  // every layer and the embeddings).
+  using Segment = KvSegment;
   absl::Status ForwardLayers(float* x, int64_t rows, std::span<const Segment> segments);
   // Final norm + output projection of x[rows, hidden] -> logits[rows, vocab].
   absl::Status Head(const float* x, int64_t rows, float* logits);
@@ -136,6 +122,9 @@ class Model {
   void SetExpertFfn(ExpertFfn* experts) { experts_ = experts; }
   // The local experts of an absolute MoE layer (for serving them to other processes).
   const ExpertStacks* LocalExperts(int64_t layer) const;
+  // Every tensor this model bound, by table name, with where its values live (the mapping
+  // and/or rows of fused copies): what training perturbs and updates.
+  void VisitParameters(const ParameterVisitor& visit) const;
   ExpertFfn& LocalExpertFfn();
   // Unweighted outputs of local experts: out[p, hidden] = FFN_{experts[p]}(x[rows[p]]) of the
   // absolute MoE `layer`. Errors: no local experts for the layer, ids out of range.
@@ -143,35 +132,33 @@ class Model {
                              std::span<const int32_t> experts, float* out);
 
  private:
-  struct Layer;
   class LocalExpertsFfn;
-  struct Scratch;
 
   Model();
   absl::Status Bind(const LoadOptions& options);
+  absl::Status ForwardPass(float* x, int64_t rows, std::span<const Segment> segments);
   absl::StatusOr<std::vector<float>> RunFull(std::span<KvCache* const> caches,
                                              std::span<const int32_t> tokens,
                                              std::span<const int64_t> counts, bool all_logits);
   absl::StatusOr<std::vector<float>> RunOne(KvCache& kv, std::span<const int32_t> tokens,
                                             int64_t pos0, bool all_logits);
-  void AttentionBlock(const Layer& layer, int64_t li, float* x, int64_t rows,
-                      std::span<const Segment> segments);
-  absl::Status FfnBlock(const Layer& layer, int64_t li, float* x, int64_t rows);
 
   std::unique_ptr<gguf::File> file_;
   ModelConfig config_;
+  const ModelFamily* family_ = nullptr;
+  TensorTable table_;
+  std::unique_ptr<FamilyModel> forward_;
   ThreadPool* pool_ = nullptr;
   int64_t first_ = 0, last_ = 0;
   bool experts_only_ = false;
   WeightView embed_;                 // [vocab, hidden]
   WeightView head_;                  // [vocab, hidden] (token_embd when tied)
   const float* output_norm_ = nullptr;
-  const float* rope_freqs_ = nullptr;  // [rope_dims / 2] or null
-  std::vector<Layer> layers_;        // layers [first_, last_)
-  std::vector<std::unique_ptr<uint8_t[]>> fused_;  // owned storage of fused matrices
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // fused matrices
+  std::vector<Parameter> parameters_;
   std::unique_ptr<LocalExpertsFfn> local_experts_;
   ExpertFfn* experts_ = nullptr;
-  std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<ForwardScratch> scratch_;
 };
 
 }  // namespace fucina

@@ -5,6 +5,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "kernels/attention.h"
+#include "models/engine/family.h"
+#include "models/engine/kv_cache.h"
+#include "models/engine/registry.h"
 
 namespace fucina {
 
@@ -36,50 +39,47 @@ ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config) {
   size.layer_bytes.assign(config.num_layers, 0);
   size.expert_bytes.assign(config.num_layers, 0);
   size.layer_work.assign(config.num_layers, 0);
-  bool tied = true;
-  int64_t embedding_elements = 0;
-  for (const gguf::TensorInfo& t : file.tensors()) {
-    const int64_t bytes = static_cast<int64_t>(t.nbytes);
-    const int64_t elements = t.num_elements();
-    const std::string& name = t.name;
-    if (name == "token_embd.weight") {
-      size.embedding_bytes += bytes;
-      embedding_elements = elements;
-    } else if (name == "output.weight" || name == "output_norm.weight") {
-      size.head_bytes += bytes;
-      size.head_work += elements;
-      if (name == "output.weight") tied = false;
-    } else if (absl::StartsWith(name, "blk.")) {
-      const size_t dot = name.find('.', 4);
-      int64_t layer;
-      if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(4, dot - 4), &layer) ||
-          layer < 0 || layer >= config.num_layers) {
-        continue;
-      }
-      if (absl::StrContains(name, "_exps.") && config.num_experts > 0) {
-        size.expert_bytes[layer] += bytes / config.num_experts;
-        size.layer_work[layer] += elements / config.num_experts * config.num_experts_used;
-      } else {
-        size.layer_bytes[layer] += bytes;
-        size.layer_work[layer] += elements;
-      }
+  auto family = FindModelFamily(config.arch);
+  if (!family.ok()) return size;
+  const bool tied = file.FindTensor("output.weight") == nullptr;
+  for (const TensorSpec& spec : (*family)->tensors(config)) {
+    const gguf::TensorInfo* t = file.FindTensor(spec.name);
+    if (t == nullptr) continue;
+    const int64_t bytes = static_cast<int64_t>(t->nbytes);
+    const int64_t elements = t->num_elements();
+    const bool in_layers = spec.layer >= 0 && spec.layer < config.num_layers;
+    switch (spec.part) {
+      case TensorPart::kEmbedding:
+        size.embedding_bytes += bytes;
+        if (tied && spec.name == "token_embd.weight") {
+          size.head_bytes += bytes;
+          size.head_work += elements;
+        }
+        break;
+      case TensorPart::kHead:
+        size.head_bytes += bytes;
+        size.head_work += elements;
+        break;
+      case TensorPart::kGlobal:
+        break;
+      case TensorPart::kLayer:
+        if (!in_layers) break;
+        size.layer_bytes[spec.layer] += bytes;
+        size.layer_work[spec.layer] += elements;
+        break;
+      case TensorPart::kExperts:
+        if (!in_layers || config.num_experts <= 0) break;
+        size.expert_bytes[spec.layer] += bytes / config.num_experts;
+        size.layer_work[spec.layer] += elements / config.num_experts * config.num_experts_used;
+        break;
     }
-  }
-  if (tied) {
-    size.head_bytes += size.embedding_bytes;
-    size.head_work += embedding_elements;
   }
   return size;
 }
 
-int64_t KvBytesPerSession(const ModelConfig& config, int64_t num_layers, int64_t capacity,
-                          GgmlType type) {
-  KvLayout layout;
-  layout.type = type;
-  layout.capacity = capacity;
-  layout.num_heads_kv = static_cast<int>(config.num_heads_kv);
-  layout.head_dim = static_cast<int>(config.head_dim);
-  return layout.TotalBytes() * 2 * num_layers;
+int64_t KvBytesPerSession(const ModelConfig& config, int64_t first, int64_t last,
+                          int64_t capacity, GgmlType type) {
+  return KvCache::Bytes(config.KvGeometry(first, last), type, capacity);
 }
 
 }  // namespace fucina

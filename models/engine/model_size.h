@@ -1,5 +1,5 @@
-// Bytes of a model's parts, read from its GGUF tensor table: what a placement planner needs to
-// split layers and experts across workers' memory budgets.
+// Bytes of a model's parts, from its family's tensor table (family.h) and the file's tensors:
+// what a placement planner needs to split layers and experts across workers' memory budgets.
 #ifndef FUCINA_MODELS_ENGINE_MODEL_SIZE_H_
 #define FUCINA_MODELS_ENGINE_MODEL_SIZE_H_
 
@@ -34,9 +34,10 @@ struct ModelSize {
 
 ModelSize MeasureModel(const gguf::File& file, const ModelConfig& config);
 
-// KV bytes one session of `capacity` positions needs for `num_layers` layers.
-int64_t KvBytesPerSession(const ModelConfig& config, int64_t num_layers, int64_t capacity,
-                          GgmlType type);
+// KV bytes one session of `capacity` positions needs for layers [first, last): each layer's
+// own geometry, rings for sliding-window layers, nothing for layers reading shared K/V.
+int64_t KvBytesPerSession(const ModelConfig& config, int64_t first, int64_t last,
+                          int64_t capacity, GgmlType type);
 
 }  // namespace fucina
 

@@ -79,6 +79,7 @@ GgmlType ChooseTensorType(const QuantTarget& target, const QuantizeOptions& opti
                           GgmlType current, bool has_output, int64_t num_layers,
                           int64_t num_experts) {
   if (!name.ends_with("weight") || dims.size() < 2) return current;
+  if (options.keep && options.keep(name)) return current;
   if (Contains(name, "ffn_gate_inp") || Contains(name, "rope_freqs") ||
       Contains(name, "_norm")) {
     return current;

@@ -16,6 +16,7 @@
 #define FUCINA_MODELS_GGUF_QUANTIZE_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,9 @@ absl::StatusOr<QuantTarget> ParseQuantTarget(std::string_view name);
 
 struct QuantizeOptions {
   bool pure = false;
+  // Tensors to leave in their type whatever the rules say: the model family's table marks
+  // them (e.g. routers); null: the name rules alone.
+  std::function<bool(std::string_view name)> keep;
 };
 
 // The type tensor `name` with `dims` gets under `target` in a model with `num_layers` blocks

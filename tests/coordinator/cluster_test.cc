@@ -17,7 +17,7 @@
 #include "models/engine/model_size.h"
 #include "models/engine/registry.h"
 #include "models/engine/session.h"
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 #include "models/gguf/writer.h"
 #include "nlohmann/json.hpp"
 #include "tests/coordinator/scripted_worker.h"
@@ -186,18 +186,18 @@ class ClusterTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     ThreadPool pool(2);
-    gguf::FixtureOptions dense;
+    FixtureOptions dense;
     dense.arch = "qwen3";
     dense.num_layers = 6;
     dense.peaked = true;
     dense.seed = 11;
-    ASSERT_TRUE(gguf::MakeFixture(dense, FixturePath("dense"), pool).ok());
-    gguf::FixtureOptions moe = dense;
+    ASSERT_TRUE(MakeFixture(dense, FixturePath("dense"), pool).ok());
+    FixtureOptions moe = dense;
     moe.arch = "qwen3moe";
     moe.num_layers = 3;
     moe.num_experts = 8;
     moe.num_experts_used = 2;
-    ASSERT_TRUE(gguf::MakeFixture(moe, FixturePath("moe"), pool).ok());
+    ASSERT_TRUE(MakeFixture(moe, FixturePath("moe"), pool).ok());
   }
   static void TearDownTestSuite() {
     std::remove(FixturePath("dense").c_str());
@@ -477,7 +477,7 @@ TEST_F(ClusterTest, NotReadyWhenSurvivorsCannotHoldTheModel) {
   const ModelSize size = MeasureModel(**file, *config);
   const int64_t whole = size.LayersBytes(0, config->num_layers, 0) + size.embedding_bytes +
                         size.head_bytes +
-                        KvBytesPerSession(*config, config->num_layers, 256, GgmlType::kF32);
+                        KvBytesPerSession(*config, 0, config->num_layers, 256, GgmlType::kF32);
   const int64_t budget = whole * 6 / 10;
   CoordinatorOptions options;
   options.kv_slots = 1;

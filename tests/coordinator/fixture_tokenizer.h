@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/status/statusor.h"
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 #include "models/gguf/gguf.h"
 #include "models/tokenizer/tokenizer.h"
 
@@ -30,7 +30,7 @@ inline absl::StatusOr<std::unique_ptr<Tokenizer>> FixtureTokenizer(
     made = write(path);
   } else {
     ThreadPool pool(1);
-    made = gguf::MakeFixture(gguf::FixtureOptions(), path, pool);
+    made = MakeFixture(FixtureOptions(), path, pool);
   }
   if (!made.ok()) return made;
   auto file = gguf::File::Open(path);

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 #include "worker/sampling_wire.h"
 #include "worker/worker_client.h"
 
@@ -24,12 +24,12 @@ class FixtureModelTest : public testing::Test {
   static void MakeModel(const std::string& tag, double init_std = 0.02) {
     path_ = new std::string(testing::TempDir() + "/" + tag + "_" + std::to_string(getpid()) +
                             ".gguf");
-    gguf::FixtureOptions o;
+    FixtureOptions o;
     o.arch = "qwen3";
     o.num_layers = kLayers;
     o.init_std = init_std;
     ThreadPool pool(1);
-    ASSERT_TRUE(gguf::MakeFixture(o, *path_, pool).ok());
+    ASSERT_TRUE(MakeFixture(o, *path_, pool).ok());
   }
   static void RemoveModel() {
     std::remove(path_->c_str());

@@ -152,7 +152,7 @@ class ModelFetchTest : public FixtureModelTest {
     return n;
   }
   std::vector<std::string> Needed(const wire::LoadShardRequest& r) const {
-    return ShardTensorNames(*original_, LoadOptionsFor(r));
+    return ShardTensorNames(*original_, LoadOptionsFor(r)).value();
   }
   // The tensors the cache's journal lists as verified.
   std::set<std::string> Verified(const FetchReport& r) const {
@@ -231,7 +231,8 @@ TEST_F(ModelFetchTest, TheNextLoadReusesTheCacheWithNothingTransferred) {
   EXPECT_EQ(again->bytes_received(), Bytes(ShardTensorNames(*original_, {.first_layer = 1,
                                                                          .last_layer = 2,
                                                                          .embeddings = false,
-                                                                         .head = false})));
+                                                                         .head = false})
+                                               .value()));
 }
 
 TEST_F(ModelFetchTest, ACorruptedCachedTensorIsDetectedAndRefetched) {

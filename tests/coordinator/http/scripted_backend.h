@@ -24,7 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http/http_server.h"
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 #include "nlohmann/json.hpp"
 #include "tests/coordinator/scripted_worker.h"
 
@@ -74,7 +74,7 @@ inline std::vector<nlohmann::json> Events(const std::string& body) {
 // The smallest Qwen3 fixture with the real Qwen3 tokenizer and chat template (from
 // `tokenizer_dir`) at `path`: what tests of text handling need, with no weights worth running.
 inline absl::Status MakeTinyQwen3Fixture(const std::string& path, const char* tokenizer_dir) {
-  gguf::FixtureOptions o;
+  FixtureOptions o;
   o.arch = "qwen3";
   o.num_layers = 1;
   o.hidden = 32;
@@ -83,7 +83,7 @@ inline absl::Status MakeTinyQwen3Fixture(const std::string& path, const char* to
   o.num_heads_kv = 1;
   o.tokenizer_dir = tokenizer_dir;
   ThreadPool pool(1);
-  return gguf::MakeFixture(o, path, pool);
+  return MakeFixture(o, path, pool);
 }
 
 class ScriptedBackend : public testing::Test {

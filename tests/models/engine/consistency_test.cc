@@ -1,5 +1,5 @@
 // Consistency of the engine's own forward paths with each other (no external reference), on
-// small random-weight fixtures (gguf::MakeFixture, byte vocabulary):
+// small random-weight fixtures (MakeFixture, byte vocabulary):
 //  - ForwardStepBatch rows == per-stream ForwardStep, bit for bit;
 //  - ForwardStepAllLogits rows == token-by-token ForwardStep, bit for bit;
 //  - f16 / q8_0 KV caches within 1e-2 / 5e-2 (max |delta log-prob|) of an f32 cache;
@@ -24,7 +24,7 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/model.h"
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/writer.h"
 
@@ -38,11 +38,11 @@ std::string TempPath(const std::string& name) {
 
 struct Variant {
   const char* name;
-  gguf::FixtureOptions options;
+  FixtureOptions options;
 };
 
-gguf::FixtureOptions Base(const char* arch, const char* type) {
-  gguf::FixtureOptions o;
+FixtureOptions Base(const char* arch, const char* type) {
+  FixtureOptions o;
   o.arch = arch;
   o.type = type;
   o.num_layers = 3;
@@ -60,7 +60,7 @@ gguf::FixtureOptions Base(const char* arch, const char* type) {
 }
 
 std::vector<Variant> Variants() {
-  gguf::FixtureOptions llama = Base("llama", "f32");
+  FixtureOptions llama = Base("llama", "f32");
   llama.tied = false;
   llama.rope_freqs = true;
   llama.num_heads = 2;
@@ -69,7 +69,7 @@ std::vector<Variant> Variants() {
   return {{"qwen3_f32", Base("qwen3", "f32")},
           {"qwen3_q8_0", Base("qwen3", "q8_0")},
           {"qwen3_q4_k", [] {
-             gguf::FixtureOptions o = Base("qwen3", "q4_k");
+             FixtureOptions o = Base("qwen3", "q4_k");
              o.hidden = 256;
              o.ffn = 256;
              o.head_dim = 64;
@@ -109,7 +109,7 @@ class ConsistencyTest : public testing::TestWithParam<int> {
     pool_ = new ThreadPool(2);
     for (const Variant& v : Variants()) {
       const std::string path = TempPath(v.name);
-      absl::Status st = gguf::MakeFixture(v.options, path, *pool_);
+      absl::Status st = MakeFixture(v.options, path, *pool_);
       ASSERT_TRUE(st.ok()) << v.name << ": " << st;
       paths_.push_back(path);
     }
@@ -349,10 +349,10 @@ absl::Status CopyWithValue(const std::string& src, const std::string& dst, const
 
 TEST(ConfigValidation, ErrorsNameTheKey) {
   ThreadPool pool(1);
-  gguf::FixtureOptions o = Base("qwen3moe", "f32");
+  FixtureOptions o = Base("qwen3moe", "f32");
   o.num_layers = 1;
   const std::string good = TempPath("config_good");
-  ASSERT_TRUE(gguf::MakeFixture(o, good, pool).ok());
+  ASSERT_TRUE(MakeFixture(o, good, pool).ok());
   const std::string bad = TempPath("config_bad");
   const struct {
     const char* key;

@@ -1,18 +1,25 @@
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 
 #include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/type_traits.h"
+#include "models/engine/blocks.h"
+#include "models/engine/registry.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/hf_tokenizer.h"
 #include "models/gguf/quantize.h"
 #include "models/gguf/writer.h"
 #include "models/sampler/rng.h"
 
-namespace fucina::gguf {
+namespace fucina {
 namespace {
+
+using gguf::HfTokenizer;
+using gguf::TokenType;
+using gguf::Value;
+using gguf::Writer;
 
 // Normals from the project's SplitMix64 (models/sampler/rng.h) by Box-Muller, as fixture.h
 // documents.
@@ -32,7 +39,7 @@ class NormalStream {
 
 // How a tensor's values are produced.
 struct Init {
-  enum Kind { kNormal, kOnes, kRopeFreqs } kind = kNormal;
+  enum Kind { kNormal, kOnes, kScale, kRopeFreqs } kind = kNormal;
   double std = 0.0;
 };
 
@@ -40,6 +47,7 @@ struct PlannedTensor {
   std::string name;
   std::vector<int64_t> dims;  // GGUF order: dims[0] is the row length.
   Init init;
+  bool quantize = true;
 };
 
 // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to U+0100 + i.
@@ -82,10 +90,6 @@ HfTokenizer ByteTokenizer(int64_t vocab) {
 }
 
 absl::Status Validate(const FixtureOptions& o) {
-  if (o.arch != "qwen3" && o.arch != "qwen3moe" && o.arch != "llama") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--arch: '", o.arch, "' is not one of qwen3, qwen3moe, llama"));
-  }
   auto positive = [](const char* flag, int64_t v) {
     return v > 0 ? absl::OkStatus()
                  : absl::InvalidArgumentError(absl::StrCat(flag, " must be positive"));
@@ -102,11 +106,11 @@ absl::Status Validate(const FixtureOptions& o) {
   if (o.arch == "llama" && o.hidden % o.num_heads != 0) {
     return absl::InvalidArgumentError("llama: --hidden must be a multiple of --heads");
   }
-  if (o.arch == "qwen3moe" &&
+  if ((o.arch == "qwen3moe" || (o.arch == "gemma4" && o.moe)) &&
       (o.num_experts < 1 || o.num_experts_used < 1 || o.num_experts_used > o.num_experts ||
        o.expert_ffn < 1)) {
     return absl::InvalidArgumentError(
-        "qwen3moe: need --experts >= --experts-used >= 1 and --expert-ffn >= 1");
+        "MoE: need --experts >= --experts-used >= 1 and --expert-ffn >= 1");
   }
   return absl::OkStatus();
 }
@@ -115,96 +119,63 @@ absl::Status Validate(const FixtureOptions& o) {
 
 absl::Status MakeFixture(const FixtureOptions& o, const std::string& path, ThreadPool& pool) {
   if (auto s = Validate(o); !s.ok()) return s;
-  auto target = ParseQuantTarget(o.type);
+  auto target = gguf::ParseQuantTarget(o.type);
   if (!target.ok()) return target.status();
 
   HfTokenizer tokenizer;
   if (!o.tokenizer_dir.empty()) {
-    auto imported = ImportHfTokenizer(o.tokenizer_dir, o.pre, o.vocab);
+    auto imported = gguf::ImportHfTokenizer(o.tokenizer_dir, o.pre, o.vocab);
     if (!imported.ok()) return imported.status();
     tokenizer = *std::move(imported);
   } else {
     tokenizer = ByteTokenizer(o.vocab);
   }
   const int64_t vocab = static_cast<int64_t>(tokenizer.tokens.size());
-  const bool llama = o.arch == "llama";
-  const bool moe = o.arch == "qwen3moe";
-  const int64_t head_dim = llama ? o.hidden / o.num_heads : o.head_dim;
-  const int64_t q_dim = o.num_heads * head_dim;
-  const int64_t kv_dim = o.num_heads_kv * head_dim;
+  auto family = FindModelFamily(o.arch);
+  if (!family.ok()) return absl::InvalidArgumentError(absl::StrCat("--arch: ", family.status().message()));
+  if ((*family)->fixture_config == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--arch: ", o.arch, " has no fixture"));
+  }
+  auto config = (*family)->fixture_config(o, vocab);
+  if (!config.ok()) return config.status();
+  if (absl::Status s = config->Validate(); !s.ok()) return s;
+  const ModelConfig& c = *config;
 
   auto writer_or = Writer::Create(path);
   if (!writer_or.ok()) return writer_or.status();
   Writer& w = **writer_or;
-  const std::string& a = o.arch;
-  auto key = [&](const char* suffix) { return absl::StrCat(a, ".", suffix); };
-  w.SetValue("general.architecture", Value::Str(a));
-  w.SetValue("general.name", Value::Str(o.name.empty() ? absl::StrCat(a, "-fixture") : o.name));
+  w.SetValue("general.architecture", Value::Str(o.arch));
+  w.SetValue("general.name",
+             Value::Str(o.name.empty() ? absl::StrCat(o.arch, "-fixture") : o.name));
   w.SetValue("general.file_type", Value::U32(target->llama_ftype));
-  w.SetValue(key("block_count"), Value::U32(o.num_layers));
-  w.SetValue(key("context_length"), Value::U32(o.context_length));
-  w.SetValue(key("embedding_length"), Value::U32(o.hidden));
-  w.SetValue(key("feed_forward_length"), Value::U32(moe ? o.expert_ffn : o.ffn));
-  w.SetValue(key("attention.head_count"), Value::U32(o.num_heads));
-  w.SetValue(key("attention.head_count_kv"), Value::U32(o.num_heads_kv));
-  if (!llama) {
-    w.SetValue(key("attention.key_length"), Value::U32(head_dim));
-    w.SetValue(key("attention.value_length"), Value::U32(head_dim));
-  } else {
-    w.SetValue(key("rope.dimension_count"), Value::U32(head_dim));
-    w.SetValue(key("vocab_size"), Value::U32(vocab));
-  }
-  w.SetValue(key("rope.freq_base"), Value::F32(o.rope_base));
-  w.SetValue(key("attention.layer_norm_rms_epsilon"), Value::F32(o.rms_eps));
-  if (moe) {
-    w.SetValue(key("expert_count"), Value::U32(o.num_experts));
-    w.SetValue(key("expert_used_count"), Value::U32(o.num_experts_used));
-    w.SetValue(key("expert_feed_forward_length"), Value::U32(o.expert_ffn));
-  }
+  (*family)->write_config(c, w);
   tokenizer.WriteTo(w);
 
-  // The tensor plan, in file order (the order seeds the per-tensor RNG streams).
+  // The family's table, in its order (the order seeds the per-tensor RNG streams).
   const double big = o.peaked ? 1.0 : o.init_std;
   std::vector<PlannedTensor> plan;
-  auto add = [&](std::string name, std::vector<int64_t> dims, Init init) {
-    plan.push_back({std::move(name), std::move(dims), init});
-  };
-  const Init normal{Init::kNormal, o.init_std};
-  const Init ones{Init::kOnes};
-  add("token_embd.weight", {o.hidden, vocab}, {Init::kNormal, big});
-  add("output_norm.weight", {o.hidden}, ones);
-  if (!o.tied) add("output.weight", {o.hidden, vocab}, {Init::kNormal, big});
-  if (llama && o.rope_freqs) add("rope_freqs.weight", {head_dim / 2}, {Init::kRopeFreqs});
-  for (int64_t l = 0; l < o.num_layers; ++l) {
-    const std::string b = absl::StrCat("blk.", l, ".");
-    add(b + "attn_norm.weight", {o.hidden}, ones);
-    add(b + "attn_q.weight", {o.hidden, q_dim}, normal);
-    add(b + "attn_k.weight", {o.hidden, kv_dim}, normal);
-    add(b + "attn_v.weight", {o.hidden, kv_dim}, normal);
-    add(b + "attn_output.weight", {q_dim, o.hidden}, normal);
-    if (!llama) {
-      add(b + "attn_q_norm.weight", {head_dim}, ones);
-      add(b + "attn_k_norm.weight", {head_dim}, ones);
+  for (const TensorSpec& t : (*family)->tensors(c)) {
+    if (!t.fixture || (t.name == "output.weight" && o.tied)) continue;
+    if (t.name == "rope_freqs.weight" && o.arch == "llama" && !o.rope_freqs) continue;
+    Init init{Init::kNormal, o.init_std};
+    switch (t.init) {
+      case TensorInit::kNormal: break;
+      case TensorInit::kPeaked: init.std = big; break;
+      case TensorInit::kUnit: init.std = 1.0; break;
+      case TensorInit::kOnes: init.kind = Init::kOnes; break;
+      case TensorInit::kScale: init.kind = Init::kScale; break;
+      case TensorInit::kRopeFreqs: init.kind = Init::kRopeFreqs; break;
     }
-    add(b + "ffn_norm.weight", {o.hidden}, ones);
-    if (moe) {
-      add(b + "ffn_gate_inp.weight", {o.hidden, o.num_experts},
-          {Init::kNormal, o.peaked ? 1.0 : o.init_std});
-      add(b + "ffn_gate_exps.weight", {o.hidden, o.expert_ffn, o.num_experts}, normal);
-      add(b + "ffn_up_exps.weight", {o.hidden, o.expert_ffn, o.num_experts}, normal);
-      add(b + "ffn_down_exps.weight", {o.expert_ffn, o.hidden, o.num_experts}, normal);
-    } else {
-      add(b + "ffn_gate.weight", {o.hidden, o.ffn}, normal);
-      add(b + "ffn_up.weight", {o.hidden, o.ffn}, normal);
-      add(b + "ffn_down.weight", {o.ffn, o.hidden}, normal);
-    }
+    plan.push_back({t.name, t.dims, init, t.quantize});
   }
 
-  const QuantizeOptions qopts;
+  const gguf::QuantizeOptions qopts;
   for (size_t i = 0; i < plan.size(); ++i) {
     const PlannedTensor* t = &plan[i];
-    const GgmlType type = ChooseTensorType(*target, qopts, t->name, t->dims, GgmlType::kF32,
-                                           !o.tied, o.num_layers, moe ? o.num_experts : 0);
+    const GgmlType type =
+        t->quantize ? gguf::ChooseTensorType(*target, qopts, t->name, t->dims, GgmlType::kF32,
+                                             !o.tied, c.num_layers, c.num_experts)
+                    : GgmlType::kF32;
     const uint64_t stream = o.seed ^ (0x9E3779B97F4A7C15ull * (i + 1));
     absl::Status s = w.AddTensor(
         t->name, t->dims, type, [t, type, stream, &pool](std::span<uint8_t> out) {
@@ -216,6 +187,7 @@ absl::Status MakeFixture(const FixtureOptions& o, const std::string& path, Threa
             switch (t->init.kind) {
               case Init::kNormal: values[j] = static_cast<float>(rng.Normal() * t->init.std); break;
               case Init::kOnes: values[j] = 1.0f; break;
+              case Init::kScale: values[j] = static_cast<float>(1.0 + 0.2 * rng.Normal()); break;
               case Init::kRopeFreqs:
                 values[j] = 1.0f + static_cast<float>(j) / static_cast<float>(count);
                 break;
@@ -239,4 +211,4 @@ absl::Status MakeFixture(const FixtureOptions& o, const std::string& path, Threa
   return w.Finish();
 }
 
-}  // namespace fucina::gguf
+}  // namespace fucina
