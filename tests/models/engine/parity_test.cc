@@ -1,7 +1,7 @@
 // Parity of the engine with an independent implementation: llama.cpp (node-llama-cpp's native
 // addon, driven by llama_reference.mjs) on the same GGUF files.
 //
-// Fixtures are random-weight models written by gguf::MakeFixture with the full Qwen3
+// Fixtures are random-weight models written by MakeFixture with the full Qwen3
 // vocabulary, one suite per file (each suite loads its model and runs the reference once, so a
 // test case run on its own in a fresh process pays only for its file):
 //  - next-token log-probability vectors at several positions of a few prompts:
@@ -45,7 +45,7 @@
 #include "absl/strings/escaping.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/model.h"
-#include "models/gguf/fixture.h"
+#include "models/engine/fixture.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/quantize.h"
 #include "models/tokenizer/tokenizer.h"
@@ -177,7 +177,7 @@ const std::vector<std::string>& ChatQuestions() {
 
 // Makes the file (fixtures), loads model and tokenizer, builds the prompts and requests and runs
 // the reference once.
-std::unique_ptr<Suite> Prepare(const std::string& name, const gguf::FixtureOptions* fixture,
+std::unique_ptr<Suite> Prepare(const std::string& name, const FixtureOptions* fixture,
                                Check check) {
   auto s = std::make_unique<Suite>();
   const auto t0 = std::chrono::steady_clock::now();
@@ -195,11 +195,11 @@ std::unique_ptr<Suite> Prepare(const std::string& name, const gguf::FixtureOptio
       s->skip = "FUCINA_QWEN3_TOKENIZER is not set (folder with Qwen3's tokenizer.json)";
       return s;
     }
-    gguf::FixtureOptions o = *fixture;
+    FixtureOptions o = *fixture;
     o.tokenizer_dir = tok;
     s->path = testing::TempDir() + "/engine_parity_" + std::to_string(getpid()) + "_" + name +
               ".gguf";
-    if (absl::Status st = gguf::MakeFixture(o, s->path, *s->pool); !st.ok()) {
+    if (absl::Status st = MakeFixture(o, s->path, *s->pool); !st.ok()) {
       s->error = "MakeFixture: " + st.ToString();
       return s;
     }
@@ -414,8 +414,8 @@ class ParityTest : public testing::Test {
   }
 };
 
-gguf::FixtureOptions Qwen3(const char* type, int64_t hidden, bool peaked) {
-  gguf::FixtureOptions o;
+FixtureOptions Qwen3(const char* type, int64_t hidden, bool peaked) {
+  FixtureOptions o;
   o.arch = "qwen3";
   o.type = type;
   o.num_layers = 3;
@@ -432,8 +432,8 @@ gguf::FixtureOptions Qwen3(const char* type, int64_t hidden, bool peaked) {
   return o;
 }
 
-gguf::FixtureOptions Qwen3Moe(bool peaked) {
-  gguf::FixtureOptions o = Qwen3("q8_0", 128, peaked);
+FixtureOptions Qwen3Moe(bool peaked) {
+  FixtureOptions o = Qwen3("q8_0", 128, peaked);
   o.arch = "qwen3moe";
   o.num_layers = 2;
   o.num_experts = 8;
@@ -443,8 +443,8 @@ gguf::FixtureOptions Qwen3Moe(bool peaked) {
 }
 
 // Untied head doubles the vocabulary-sized tensors: hidden 32 keeps the f32 file < 50 MB.
-gguf::FixtureOptions Llama(bool peaked) {
-  gguf::FixtureOptions o;
+FixtureOptions Llama(bool peaked) {
+  FixtureOptions o;
   o.arch = "llama";
   o.type = "f32";
   o.num_layers = 3;
@@ -465,12 +465,65 @@ gguf::FixtureOptions Llama(bool peaked) {
   return o;
 }
 
+// Gemma 4: sliding layers (window 8, shorter than the prompts) with 16-wide heads, every third
+// layer global with 32-wide heads, one KV head and the rope_freqs divisors; the last three layers
+// read earlier layers' K/V. Softcapping at 2 so it changes the logits of the log-prob suites;
+// the peaked (greedy) ones keep the real models' 30, which leaves their winners apart.
+FixtureOptions Gemma4(const char* type, int64_t hidden, bool peaked) {
+  FixtureOptions o;
+  o.arch = "gemma4";
+  o.type = type;
+  o.num_layers = 6;
+  o.hidden = hidden;
+  o.num_heads = 4;
+  o.num_heads_kv = 2;
+  o.head_dim = 16;
+  o.head_dim_global = 32;
+  o.kv_heads_global = 1;
+  o.sliding_window = 8;
+  o.global_every = 3;
+  o.shared_kv_layers = 3;
+  o.ffn = 2 * hidden;
+  o.final_logit_softcap = peaked ? 30.0f : 2.0f;
+  o.rope_base_swa = 10000.0f;
+  o.peaked = peaked;
+  o.seed = 21 + hidden + (peaked ? 1 : 0);
+  return o;
+}
+
+// Quantized: three layers. Gemma's post-norms make every branch unit-RMS in the residual, so
+// each layer's quantization noise reaches the logits undamped (qwen3's small random branches
+// barely move its residual); at six layers Q4_K's top-20 drifts to ~0.03 nats, at three it
+// stays within the qwen3 bound.
+FixtureOptions Gemma4Quant(const char* type, int64_t hidden) {
+  FixtureOptions o = Gemma4(type, hidden, false);
+  o.num_layers = 3;
+  o.shared_kv_layers = 0;
+  return o;
+}
+
+FixtureOptions Gemma4Ple() {
+  FixtureOptions o = Gemma4("f32", 64, false);
+  o.per_layer_input = 8;
+  o.shared_kv_layers = 0;
+  return o;
+}
+
+FixtureOptions Gemma4Moe(const char* type, bool peaked) {
+  FixtureOptions o = Gemma4(type, 128, peaked);
+  o.moe = true;
+  o.num_experts = 8;
+  o.num_experts_used = 2;
+  o.expert_ffn = 32;
+  return o;
+}
+
 // One suite per file. SUITE(name, options expression or nullptr for the real model, check).
 #define FUCINA_PARITY_SUITE(Name, options_expr, check)                  \
   class Name : public ParityTest {                                      \
    protected:                                                           \
     static void SetUpTestSuite() {                                      \
-      const gguf::FixtureOptions* o = options_expr;                     \
+      const FixtureOptions* o = options_expr;                     \
       fixture_ = o != nullptr;                                          \
       suite_ = Prepare(#Name, o, check);                                \
     }                                                                   \
@@ -483,9 +536,9 @@ gguf::FixtureOptions Llama(bool peaked) {
   }
 
 template <typename F>
-const gguf::FixtureOptions* Keep(F make) {
-  static std::vector<std::unique_ptr<gguf::FixtureOptions>> kept;
-  kept.push_back(std::make_unique<gguf::FixtureOptions>(make()));
+const FixtureOptions* Keep(F make) {
+  static std::vector<std::unique_ptr<FixtureOptions>> kept;
+  kept.push_back(std::make_unique<FixtureOptions>(make()));
   return kept.back().get();
 }
 
@@ -512,6 +565,27 @@ FUCINA_PARITY_SUITE(Qwen3Q4_KPeaked, Keep([] { return Qwen3("q4_k", 256, true); 
                     Check::kGreedy);
 FUCINA_PARITY_SUITE(Qwen3MoeQ8_0Peaked, Keep([] { return Qwen3Moe(true); }), Check::kGreedy);
 
+FUCINA_PARITY_SUITE(Gemma4F32, Keep([] { return Gemma4("f32", 64, false); }),
+                    Check::kExactLogProbs);
+FUCINA_PARITY_SUITE(Gemma4PleF32, Keep([] { return Gemma4Ple(); }), Check::kExactLogProbs);
+FUCINA_PARITY_SUITE(Gemma4MoeF32, Keep([] { return Gemma4Moe("f32", false); }),
+                    Check::kExactLogProbs);
+FUCINA_PARITY_SUITE(Gemma4Q8_0, Keep([] { return Gemma4Quant("q8_0", 128); }),
+                    Check::kQuantLogProbs);
+FUCINA_PARITY_SUITE(Gemma4Q4_K, Keep([] { return Gemma4Quant("q4_k", 256); }),
+                    Check::kQuantLogProbs);
+FUCINA_PARITY_SUITE(Gemma4MoeQ8_0, Keep([] {
+                      FixtureOptions o = Gemma4Moe("q8_0", false);
+                      o.num_layers = 3;
+                      o.shared_kv_layers = 0;
+                      return o;
+                    }),
+                    Check::kQuantLogProbs);
+FUCINA_PARITY_SUITE(Gemma4F32Peaked, Keep([] { return Gemma4("f32", 64, true); }),
+                    Check::kGreedy);
+FUCINA_PARITY_SUITE(Gemma4MoeQ8_0Peaked, Keep([] { return Gemma4Moe("q8_0", true); }),
+                    Check::kGreedy);
+
 FUCINA_PARITY_SUITE(SmolLM2F32, nullptr, Check::kChat);
 
 #define FUCINA_LOGPROB_TEST(Name, quantized) \
@@ -526,6 +600,12 @@ FUCINA_LOGPROB_TEST(Qwen3Q8_0, true)
 FUCINA_LOGPROB_TEST(Qwen3Q4_K, true)
 FUCINA_LOGPROB_TEST(Qwen3Q6_K, true)
 FUCINA_LOGPROB_TEST(Qwen3MoeQ8_0, true)
+FUCINA_LOGPROB_TEST(Gemma4F32, false)
+FUCINA_LOGPROB_TEST(Gemma4PleF32, false)
+FUCINA_LOGPROB_TEST(Gemma4MoeF32, false)
+FUCINA_LOGPROB_TEST(Gemma4Q8_0, true)
+FUCINA_LOGPROB_TEST(Gemma4Q4_K, true)
+FUCINA_LOGPROB_TEST(Gemma4MoeQ8_0, true)
 
 #define FUCINA_GREEDY_TEST(Name)                       \
   TEST_F(Name, GreedyContinuation) {                   \
@@ -536,6 +616,8 @@ FUCINA_GREEDY_TEST(Qwen3F32Peaked)
 FUCINA_GREEDY_TEST(LlamaF32Peaked)
 FUCINA_GREEDY_TEST(Qwen3Q4_KPeaked)
 FUCINA_GREEDY_TEST(Qwen3MoeQ8_0Peaked)
+FUCINA_GREEDY_TEST(Gemma4F32Peaked)
+FUCINA_GREEDY_TEST(Gemma4MoeQ8_0Peaked)
 
 TEST_F(SmolLM2F32, GreedyChatReplies) {
   if (!Ready(*suite_)) return;
