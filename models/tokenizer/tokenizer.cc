@@ -217,6 +217,13 @@ void Tokenizer::DetectSpecialTokens(const gguf::File& file) {
                                   {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
                                    "<reponame>"});
   const int32_t fim_sep = by_text(key_id({"tokenizer.ggml.fim_sep_token_id"}), {"<|file_sep|>"});
+  // Control tokens named "unused" (Gemma's <unusedN>) are flagged unused, as llama.cpp does
+  // at this point (before end-of-generation tokens get their control bit).
+  for (int32_t id = 0; id < n; ++id) {
+    if ((attrs_[id] & kTokenAttrControl) && tokens_[id].find("unused") != std::string::npos) {
+      attrs_[id] |= kTokenAttrUnused;
+    }
+  }
 
   std::vector<int32_t> eog;
   for (int32_t id : {fim_pad, fim_rep, fim_sep}) {
