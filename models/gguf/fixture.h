@@ -46,7 +46,7 @@ struct FixtureOptions {
   uint64_t seed = 0;
   std::string type = "f32";     // a `gguf quantize` target name.
   std::string tokenizer_dir;    // HF tokenizer.json (+ tokenizer_config.json); empty = bytes.
-  std::string pre = "qwen2";    // tokenizer.ggml.pre recorded with the tokenizer.
+  std::string pre = "qwen2";    // tokenizer.ggml.pre, or "gemma4" (see ImportHfTokenizer).
 };
 
 // Writes the fixture to `path`. Errors name the offending option.

@@ -56,11 +56,15 @@ bool IsByteToken(const std::string& t) {
          std::isxdigit(static_cast<uint8_t>(t[4])) && t[5] == '>';
 }
 
-std::string ReplaceAll(std::string s, std::string_view from, std::string_view to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
-    s.replace(pos, from.size(), to);
+std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
+    out.append(s.substr(pos, hit - pos)).append(to);
   }
-  return s;
+  out.append(s.substr(pos));
+  return out;
 }
 
 // Whether a SentencePiece tokenizer.json prepends U+2581 to the text (Llama 2: a Prepend
@@ -99,11 +103,21 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
         absl::StrCat(tok_path, ": model.type must be \"BPE\" with a vocab object"));
   }
   // SentencePiece BPE converted by transformers: byte fallback to <0xNN> pieces.
-  const bool spm = model.value("byte_fallback", false);
+  const bool byte_fallback = model.value("byte_fallback", false);
+  // Gemma 4's converter keeps such a vocabulary as BPE with its merges; otherwise it becomes
+  // SentencePiece scores.
+  const bool gemma4 = pre == "gemma4";
+  if (gemma4 && !byte_fallback) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tok_path, ": a \"gemma4\" vocabulary needs a SentencePiece BPE model (byte_fallback)"));
+  }
+  const bool spm = byte_fallback && !gemma4;
 
   HfTokenizer out;
-  out.model = spm ? "llama" : "gpt2";
-  out.pre = spm ? "default" : pre;  // The converter records "default" for every SPM vocabulary.
+  out.model = gemma4 ? "gemma4" : spm ? "llama" : "gpt2";
+  // The converter records "default" for every SPM vocabulary and nothing for Gemma 4's, whose
+  // pre-tokenizer llama.cpp ties to the model name.
+  out.pre = gemma4 ? "" : spm ? "default" : pre;
   // Ids may have holes between the BPE vocab and the added tokens.
   int64_t size = min_vocab;
   for (const auto& [text, id] : model["vocab"].items()) {
@@ -135,10 +149,12 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
   const std::string unk_token = model.value("unk_token", json()).is_string()
                                     ? model["unk_token"].get<std::string>()
                                     : std::string();
+  std::vector<bool> in_model_vocab(size, false);
   for (const auto& [text, id] : model["vocab"].items()) {
     out.tokens[id.get<int64_t>()] = text;
+    in_model_vocab[id.get<int64_t>()] = true;
     TokenType type = TokenType::kNormal;
-    if (spm && IsByteToken(text)) type = TokenType::kByte;
+    if (byte_fallback && IsByteToken(text)) type = TokenType::kByte;
     if (spm && text == unk_token) type = TokenType::kUnknown;
     out.token_types[id.get<int64_t>()] = static_cast<int32_t>(type);
   }
@@ -167,6 +183,8 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
     }
   } else {
     out.merges = std::move(merges);
+    // Gemma 4's converter writes a placeholder score for every token; BPE does not read them.
+    if (gemma4) out.scores.assign(size, -1000.0f);
   }
   for (const json& a : added) {
     const int64_t id = a.value("id", int64_t{-1});
@@ -174,10 +192,30 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
       return absl::InvalidArgumentError(absl::StrCat(tok_path, ": malformed added_tokens entry"));
     }
     std::string text = a["content"].get<std::string>();
+    if (gemma4) {
+      // As Gemma 4's converter types them: special tokens are control; other added tokens
+      // keep their model-vocabulary type (normal: llama.cpp then merges e.g. "\n\n" and HTML
+      // tags like any text), and ones outside it are user-defined. transformers' list of
+      // special ids, which the converter reads, is approximated by the JSON's special flag.
+      TokenType type = TokenType::kUserDefined;
+      if (a.value("special", false)) {
+        type = TokenType::kControl;
+      } else if (in_model_vocab[id]) {
+        type = static_cast<TokenType>(out.token_types[id]);
+      }
+      // Rendered as text so chat-format parsers can read tool calls and channels.
+      for (std::string_view visible : {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
+                                       "<|tool_response>", "<tool_response|>", "<|\"|>"}) {
+        if (text == visible) type = TokenType::kUserDefined;
+      }
+      out.tokens[id] = std::move(text);
+      out.token_types[id] = static_cast<int32_t>(type);
+      continue;
+    }
     const bool control = a.value("special", false) || LooksSpecial(text);
     // SentencePiece vocabularies store user-defined tokens with their spaces as text, since
     // llama.cpp matches them in the raw text before escaping spaces.
-    if (spm && !control) text = ReplaceAll(std::move(text), "\xe2\x96\x81", " ");
+    if (spm && !control) text = ReplaceAll(text, "\xe2\x96\x81", " ");
     out.tokens[id] = std::move(text);
     out.token_types[id] =
         static_cast<int32_t>(control ? TokenType::kControl : TokenType::kUserDefined);
@@ -209,7 +247,10 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
       out.chat_template = it->get<std::string>();
     }
   }
-  if (spm) {
+  if (gemma4) {
+    out.add_bos = true;
+    out.add_space_prefix = false;
+  } else if (spm) {
     out.add_space_prefix = PrependsSpace(*tok);
   } else if (!out.bos_id) {
     // llama.cpp's converter falls back to the padding token as BOS for Qwen-style vocabularies.
@@ -220,11 +261,11 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
 
 void HfTokenizer::WriteTo(Writer& writer) const {
   writer.SetValue("tokenizer.ggml.model", Value::Str(model));
-  writer.SetValue("tokenizer.ggml.pre", Value::Str(pre));
+  if (!pre.empty()) writer.SetValue("tokenizer.ggml.pre", Value::Str(pre));
   writer.SetValue("tokenizer.ggml.tokens", Value::StrArray(tokens));
   if (!scores.empty()) writer.SetValue("tokenizer.ggml.scores", Value::F32Array(scores));
   writer.SetValue("tokenizer.ggml.token_type", Value::I32Array(token_types));
-  if (model == "gpt2") writer.SetValue("tokenizer.ggml.merges", Value::StrArray(merges));
+  if (model != "llama") writer.SetValue("tokenizer.ggml.merges", Value::StrArray(merges));
   if (eos_id) writer.SetValue("tokenizer.ggml.eos_token_id", Value::U32(*eos_id));
   if (pad_id) writer.SetValue("tokenizer.ggml.padding_token_id", Value::U32(*pad_id));
   if (bos_id) writer.SetValue("tokenizer.ggml.bos_token_id", Value::U32(*bos_id));
