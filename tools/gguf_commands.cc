@@ -182,7 +182,11 @@ void RegisterGgufCommands(CLI::App& app, int* exit_code) {
   fix->add_option("--type", f->type, "Weight type, as gguf quantize --type")->capture_default_str();
   fix->add_option("--tokenizer", f->tokenizer_dir,
                   "Folder with an HF tokenizer.json (+ tokenizer_config.json)");
-  fix->add_option("--pre", f->pre, "tokenizer.ggml.pre to record")->capture_default_str();
+  fix->add_option("--pre", f->pre,
+                  "tokenizer.ggml.pre to record for a byte-level BPE --tokenizer; SentencePiece "
+                  "ones (byte_fallback) ignore it and record \"default\", except \"gemma4\", "
+                  "which writes them as a Gemma 4 \"gemma4\" BPE vocabulary")
+      ->capture_default_str();
   fix->add_option("--threads", *f_threads, "Threads (default: all)");
   fix->callback([f, f_out, f_threads, exit_code] {
     *exit_code = RunMakeFixture(*f, *f_out, *f_threads);

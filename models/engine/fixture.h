@@ -5,8 +5,9 @@
 //  - RNG: SplitMix64. Tensor i (in file order, 0-based) draws from the stream seeded with
 //    seed ^ (0x9E3779B97F4A7C15 * (i + 1)); normals by Box-Muller in double from two uniforms
 //    u = (next() >> 11) * 2^-53 (u1 replaced by 1 - u1 to avoid log 0), one normal per pair.
-//  - Matrices ~ N(0, init_std) (default 0.02); norm weights and scales (attn_norm, ffn_norm,
-//    q/k norm, output_norm, gemma's post norms and layer output scales) = 1; the MoE router
+//  - Matrices ~ N(0, init_std) (default 0.02); gemma4's router ~ N(0, 1) (its input is
+//    scaled down by sqrt(hidden)); per-layer output scales ~ 1 + N(0, 0.2); norm weights (attn_norm, ffn_norm,
+//    (q/k norm, output_norm, gemma's post norms) = 1; the MoE router
 //    ~ N(0, init_std); rope_freqs (llama when requested, gemma4 always) = 1 + i / n for i in
 //    [0, n).
 //  - peaked: token_embd ~ N(0, 1) and output ~ N(0, 1), and the router ~ N(0, 1), so the
@@ -48,7 +49,7 @@ struct FixtureOptions {
   uint64_t seed = 0;
   std::string type = "f32";     // a `gguf quantize` target name.
   std::string tokenizer_dir;    // HF tokenizer.json (+ tokenizer_config.json); empty = bytes.
-  std::string pre = "qwen2";    // tokenizer.ggml.pre recorded with the tokenizer.
+  std::string pre = "qwen2";    // tokenizer.ggml.pre, or "gemma4" (see ImportHfTokenizer).
 
   // gemma4: layer i is a sliding-window layer unless (i + 1) % global_every == 0 (0: all
   // sliding); global layers have head_dim_global and kv_heads_global (0: as sliding);

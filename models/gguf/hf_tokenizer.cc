@@ -1,10 +1,15 @@
 #include "models/gguf/hf_tokenizer.h"
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "models/gguf/writer.h"
 
@@ -41,8 +46,48 @@ bool LooksSpecial(const std::string& t) {
     return t.size() >= open.size() + close.size() && t.compare(0, open.size(), open) == 0 &&
            t.compare(t.size() - close.size(), close.size(), close) == 0;
   };
-  return t == "<pad>" || t == "<mask>" || wrapped("<|", "|>") ||
-         wrapped("<\xef\xbd\x9c", "\xef\xbd\x9c>");  // U+FF5C, DeepSeek style.
+  return t == "<pad>" || t == "<mask>" || t == "<2mass>" || t == "[@BOS@]" ||
+         wrapped("<|", "|>") || wrapped("<\xef\xbd\x9c", "\xef\xbd\x9c>") ||  // U+FF5C, DeepSeek.
+         wrapped("<unused", ">");                                           // Gemma.
+}
+
+bool IsByteToken(const std::string& t) {
+  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && std::isxdigit(static_cast<uint8_t>(t[3])) &&
+         std::isxdigit(static_cast<uint8_t>(t[4])) && t[5] == '>';
+}
+
+std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
+    out.append(s.substr(pos, hit - pos)).append(to);
+  }
+  out.append(s.substr(pos));
+  return out;
+}
+
+// Whether a SentencePiece tokenizer.json prepends U+2581 to the text (Llama 2: a Prepend
+// normalizer; newer files: a Metaspace pre-tokenizer); Gemma's does not.
+bool PrependsSpace(const json& tok) {
+  bool found = false;
+  std::function<void(const json&)> visit = [&](const json& j) {
+    if (!j.is_object()) return;
+    const std::string type = j.value("type", "");
+    if (type == "Prepend" && j.value("prepend", "") == "\xe2\x96\x81") found = true;
+    if (type == "Metaspace" && j.value("prepend_scheme", "always") != "never" &&
+        j.value("add_prefix_space", true)) {
+      found = true;
+    }
+    for (const char* list : {"normalizers", "pretokenizers"}) {
+      if (auto it = j.find(list); it != j.end() && it->is_array()) {
+        for (const json& child : *it) visit(child);
+      }
+    }
+  };
+  visit(tok.value("normalizer", json()));
+  visit(tok.value("pre_tokenizer", json()));
+  return found;
 }
 
 }  // namespace
@@ -57,9 +102,22 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
     return absl::InvalidArgumentError(
         absl::StrCat(tok_path, ": model.type must be \"BPE\" with a vocab object"));
   }
+  // SentencePiece BPE converted by transformers: byte fallback to <0xNN> pieces.
+  const bool byte_fallback = model.value("byte_fallback", false);
+  // Gemma 4's converter keeps such a vocabulary as BPE with its merges; otherwise it becomes
+  // SentencePiece scores.
+  const bool gemma4 = pre == "gemma4";
+  if (gemma4 && !byte_fallback) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tok_path, ": a \"gemma4\" vocabulary needs a SentencePiece BPE model (byte_fallback)"));
+  }
+  const bool spm = byte_fallback && !gemma4;
 
   HfTokenizer out;
-  out.pre = pre;
+  out.model = gemma4 ? "gemma4" : spm ? "llama" : "gpt2";
+  // The converter records "default" for every SPM vocabulary and nothing for Gemma 4's, whose
+  // pre-tokenizer llama.cpp ties to the model name.
+  out.pre = gemma4 ? "" : spm ? "default" : pre;
   // Ids may have holes between the BPE vocab and the added tokens.
   int64_t size = min_vocab;
   for (const auto& [text, id] : model["vocab"].items()) {
@@ -74,69 +132,149 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
     return absl::InvalidArgumentError(absl::StrCat(tok_path, ": vocabulary of ", size, " ids"));
   }
 
-  out.tokens.assign(size, "");
-  out.token_types.assign(size, static_cast<int32_t>(TokenType::kUnused));
-  for (const auto& [text, id] : model["vocab"].items()) {
-    out.tokens[id.get<int64_t>()] = text;
-    out.token_types[id.get<int64_t>()] = static_cast<int32_t>(TokenType::kNormal);
-  }
-  for (const json& a : added) {
-    const int64_t id = a.value("id", int64_t{-1});
-    if (id < 0 || !a.contains("content")) {
-      return absl::InvalidArgumentError(absl::StrCat(tok_path, ": malformed added_tokens entry"));
-    }
-    out.tokens[id] = a["content"].get<std::string>();
-    const bool control = a.value("special", false) || LooksSpecial(out.tokens[id]);
-    out.token_types[id] =
-        static_cast<int32_t>(control ? TokenType::kControl : TokenType::kUserDefined);
-  }
-  for (int64_t id = 0; id < size; ++id) {
-    if (out.tokens[id].empty()) out.tokens[id] = absl::StrCat("[PAD", id, "]");
-  }
-
   // Merges: ["a b", ...] (older files) or [["a", "b"], ...] (newer files).
+  std::vector<std::string> merges;
   for (const json& m : model.value("merges", json::array())) {
     if (m.is_string()) {
-      out.merges.push_back(m.get<std::string>());
+      merges.push_back(m.get<std::string>());
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      out.merges.push_back(absl::StrCat(m[0].get<std::string>(), " ", m[1].get<std::string>()));
+      merges.push_back(absl::StrCat(m[0].get<std::string>(), " ", m[1].get<std::string>()));
     } else {
       return absl::InvalidArgumentError(absl::StrCat(tok_path, ": malformed merges entry"));
     }
   }
 
+  out.tokens.assign(size, "");
+  out.token_types.assign(size, static_cast<int32_t>(TokenType::kUnused));
+  const std::string unk_token = model.value("unk_token", json()).is_string()
+                                    ? model["unk_token"].get<std::string>()
+                                    : std::string();
+  std::vector<bool> in_model_vocab(size, false);
+  for (const auto& [text, id] : model["vocab"].items()) {
+    out.tokens[id.get<int64_t>()] = text;
+    in_model_vocab[id.get<int64_t>()] = true;
+    TokenType type = TokenType::kNormal;
+    if (byte_fallback && IsByteToken(text)) type = TokenType::kByte;
+    if (spm && text == unk_token) type = TokenType::kUnknown;
+    out.token_types[id.get<int64_t>()] = static_cast<int32_t>(type);
+  }
+  if (spm) {
+    // tokenizer.model's scores are gone from tokenizer.json, but its merges are ordered by them:
+    // a piece scores minus the rank of the first merge forming it, so llama.cpp's SPM, which
+    // merges the highest-scoring bigram first, merges in BPE's order. Pieces no merge forms
+    // score below all others (BPE never forms them); unset ids get the converter's -10000.
+    out.scores.assign(size, -10000.0f);
+    absl::flat_hash_map<std::string, int64_t> id_of_text;
+    id_of_text.reserve(model["vocab"].size());
+    for (const auto& [text, id] : model["vocab"].items()) {
+      id_of_text.emplace(text, id.get<int64_t>());
+      out.scores[id.get<int64_t>()] = -static_cast<float>(merges.size());
+    }
+    std::vector<bool> scored(size, false);
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const std::string& m = merges[rank];
+      const size_t sp = m.find(' ', 1);
+      if (sp == std::string::npos) continue;
+      const auto it = id_of_text.find(absl::StrCat(m.substr(0, sp), m.substr(sp + 1)));
+      if (it != id_of_text.end() && !scored[it->second]) {
+        out.scores[it->second] = -static_cast<float>(rank);
+        scored[it->second] = true;
+      }
+    }
+  } else {
+    out.merges = std::move(merges);
+    // Gemma 4's converter writes a placeholder score for every token; BPE does not read them.
+    if (gemma4) out.scores.assign(size, -1000.0f);
+  }
+  for (const json& a : added) {
+    const int64_t id = a.value("id", int64_t{-1});
+    if (id < 0 || !a.contains("content") || !a["content"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(tok_path, ": malformed added_tokens entry"));
+    }
+    std::string text = a["content"].get<std::string>();
+    if (gemma4) {
+      // As Gemma 4's converter types them: special tokens are control; other added tokens
+      // keep their model-vocabulary type (normal: llama.cpp then merges e.g. "\n\n" and HTML
+      // tags like any text), and ones outside it are user-defined. transformers' list of
+      // special ids, which the converter reads, is approximated by the JSON's special flag.
+      TokenType type = TokenType::kUserDefined;
+      if (a.value("special", false)) {
+        type = TokenType::kControl;
+      } else if (in_model_vocab[id]) {
+        type = static_cast<TokenType>(out.token_types[id]);
+      }
+      // Rendered as text so chat-format parsers can read tool calls and channels.
+      for (std::string_view visible : {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
+                                       "<|tool_response>", "<tool_response|>", "<|\"|>"}) {
+        if (text == visible) type = TokenType::kUserDefined;
+      }
+      out.tokens[id] = std::move(text);
+      out.token_types[id] = static_cast<int32_t>(type);
+      continue;
+    }
+    const bool control = a.value("special", false) || LooksSpecial(text);
+    // SentencePiece vocabularies store user-defined tokens with their spaces as text, since
+    // llama.cpp matches them in the raw text before escaping spaces.
+    if (spm && !control) text = ReplaceAll(text, "\xe2\x96\x81", " ");
+    out.tokens[id] = std::move(text);
+    out.token_types[id] =
+        static_cast<int32_t>(control ? TokenType::kControl : TokenType::kUserDefined);
+    if (spm) out.scores[id] = -1000.0f;
+  }
+  for (int64_t id = 0; id < size; ++id) {
+    if (out.tokens[id].empty()) out.tokens[id] = absl::StrCat("[PAD", id, "]");
+  }
+
+  absl::flat_hash_map<std::string_view, int32_t> ids;
+  ids.reserve(size);
+  for (int64_t id = size - 1; id >= 0; --id) ids[out.tokens[id]] = static_cast<int32_t>(id);
   auto id_of = [&](const std::optional<std::string>& text) -> std::optional<int32_t> {
     if (!text) return std::nullopt;
-    for (int64_t id = 0; id < size; ++id) {
-      if (out.tokens[id] == *text) return static_cast<int32_t>(id);
-    }
-    return std::nullopt;
+    const auto it = ids.find(*text);
+    return it == ids.end() ? std::nullopt : std::optional<int32_t>(it->second);
   };
   const std::string config_path = dir + "/tokenizer_config.json";
   if (auto config = ReadJson(config_path); config.ok()) {
     out.bos_id = id_of(TokenText(*config, "bos_token"));
     out.eos_id = id_of(TokenText(*config, "eos_token"));
     out.pad_id = id_of(TokenText(*config, "pad_token"));
+    out.unk_id = id_of(TokenText(*config, "unk_token"));
     out.add_bos = config->value("add_bos_token", false);
+    if (auto it = config->find("add_eos_token"); it != config->end() && it->is_boolean()) {
+      out.add_eos = it->get<bool>();
+    }
     if (auto it = config->find("chat_template"); it != config->end() && it->is_string()) {
       out.chat_template = it->get<std::string>();
     }
   }
-  // llama.cpp's converter falls back to the padding token as BOS for Qwen-style vocabularies.
-  if (!out.bos_id) out.bos_id = out.pad_id;
+  if (gemma4) {
+    out.add_bos = true;
+    out.add_space_prefix = false;
+  } else if (spm) {
+    out.add_space_prefix = PrependsSpace(*tok);
+  } else if (!out.bos_id) {
+    // llama.cpp's converter falls back to the padding token as BOS for Qwen-style vocabularies.
+    out.bos_id = out.pad_id;
+  }
   return out;
 }
 
 void HfTokenizer::WriteTo(Writer& writer) const {
-  writer.SetValue("tokenizer.ggml.model", Value::Str("gpt2"));
-  writer.SetValue("tokenizer.ggml.pre", Value::Str(pre));
+  writer.SetValue("tokenizer.ggml.model", Value::Str(model));
+  if (!pre.empty()) writer.SetValue("tokenizer.ggml.pre", Value::Str(pre));
   writer.SetValue("tokenizer.ggml.tokens", Value::StrArray(tokens));
+  if (!scores.empty()) writer.SetValue("tokenizer.ggml.scores", Value::F32Array(scores));
   writer.SetValue("tokenizer.ggml.token_type", Value::I32Array(token_types));
-  writer.SetValue("tokenizer.ggml.merges", Value::StrArray(merges));
+  if (model != "llama") writer.SetValue("tokenizer.ggml.merges", Value::StrArray(merges));
   if (eos_id) writer.SetValue("tokenizer.ggml.eos_token_id", Value::U32(*eos_id));
   if (pad_id) writer.SetValue("tokenizer.ggml.padding_token_id", Value::U32(*pad_id));
   if (bos_id) writer.SetValue("tokenizer.ggml.bos_token_id", Value::U32(*bos_id));
+  if (unk_id) writer.SetValue("tokenizer.ggml.unknown_token_id", Value::U32(*unk_id));
   writer.SetValue("tokenizer.ggml.add_bos_token", Value::Bool(add_bos));
+  if (add_eos) writer.SetValue("tokenizer.ggml.add_eos_token", Value::Bool(*add_eos));
+  if (add_space_prefix) {
+    writer.SetValue("tokenizer.ggml.add_space_prefix", Value::Bool(*add_space_prefix));
+  }
   if (!chat_template.empty()) writer.SetValue("tokenizer.chat_template", Value::Str(chat_template));
 }
 

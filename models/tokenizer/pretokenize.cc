@@ -217,6 +217,11 @@ bool IsPunctOr(const Piece& p, size_t pos, std::string_view extra) {
 
 using Stage = void (*)(Piece&);
 
+// [^\n]+|[\n]+
+void StageNewlineRuns(Piece& p) {
+  SplitRuns(p, [&](size_t i) { return p.Cp(i) == '\n'; });
+}
+
 void StageGpt2(Piece& p) { SplitGpt2(p); }
 void StageLlama3(Piece& p) { SplitLlama3Like(p, 3, false); }
 void StageQwen2(Piece& p) { SplitLlama3Like(p, 1, false); }
@@ -261,6 +266,8 @@ std::vector<Stage> StagesOf(PreTokenizer kind) {
       return {StageSingleNumbers, StageGpt2};
     case PreTokenizer::kFalcon:
       return {StagePunctRunsFalcon, StageGpt2, StageDigitTriples};
+    case PreTokenizer::kNewlines:
+      return {StageNewlineRuns};
   }
   return {};
 }
@@ -299,6 +306,11 @@ std::optional<PreTokenizerSpec> FindPreTokenizer(std::string_view pre) {
     s.kind = PreTokenizer::kQwen2;
   } else if (pre == "qwen35") {
     s.kind = PreTokenizer::kQwen35;
+  } else if (In(pre, {"gemma4", "granite-embed-multi-311m"})) {
+    s.kind = PreTokenizer::kNewlines;
+    s.escape_whitespaces = true;
+    s.newline_words_whole = true;
+    s.force_add_bos = true;
   } else {
     return std::nullopt;
   }

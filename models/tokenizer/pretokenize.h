@@ -25,6 +25,7 @@ enum class PreTokenizer {
   kQwen35,     // Qwen2's with [\p{L}\p{M}]+ letter runs.
   kStarcoder,  // \p{N}, then GPT-2's.
   kFalcon,     // [\p{P}$+<=>^~|`]+, GPT-2's, [0-9][0-9][0-9].
+  kNewlines,   // [^\n]+|[\n]+ (Gemma 4: merges alone shape the words within a line).
 };
 
 // What a tokenizer.ggml.pre name selects, and the vocabulary defaults llama.cpp ties to it.
@@ -33,6 +34,15 @@ struct PreTokenizerSpec {
   bool ignore_merges = false;  // A word that is itself a token is emitted without merging.
   bool add_bos = false;        // Default of add_bos when tokenizer.ggml.add_bos_token is absent.
   bool no_bos = false;         // The vocabulary has no BOS token unless the file names one.
+  // SentencePiece-style BPE (Gemma 4): spaces become U+2581 before splitting, words are merged
+  // as raw UTF-8 (no byte-level encoding), tokens decode with U+2581 as a space, and bytes no
+  // merge covers fall back to <0xNN> tokens.
+  bool escape_whitespaces = false;
+  // A word made only of newlines is emitted whole when it is a token (llama.cpp's Gemma 4 fix:
+  // its merges do not rebuild every newline run the vocabulary has).
+  bool newline_words_whole = false;
+  // add_bos is on even when tokenizer.ggml.add_bos_token says false (Gemma 4 needs its BOS).
+  bool force_add_bos = false;
 };
 
 // The spec for `pre` as llama.cpp's llama_vocab::impl::load maps it (an empty name is

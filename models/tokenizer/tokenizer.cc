@@ -40,6 +40,13 @@ std::string ReplaceAll(std::string_view s, std::string_view from, std::string_vi
   return out;
 }
 
+// "<0xNN>", the text of byte fallback tokens (upper-case hex, as llama.cpp looks them up).
+std::string ByteTokenText(char c) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  const auto b = static_cast<uint8_t>(c);
+  return {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+}
+
 // C isspace in the "C" locale, which llama.cpp's lstrip / rstrip use.
 bool IsCSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
@@ -66,13 +73,16 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     return error("tokenizer.ggml.model", "is missing or not a string");
   }
   const std::string& model = *model_v->AsString();
-  if (model == "gpt2") {
+  if (model == "gpt2" || model == "gemma4") {
     model_ = Model::kBpe;
     std::string pre;
     if (const gguf::Value* v = file.Find("tokenizer.ggml.pre")) {
       if (v->AsString() == nullptr) return error("tokenizer.ggml.pre", "is not a string");
       pre = *v->AsString();
     }
+    // A "gemma4" vocabulary is BPE whose pre-tokenizer is always Gemma 4's, whatever the file
+    // says (the converter writes no tokenizer.ggml.pre for it).
+    if (model == "gemma4") pre = "gemma4";
     const std::optional<PreTokenizerSpec> spec = FindPreTokenizer(pre);
     if (!spec) return error("tokenizer.ggml.pre", absl::StrCat("'", pre, "' is not supported"));
     pre_ = *spec;
@@ -83,8 +93,9 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     for (size_t i = 0; i < merges->items.size(); ++i) {
       merges_.Add(*merges->items[i].AsString(), static_cast<int32_t>(i));
     }
-    bos_ = pre_.no_bos ? -1 : 11;  // llama.cpp's defaults for BPE vocabularies.
-    eos_ = 11;
+    // llama.cpp's defaults for BPE vocabularies; "gemma4" ones name their ids in the file.
+    bos_ = pre_.no_bos || model == "gemma4" ? -1 : 11;
+    eos_ = model == "gemma4" ? -1 : 11;
     add_bos_ = pre_.add_bos;
     add_space_prefix_ = false;
   } else if (model == "llama") {
@@ -138,9 +149,7 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
   }
   byte_tokens_.fill(-1);
   for (int b = 0; b < 256; ++b) {
-    static constexpr char kHex[] = "0123456789ABCDEF";
-    const char hex[] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
-    int32_t id = Find(std::string_view(hex, sizeof(hex)));
+    int32_t id = Find(ByteTokenText(static_cast<char>(b)));
     if (id < 0) id = Find(std::string(1, static_cast<char>(b)));
     byte_tokens_[b] = id;
   }
@@ -163,6 +172,7 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
   if (const gguf::Value* v = file.Find("tokenizer.ggml.add_eos_token"); v && v->AsBool()) {
     add_eos_ = *v->AsBool();
   }
+  if (pre_.force_add_bos) add_bos_ = true;
 
   DetectSpecialTokens(file);
 
@@ -217,6 +227,13 @@ void Tokenizer::DetectSpecialTokens(const gguf::File& file) {
                                   {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
                                    "<reponame>"});
   const int32_t fim_sep = by_text(key_id({"tokenizer.ggml.fim_sep_token_id"}), {"<|file_sep|>"});
+  // Control tokens named "unused" (Gemma's <unusedN>) are flagged unused, as llama.cpp does
+  // at this point (before end-of-generation tokens get their control bit).
+  for (int32_t id = 0; id < n; ++id) {
+    if ((attrs_[id] & kTokenAttrControl) && tokens_[id].find("unused") != std::string::npos) {
+      attrs_[id] |= kTokenAttrUnused;
+    }
+  }
 
   std::vector<int32_t> eog;
   for (int32_t id : {fim_pad, fim_rep, fim_sep}) {
@@ -310,7 +327,7 @@ std::string Tokenizer::ComputePiece(int32_t id) const {
   const std::string& text = tokens_[id];
   if (attr & (kTokenAttrUnknown | kTokenAttrControl | kTokenAttrUserDefined)) return text;
   if (attr & kTokenAttrNormal) {
-    if (model_ == Model::kSpm) return ReplaceAll(text, kSpmSpace, " ");
+    if (model_ == Model::kSpm || pre_.escape_whitespaces) return ReplaceAll(text, kSpmSpace, " ");
     // Byte-level: each code point stands for one byte; others are flagged as llama.cpp does.
     std::string out;
     for (uint32_t cp : DecodeUtf8Lenient(text)) {
@@ -341,10 +358,19 @@ std::string Tokenizer::ComputePiece(int32_t id) const {
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<std::string_view> pieces;
   std::string encoded;
+  const std::string escaped = pre_.escape_whitespaces ? ReplaceAll(text, " ", kSpmSpace) : "";
+  if (pre_.escape_whitespaces) text = escaped;
   for (const std::string& word : PreTokenize(pre_.kind, text)) {
-    encoded.clear();
-    for (char c : word) encoded += ByteToUnicodeUtf8(static_cast<uint8_t>(c));
-    if (pre_.ignore_merges) {
+    if (pre_.escape_whitespaces) {
+      encoded = word;
+    } else {
+      encoded.clear();
+      for (char c : word) encoded += ByteToUnicodeUtf8(static_cast<uint8_t>(c));
+    }
+    const bool whole = pre_.ignore_merges ||
+                       (pre_.newline_words_whole &&
+                        encoded.find_first_not_of('\n') == std::string::npos);
+    if (whole) {
       if (const int32_t id = Find(encoded); id >= 0) {
         out->push_back(id);
         continue;
@@ -357,10 +383,13 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
         out->push_back(id);
         continue;
       }
-      // Not a token: llama.cpp looks up each byte of the encoded text on its own (so only
-      // ASCII survives; other bytes are dropped).
+      // Not a token: llama.cpp looks each byte up on its own, as a <0xNN> token for raw UTF-8
+      // words and as the one-character text for byte-level ones (so there only ASCII survives).
+      // Bytes without a token are dropped.
       for (char c : piece) {
-        if (const int32_t id = Find(std::string_view(&c, 1)); id >= 0) out->push_back(id);
+        const int32_t id =
+            pre_.escape_whitespaces ? Find(ByteTokenText(c)) : Find(std::string_view(&c, 1));
+        if (id >= 0) out->push_back(id);
       }
     }
   }

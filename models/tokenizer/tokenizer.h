@@ -2,8 +2,10 @@
 //
 // Built from the tokenizer.ggml.* metadata: "gpt2" vocabularies are byte-level BPE with the
 // pre-tokenizer named by tokenizer.ggml.pre; "llama" vocabularies are SentencePiece-style
-// (scores, byte fallback, U+2581 for spaces). Special tokens, BOS/EOS and end-of-generation ids
-// follow llama.cpp's llama_vocab, including its defaults and text-based detection.
+// (scores, byte fallback, U+2581 for spaces); "gemma4" vocabularies are BPE over raw UTF-8 with
+// U+2581 for spaces, split only at newline runs, with <0xNN> byte fallback. Special tokens,
+// BOS/EOS and end-of-generation ids follow llama.cpp's llama_vocab, including its defaults and
+// text-based detection.
 #ifndef FUCINA_MODELS_TOKENIZER_TOKENIZER_H_
 #define FUCINA_MODELS_TOKENIZER_TOKENIZER_H_
 
@@ -55,7 +57,8 @@ class Tokenizer {
   std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   // The bytes `id` decodes to: byte-level decoded for BPE, U+2581 -> space and <0xNN> -> byte
-  // for SPM; control and user-defined tokens as their text. Empty for out-of-range ids.
+  // for SPM and "gemma4"; control and user-defined tokens as their text. Empty for out-of-range
+  // ids.
   std::string TokenToPiece(int32_t id) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }

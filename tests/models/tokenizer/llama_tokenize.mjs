@@ -37,7 +37,7 @@ const out = {
 for (let id = 0; id < input.vocab_size; ++id) {
   if (native.isEogToken(id)) out.eog.push(id);
   const attr = native.getTokenAttributes(id);
-  if (attr !== 2) out.attrs.push([id, attr]);  // 2 = LLAMA_TOKEN_ATTR_NORMAL.
+  if (attr !== 4) out.attrs.push([id, attr]);  // 4 = LLAMA_TOKEN_ATTR_NORMAL (1 << 2).
 }
 for (const text of input.strings) {
   const plain = Array.from(native.tokenize(text, false));

