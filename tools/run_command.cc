@@ -146,6 +146,28 @@ int RunModel(RunArgs args) {
                 (long long)c.num_heads, (long long)c.num_heads_kv, (long long)c.head_dim,
                 (long long)c.ffn, (long long)c.vocab_size, (long long)c.num_experts,
                 (long long)c.num_experts_used);
+    // Per-layer geometry, when the layers differ (gemma4): one line per layer.
+    bool uniform = true;
+    for (const LayerSpec& l : c.layers) {
+      uniform &= l.attention == AttentionKind::kGlobal && l.kv_source < 0 &&
+                 l.head_dim == c.head_dim && l.num_heads_kv == c.num_heads_kv;
+    }
+    if (!uniform || c.per_layer_input > 0 || c.final_logit_softcap != 0.0f) {
+      std::printf("per-layer embeddings: %lld  final logit softcap: %g\n",
+                  (long long)c.per_layer_input, c.final_logit_softcap);
+      for (size_t i = 0; i < c.layers.size(); ++i) {
+        const LayerSpec& l = c.layers[i];
+        std::printf("  layer %zu: %s", i,
+                    l.attention == AttentionKind::kSliding
+                        ? absl::StrCat("sliding ", l.window).c_str()
+                        : "global");
+        std::printf("  heads %lld/%lld x %lld  rope %g/%lld  ffn %lld%s", (long long)l.num_heads,
+                    (long long)l.num_heads_kv, (long long)l.head_dim, l.rope_base,
+                    (long long)l.rope_dims, (long long)l.ffn, l.moe ? " + experts" : "");
+        if (l.kv_source >= 0) std::printf("  K/V of layer %lld", (long long)l.kv_source);
+        std::printf("\n");
+      }
+    }
     return 0;
   }
   if (!args.tokenize_file.empty()) {

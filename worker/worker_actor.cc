@@ -523,20 +523,24 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   std::vector<float> x(rows * hidden);
   std::vector<Model::Segment> segments;
   std::vector<Session*> sessions;
+  // Token ids of each segment: the embeddings, and the per-layer embeddings of the families
+  // that have them, read them.
+  std::vector<std::vector<int32_t>> ids(ok.size());
   int64_t r = 0;
-  for (int i : ok) {
+  for (size_t j = 0; j < ok.size(); ++j) {
+    const int i = ok[j];
     const wire::Segment& seg = request.segments(i);
     const int64_t count = seg.token_ids_size();
+    ids[j].assign(seg.token_ids().begin(), seg.token_ids().end());
     if (first) {
-      std::vector<int32_t> ids(seg.token_ids().begin(), seg.token_ids().end());
-      if (absl::Status s = model_->Embed(ids, &x[r * hidden]); !s.ok()) return s;
+      if (absl::Status s = model_->Embed(ids[j], &x[r * hidden]); !s.ok()) return s;
     } else {
       std::memcpy(&x[r * hidden], &input[offsets[i] * hidden], count * hidden * sizeof(float));
     }
     auto session = SessionOrNew(seg.session_id());
     if (!session.ok()) return session.status();
     sessions.push_back(*session);
-    segments.push_back({(*session)->kv.get(), r, count});
+    segments.push_back({(*session)->kv.get(), r, count, ids[j]});
     r += count;
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -5,11 +5,10 @@
 //  - RNG: SplitMix64. Tensor i (in file order, 0-based) draws from the stream seeded with
 //    seed ^ (0x9E3779B97F4A7C15 * (i + 1)); normals by Box-Muller in double from two uniforms
 //    u = (next() >> 11) * 2^-53 (u1 replaced by 1 - u1 to avoid log 0), one normal per pair.
-//  - Matrices ~ N(0, init_std) (default 0.02); gemma4's router ~ N(0, 1) (its input is
-//    scaled down by sqrt(hidden)); per-layer output scales ~ 1 + N(0, 0.2); norm weights (attn_norm, ffn_norm,
-//    (q/k norm, output_norm, gemma's post norms) = 1; the MoE router
-//    ~ N(0, init_std); rope_freqs (llama when requested, gemma4 always) = 1 + i / n for i in
-//    [0, n).
+//  - Matrices ~ N(0, init_std) (default 0.02); norm weights (attn_norm, ffn_norm, q/k norm,
+//    output_norm, gemma's post norms) = 1; the MoE router ~ N(0, init_std), gemma4's ~ N(0, 1)
+//    (its input is scaled down by sqrt(hidden)); per-layer output scales ~ 1 + N(0, 0.2);
+//    rope_freqs (llama when requested, gemma4 always) = 1 + i / n for i in [0, n).
 //  - peaked: token_embd ~ N(0, 1) and output ~ N(0, 1), and the router ~ N(0, 1), so the
 //    residual stream is dominated by the token embedding and next-token distributions (and
 //    expert choices) have clear winners; greedy and top-1 tests need that.

@@ -198,10 +198,24 @@ class ClusterTest : public testing::Test {
     moe.num_experts = 8;
     moe.num_experts_used = 2;
     ASSERT_TRUE(MakeFixture(moe, FixturePath("moe"), pool).ok());
+    // Gemma 4: sliding (window 4, shorter than the prompt) and global layers of different
+    // geometry, the last three reading earlier layers' K/V, routed experts beside the MLP.
+    FixtureOptions gemma = dense;
+    gemma.arch = "gemma4";
+    gemma.num_layers = 6;
+    gemma.head_dim = 16;
+    gemma.head_dim_global = 32;
+    gemma.kv_heads_global = 1;
+    gemma.sliding_window = 4;
+    gemma.shared_kv_layers = 3;
+    gemma.moe = true;
+    gemma.num_experts = 8;
+    gemma.num_experts_used = 2;
+    gemma.expert_ffn = 32;
+    ASSERT_TRUE(MakeFixture(gemma, FixturePath("gemma4"), pool).ok());
   }
   static void TearDownTestSuite() {
-    std::remove(FixturePath("dense").c_str());
-    std::remove(FixturePath("moe").c_str());
+    for (const char* name : {"dense", "moe", "gemma4"}) std::remove(FixturePath(name).c_str());
   }
 };
 
@@ -259,6 +273,35 @@ TEST_F(ClusterTest, MoeWithExpertWorkersEqualsTheEngine) {
   int64_t local_rows = 0;
   for (int64_t n : stage->expert_token_counts()) local_rows += n;
   EXPECT_EQ(local_rows, 0);
+}
+
+TEST_F(ClusterTest, Gemma4ThroughTwoStagesAndExpertWorkersEqualsTheEngine) {
+  const std::string path = FixturePath("gemma4");
+  const std::vector<int32_t> want = Reference(path, Job(kPrompt, 16));
+  ASSERT_EQ(want.size(), 16u);
+  // Two stages: the cut falls where no shared-K/V layer is parted from its source (layers
+  // 3-5 read layers 1 and 2, so the second stage starts at 1 at the latest).
+  auto staged = StartCluster(path, 2, 0);
+  ASSERT_TRUE(staged->coordinator->scheduler().ready())
+      << staged->coordinator->scheduler().status();
+  const ::fucina::v1::Placement p2 = staged->coordinator->placement();
+  ASSERT_EQ(p2.stages_size(), 2);
+  EXPECT_LE(p2.stages(1).first_layer(), 1);
+  Output a = Generate(*staged->coordinator, Job(kPrompt, 16));
+  ASSERT_TRUE(a.outcome.status.ok()) << a.outcome.status;
+  EXPECT_EQ(a.ids, want);
+
+  auto spread = StartCluster(path, 1, 2);
+  ASSERT_TRUE(spread->coordinator->scheduler().ready())
+      << spread->coordinator->scheduler().status();
+  Output b = Generate(*spread->coordinator, Job(kPrompt, 16));
+  ASSERT_TRUE(b.outcome.status.ok()) << b.outcome.status;
+  EXPECT_EQ(b.ids, want);
+  for (int w : {1, 2}) {
+    auto stats = spread->actors[w]->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_GT(stats->expert_tokens(), 0) << "expert worker " << w;
+  }
 }
 
 TEST_F(ClusterTest, RealModelThroughTwoStagesEqualsTheEngine) {

