@@ -40,7 +40,8 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
   int64_t reuse = 0;
   const int64_t limit = std::min<int64_t>(static_cast<int64_t>(cached_.size()), n - 1);
   while (reuse < limit && cached_[reuse] == prompt[reuse]) ++reuse;
-  if (absl::Status s = kv_->Truncate(std::min<int64_t>(reuse, kv_->len())); !s.ok()) return s;
+  // A sliding-window ring rolls back only so far (kv_cache.h): past that, start over.
+  if (!kv_->Truncate(std::min<int64_t>(reuse, kv_->len())).ok()) kv_->Clear();
   cached_.resize(kv_->len());
   result.reused_tokens = kv_->len();
 

@@ -117,6 +117,52 @@ class MakeFixtureTest(unittest.TestCase):
         np.testing.assert_allclose(as_f32(ts["rope_freqs.weight"]).reshape(-1),
                                    1 + np.arange(8) / 8)
 
+    def test_gemma4_per_layer_geometry(self):
+        path = self.make("g.gguf", "--arch", "gemma4", "--layers", "6", "--heads", "4",
+                         "--kv-heads", "2", "--head-dim", "16", "--head-dim-global", "32",
+                         "--kv-heads-global", "1", "--sliding-window", "8", "--global-every",
+                         "3", "--shared-kv-layers", "3", "--per-layer-input", "8", "--moe",
+                         "--experts", "4", "--experts-used", "2", "--expert-ffn", "32",
+                         "--type", "q8_0")
+        r = GGUFReader(path)
+        self.assertEqual(field(r, "general.architecture"), "gemma4")
+        pattern = [bool(v[0]) for v in field(r, "gemma4.attention.sliding_window_pattern")]
+        self.assertEqual(pattern, [True, True, False, True, True, False])
+        self.assertEqual([int(v[0]) for v in field(r, "gemma4.attention.head_count_kv")],
+                         [2, 2, 1, 2, 2, 1])
+        self.assertEqual(field(r, "gemma4.attention.key_length"), 32)
+        self.assertEqual(field(r, "gemma4.attention.key_length_swa"), 16)
+        self.assertEqual(field(r, "gemma4.attention.sliding_window"), 8)
+        self.assertEqual(field(r, "gemma4.attention.shared_kv_layers"), 3)
+        self.assertEqual(field(r, "gemma4.embedding_length_per_layer_input"), 8)
+        ts = tensors(r)
+        # Global layers have 32-wide heads and one KV head; sliding ones 16 and two.
+        self.assertEqual(list(ts["blk.2.attn_k.weight"].shape), [64, 32])
+        self.assertEqual(list(ts["blk.1.attn_k.weight"].shape), [64, 32])
+        self.assertEqual(list(ts["blk.2.attn_q.weight"].shape), [64, 128])
+        self.assertEqual(list(ts["blk.1.attn_q.weight"].shape), [64, 64])
+        # Layers 3..5 read K/V of layers 1 (sliding) and 2 (global): no K/V of their own.
+        for l in (3, 4, 5):
+            self.assertNotIn(f"blk.{l}.attn_k.weight", ts)
+            self.assertIn(f"blk.{l}.attn_q.weight", ts)
+        self.assertEqual(list(ts["rope_freqs.weight"].shape), [16])
+        vocab = int(ts["token_embd.weight"].shape[1])
+        self.assertEqual(list(ts["per_layer_token_embd.weight"].shape), [8 * 6, vocab])
+        self.assertEqual(list(ts["blk.0.ffn_gate_exps.weight"].shape), [64, 32, 4])
+        self.assertEqual(ts["blk.0.ffn_gate_inp.weight"].tensor_type, Q.F32)
+        self.assertEqual(ts["blk.0.attn_q.weight"].tensor_type, Q.Q8_0)
+        self.assertEqual(ts["blk.0.layer_output_scale.weight"].tensor_type, Q.F32)
+        # The router is unit-variance (its input is divided by sqrt(hidden)).
+        router = as_f32(ts["blk.0.ffn_gate_inp.weight"])
+        self.assertAlmostEqual(float(router.std()), 1.0, delta=0.15)
+        info = run("run", path, "--info").stdout
+        self.assertIn("layer 5: global", info)
+        self.assertIn("K/V of layer 2", info)
+        bad = run("gguf", "make-fixture", os.path.join(self.dir, "bad.gguf"), "--arch", "gemma4",
+                  "--layers", "6", "--shared-kv-layers", "2", check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("shared_kv_layers", bad.stderr)
+
     def test_bad_options_are_named(self):
         proc = run("gguf", "make-fixture", os.path.join(self.dir, "x.gguf"), "--heads", "3",
                    "--kv-heads", "2", check=False)
