@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "models/gguf/writer.h"
 
 namespace fucina::gguf {
@@ -54,17 +55,6 @@ bool LooksSpecial(const std::string& t) {
 bool IsByteToken(const std::string& t) {
   return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && std::isxdigit(static_cast<uint8_t>(t[3])) &&
          std::isxdigit(static_cast<uint8_t>(t[4])) && t[5] == '>';
-}
-
-std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
-  std::string out;
-  out.reserve(s.size());
-  size_t pos = 0;
-  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
-    out.append(s.substr(pos, hit - pos)).append(to);
-  }
-  out.append(s.substr(pos));
-  return out;
 }
 
 // Whether a SentencePiece tokenizer.json prepends U+2581 to the text (Llama 2: a Prepend
@@ -215,7 +205,7 @@ absl::StatusOr<HfTokenizer> ImportHfTokenizer(const std::string& dir, const std:
     const bool control = a.value("special", false) || LooksSpecial(text);
     // SentencePiece vocabularies store user-defined tokens with their spaces as text, since
     // llama.cpp matches them in the raw text before escaping spaces.
-    if (spm && !control) text = ReplaceAll(text, "\xe2\x96\x81", " ");
+    if (spm && !control) text = absl::StrReplaceAll(text, {{"\xe2\x96\x81", " "}});
     out.tokens[id] = std::move(text);
     out.token_types[id] =
         static_cast<int32_t>(control ? TokenType::kControl : TokenType::kUserDefined);

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "models/tokenizer/spm.h"
 #include "models/tokenizer/unicode.h"
@@ -14,7 +15,7 @@
 namespace fucina {
 namespace {
 
-constexpr std::string_view kSpmSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space.
+constexpr char kSpmSpace[] = "\xe2\x96\x81";  // U+2581, SentencePiece's space.
 
 // GGUF token types (tokenizer.ggml.token_type) -> attribute bits, as llama_vocab::impl::load.
 uint32_t AttrOfType(int64_t type) {
@@ -27,17 +28,6 @@ uint32_t AttrOfType(int64_t type) {
     case 6: return kTokenAttrByte;
     default: return 0;  // Undefined.
   }
-}
-
-std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
-  std::string out;
-  out.reserve(s.size());
-  size_t pos = 0;
-  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
-    out.append(s.substr(pos, hit - pos)).append(to);
-  }
-  out.append(s.substr(pos));
-  return out;
 }
 
 // "<0xNN>", the text of byte fallback tokens (upper-case hex, as llama.cpp looks them up).
@@ -327,7 +317,9 @@ std::string Tokenizer::ComputePiece(int32_t id) const {
   const std::string& text = tokens_[id];
   if (attr & (kTokenAttrUnknown | kTokenAttrControl | kTokenAttrUserDefined)) return text;
   if (attr & kTokenAttrNormal) {
-    if (model_ == Model::kSpm || pre_.escape_whitespaces) return ReplaceAll(text, kSpmSpace, " ");
+    if (model_ == Model::kSpm || pre_.escape_whitespaces) {
+      return absl::StrReplaceAll(text, {{kSpmSpace, " "}});
+    }
     // Byte-level: each code point stands for one byte; others are flagged as llama.cpp does.
     std::string out;
     for (uint32_t cp : DecodeUtf8Lenient(text)) {
@@ -358,7 +350,8 @@ std::string Tokenizer::ComputePiece(int32_t id) const {
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<std::string_view> pieces;
   std::string encoded;
-  const std::string escaped = pre_.escape_whitespaces ? ReplaceAll(text, " ", kSpmSpace) : "";
+  const std::string escaped =
+      pre_.escape_whitespaces ? absl::StrReplaceAll(std::string(text), {{" ", kSpmSpace}}) : "";
   if (pre_.escape_whitespaces) text = escaped;
   for (const std::string& word : PreTokenize(pre_.kind, text)) {
     if (pre_.escape_whitespaces) {
@@ -464,7 +457,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
       std::string raw;
       if (add_space_prefix_ && prev_special) raw = " ";
       raw.append(text.substr(f.offset, f.length));
-      SpmEncode(ReplaceAll(raw, " ", kSpmSpace), vocab, &out);
+      SpmEncode(absl::StrReplaceAll(raw, {{" ", kSpmSpace}}), vocab, &out);
       prev_special = false;
     }
   } else {
