@@ -527,6 +527,73 @@ TEST_P(SlidingRingTest, RollbackWithinTheSlackEqualsAFreshRun) {
   EXPECT_EQ(FirstDifference(again->data(), fresh->data(), fresh->size()), -1);
 }
 
+TEST_P(SlidingRingTest, SeveralStreamsInRoundsEqualEachAlone) {
+  // One ForwardLayers call over a long segment (run in rounds) beside a short one, as chunked
+  // prefill of two streams does; then lockstep decode of both past the wrap.
+  const std::vector<int32_t> other = Prompt(9, 20);
+  const int64_t hidden = model_->config().hidden;
+  const int64_t n = kLength + static_cast<int64_t>(other.size());
+  std::vector<int32_t> both(tokens_);
+  both.insert(both.end(), other.begin(), other.end());
+  std::vector<float> x(n * hidden), logits(n * vocab_);
+  ASSERT_TRUE(model_->Embed(both, x.data()).ok());
+  auto kv_a = NewCache(kCapacity), kv_b = NewCache(kCapacity);
+  const Model::Segment segs[] = {{kv_a.get(), 0, kLength, tokens_},
+                                 {kv_b.get(), kLength, static_cast<int64_t>(other.size()), other}};
+  ASSERT_TRUE(model_->ForwardLayers(x.data(), n, segs).ok());
+  ASSERT_TRUE(model_->Head(x.data(), n, logits.data()).ok());
+  EXPECT_EQ(kv_a->len(), kLength);
+  EXPECT_EQ(kv_b->len(), static_cast<int64_t>(other.size()));
+
+  auto alone_a = NewCache(kCapacity), alone_b = NewCache(kCapacity);
+  auto a = model_->ForwardStepAllLogits(*alone_a, tokens_, 0);
+  auto b = model_->ForwardStepAllLogits(*alone_b, other, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(FirstDifference(logits.data(), a->data(), kLength * vocab_), -1);
+  EXPECT_EQ(FirstDifference(logits.data() + kLength * vocab_, b->data(), b->size()), -1);
+
+  KvCache* caches[] = {kv_a.get(), kv_b.get()};
+  for (int step = 0; step < 3; ++step) {
+    const int32_t next[] = {static_cast<int32_t>(10 + step), static_cast<int32_t>(90 + step)};
+    auto batch = model_->ForwardStepBatch(caches, next);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    auto one_a = model_->ForwardStep(*alone_a, std::span(next, 1), alone_a->len());
+    auto one_b = model_->ForwardStep(*alone_b, std::span(next + 1, 1), alone_b->len());
+    ASSERT_TRUE(one_a.ok() && one_b.ok());
+    EXPECT_EQ(FirstDifference(batch->data(), one_a->data(), vocab_), -1) << "step " << step;
+    EXPECT_EQ(FirstDifference(batch->data() + vocab_, one_b->data(), vocab_), -1)
+        << "step " << step;
+  }
+}
+
+TEST_P(SlidingRingTest, TwoShardsAcrossTheWrap) {
+  const ModelConfig& config = model_->config();
+  if (config.per_layer_input > 0) GTEST_SKIP() << "a PLE model runs in one stage";
+  int64_t split = -1;
+  for (int64_t l = 1; l < config.num_layers && split < 0; ++l) {
+    if (config.CanSplitAt(l)) split = l;
+  }
+  ASSERT_GT(split, 0);
+  auto a = Model::Load(paths_[GetParam()], LoadOptions{0, split, true, false}, *pool_);
+  auto b = Model::Load(paths_[GetParam()], LoadOptions{split, -1, false, true}, *pool_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto kv_a = (*a)->NewKvCache(kCapacity, GgmlType::kF16);
+  auto kv_b = (*b)->NewKvCache(kCapacity, GgmlType::kF16);
+  auto kv_full = NewCache(kCapacity, GgmlType::kF16);
+  ASSERT_TRUE(kv_a.ok() && kv_b.ok());
+  auto full = model_->ForwardStepAllLogits(*kv_full, tokens_, 0);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const int64_t hidden = config.hidden;
+  std::vector<float> x(kLength * hidden), logits(kLength * vocab_);
+  ASSERT_TRUE((*a)->Embed(tokens_, x.data()).ok());
+  const Model::Segment seg_a[] = {{kv_a->get(), 0, kLength}};
+  ASSERT_TRUE((*a)->ForwardLayers(x.data(), kLength, seg_a).ok());
+  const Model::Segment seg_b[] = {{kv_b->get(), 0, kLength}};
+  ASSERT_TRUE((*b)->ForwardLayers(x.data(), kLength, seg_b).ok());
+  ASSERT_TRUE((*b)->Head(x.data(), kLength, logits.data()).ok());
+  EXPECT_EQ(FirstDifference(full->data(), logits.data(), kLength * vocab_), -1);
+}
+
 // A copy of `src` with one metadata value replaced.
 absl::Status CopyWithValue(const std::string& src, const std::string& dst, const std::string& key,
                            gguf::Value value) {
