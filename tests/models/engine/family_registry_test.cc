@@ -10,15 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/norm.h"
 #include "models/engine/blocks.h"
