@@ -1,12 +1,13 @@
 // Causal GQA attention over f32 / f16 / q8_0 KV caches: every kernel level on this machine
 // against the double-precision two-pass reference on the same cache contents, causality, head
-// ranges, and a hand-computed case.
+// ranges, sliding windows over ring caches, and a hand-computed case.
 #include "kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -206,6 +207,191 @@ TEST(AttentionTest, PrefillBlockEqualsOneQueryAtATime) {
   }
 }
 
+std::string Trace(GgmlType type, int group, int64_t window, int64_t n_q, int64_t pos0, Isa isa) {
+  return std::string(TypeName(type)) + " group=" + std::to_string(group) +
+         " window=" + std::to_string(window) + " n_q=" + std::to_string(n_q) +
+         " pos0=" + std::to_string(pos0) + " " + std::string(IsaName(isa));
+}
+
+TEST(AttentionTest, SlidingWindowMatchesReference) {
+  // Windows of one key, shorter than a 32-key tile, crossing a tile edge, and longer than the
+  // sequence; query blocks whose queries start in different tiles.
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    for (int group : {1, 3}) {
+      for (int64_t window : {1, 5, 33, 500}) {
+        for (int64_t n_q : {1, 7, 40}) {
+          for (int64_t pos0 : {0, 45, 100}) {
+            AttnCase s(type, 2 * group, 2, 64, n_q, pos0,
+                       static_cast<uint32_t>(window * 7 + group * 1000 + n_q * 100 + pos0));
+            s.args.window = window;
+            std::vector<float> want(s.OutSize());
+            AttentionRef(s.args, want.data());
+            for (Isa isa : Levels()) {
+              SCOPED_TRACE(Trace(type, group, window, n_q, pos0, isa));
+              std::vector<float> got(s.OutSize(), std::nanf(""));
+              AttentionHeadsForIsa(isa, s.args, 0, s.args.num_heads, got.data());
+              for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6) << i;
+              // A window at least as long as every query's history is no window at all, bit
+              // for bit; a shorter one changes the later queries.
+              AttentionArgs unwindowed = s.args;
+              unwindowed.window = 0;
+              std::vector<float> all(s.OutSize());
+              AttentionHeadsForIsa(isa, unwindowed, 0, s.args.num_heads, all.data());
+              if (window >= pos0 + n_q) {
+                ASSERT_EQ(got, all);
+              } else {
+                ASSERT_NE(got, all);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTest, WindowHidesOlderRows) {
+  // Junk in the rows just before a query's window changes nothing for that query.
+  constexpr int64_t kWindow = 6, kPos0 = 70, kNq = 3;
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(std::string(TypeName(type)));
+    AttnCase s(type, 4, 2, 32, kNq, kPos0, 8);
+    s.args.window = kWindow;
+    std::vector<float> before(s.OutSize()), after(s.OutSize());
+    Attention(s.args, before.data());
+    // Positions [kPos0 - kWindow - 10, kPos0 - kWindow] are outside every query's window
+    // (query 0 at kPos0 sees [kPos0 - kWindow + 1, kPos0]). Large but finite, as rows a ring
+    // overwrote are.
+    const std::vector<float> junk = Random(11 * 2 * 32, -50.0f, 50.0f, 9);
+    StoreKvRows(s.layout, s.k.data(), kPos0 - kWindow - 10, 11, junk.data());
+    StoreKvRows(s.layout, s.v.data(), kPos0 - kWindow - 10, 11, junk.data());
+    Attention(s.args, after.data());
+    EXPECT_EQ(before, after);
+    // Row kPos0 - kWindow + 1 is inside query 0's window only.
+    StoreKvRows(s.layout, s.v.data(), kPos0 - kWindow + 1, 1, junk.data());
+    Attention(s.args, after.data());
+    const int64_t per_query = 4 * 32;
+    EXPECT_NE(std::vector<float>(before.begin(), before.begin() + per_query),
+              std::vector<float>(after.begin(), after.begin() + per_query));
+    EXPECT_EQ(std::vector<float>(before.begin() + per_query, before.end()),
+              std::vector<float>(after.begin() + per_query, after.end()));
+  }
+}
+
+// The same positions stored in a cache holding all of them and in a ring of kRing rows (a
+// multiple of the 32-key tile, as KvCache sizes rings), written in chunks that wrap.
+struct RingCase {
+  static constexpr int kHeadsKv = 2, kHeadDim = 64;
+  KvLayout full, ring;
+  std::vector<uint8_t> full_k, full_v, ring_k, ring_v;
+
+  RingCase(GgmlType type, int64_t positions, int64_t ring_rows, uint32_t seed)
+      : full{type, positions, kHeadsKv, kHeadDim}, ring{type, ring_rows, kHeadsKv, kHeadDim} {
+    full_k.assign(full.TotalBytes(), 0);
+    full_v.assign(full.TotalBytes(), 0);
+    ring_k.assign(ring.TotalBytes(), 0);
+    ring_v.assign(ring.TotalBytes(), 0);
+    const int64_t per_pos = kHeadsKv * kHeadDim;
+    const std::vector<float> kf = Random(positions * per_pos, -1.0f, 1.0f, seed);
+    const std::vector<float> vf = Random(positions * per_pos, -1.0f, 1.0f, seed + 1);
+    StoreKvRows(full, full_k.data(), 0, positions, kf.data());
+    StoreKvRows(full, full_v.data(), 0, positions, vf.data());
+    for (int64_t p = 0; p < positions; p += 13) {
+      const int64_t n = std::min<int64_t>(13, positions - p);
+      StoreKvRows(ring, ring_k.data(), p, n, kf.data() + p * per_pos);
+      StoreKvRows(ring, ring_v.data(), p, n, vf.data() + p * per_pos);
+    }
+  }
+  AttentionArgs Args(const float* q, int num_heads, int64_t n_q, int64_t pos0, int64_t window,
+                     bool use_ring) const {
+    AttentionArgs a;
+    a.q = q;
+    a.n_q = n_q;
+    a.pos0 = pos0;
+    a.window = window;
+    a.num_heads = num_heads;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    a.layout = use_ring ? ring : full;
+    a.k_cache = use_ring ? ring_k.data() : full_k.data();
+    a.v_cache = use_ring ? ring_v.data() : full_v.data();
+    return a;
+  }
+};
+
+TEST(AttentionTest, RingCacheHoldsTheLastRows) {
+  // 230 positions through a 64-row ring: the queries at the end see only what the ring still
+  // holds, and get the bits the full cache gives. Up to ring - window + 1 queries fit in one
+  // call (Model::ForwardLayers' round limit): one more and the oldest query's first key has
+  // been overwritten.
+  constexpr int64_t kPositions = 230, kRing = 64;
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    for (int64_t window : {1, 8, 40, 64}) {
+      const int group = 2, heads = RingCase::kHeadsKv * group;
+      RingCase c(type, kPositions, kRing, static_cast<uint32_t>(window));
+      const int64_t max_q = kRing - window + 1;
+      const int64_t per_query = heads * RingCase::kHeadDim;
+      const std::vector<float> q = Random((max_q + 1) * per_query, -2.5f, 2.5f, 3);
+      for (int64_t n_q : {int64_t{1}, max_q, max_q + 1}) {
+        const int64_t pos0 = kPositions - n_q;
+        const float* qp = q.data() + (max_q + 1 - n_q) * per_query;
+        const AttentionArgs on_ring = c.Args(qp, heads, n_q, pos0, window, true);
+        const AttentionArgs on_full = c.Args(qp, heads, n_q, pos0, window, false);
+        std::vector<float> want(n_q * per_query);
+        AttentionRef(on_full, want.data());
+        for (Isa isa : Levels()) {
+          SCOPED_TRACE(Trace(type, group, window, n_q, pos0, isa));
+          std::vector<float> got(n_q * per_query), full(n_q * per_query);
+          AttentionHeadsForIsa(isa, on_ring, 0, heads, got.data());
+          AttentionHeadsForIsa(isa, on_full, 0, heads, full.data());
+          if (n_q <= max_q) {
+            for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6) << i;
+            ASSERT_EQ(got, full);
+          } else {
+            // The oldest query lost a key; the others still match.
+            EXPECT_NE(std::vector<float>(got.begin(), got.begin() + per_query),
+                      std::vector<float>(full.begin(), full.begin() + per_query));
+            EXPECT_EQ(std::vector<float>(got.begin() + per_query, got.end()),
+                      std::vector<float>(full.begin() + per_query, full.end()));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTest, WindowedPrefillBlockEqualsOneQueryAtATime) {
+  // As PrefillBlockEqualsOneQueryAtATime, with windows over a ring that has wrapped: queries
+  // of one block start in different tiles, and a query skips the tiles before its window, so
+  // a decode step and a prefill give the same bits.
+  constexpr int64_t kPositions = 150, kRing = 96, kNq = 11;
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    for (int64_t window : {5, 37}) {
+      for (int group : {1, 2, 3}) {
+        const int heads = RingCase::kHeadsKv * group;
+        RingCase c(type, kPositions, kRing, static_cast<uint32_t>(40 + window + group));
+        const int64_t per_query = heads * RingCase::kHeadDim, pos0 = kPositions - kNq;
+        const std::vector<float> q = Random(kNq * per_query, -2.5f, 2.5f, 12 + group);
+        for (Isa isa : Levels()) {
+          SCOPED_TRACE(Trace(type, group, window, kNq, pos0, isa));
+          std::vector<float> all(kNq * per_query);
+          AttentionHeadsForIsa(isa, c.Args(q.data(), heads, kNq, pos0, window, true), 0, heads,
+                               all.data());
+          for (int64_t i = 0; i < kNq; ++i) {
+            std::vector<float> alone(per_query);
+            AttentionHeadsForIsa(isa,
+                                 c.Args(q.data() + i * per_query, heads, 1, pos0 + i, window,
+                                        true),
+                                 0, heads, alone.data());
+            for (int64_t e = 0; e < per_query; ++e) {
+              ASSERT_EQ(all[i * per_query + e], alone[e]) << "query " << i << " element " << e;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The SIMD tile kernels against plain loops on the same buffers: every key count of a tile
 // (partial 8/16-key reduction blocks), row counts around the 4-row accumulator blocks, and
 // buffer widths that are not multiples of the 32/64-dim accumulator chunks.
@@ -371,6 +557,36 @@ TEST(KvCacheTest, StoreConvertsLikeGgml) {
   float hb[3];
   LoadKvHead(h, hc.data(), 0, 1, hb);  // kv head 1 = hx[3..5].
   for (int j = 0; j < 3; ++j) EXPECT_EQ(hb[j], Fp16ToFp32(Fp32ToFp16(hx[3 + j])));
+}
+
+TEST(KvCacheTest, StoreWrapsAroundTheRing) {
+  // 20 positions from 25 into a 32-row ring: rows 25..31 then 0..12; rows 13..24 untouched.
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(std::string(TypeName(type)));
+    const KvLayout l{type, 32, 2, 32};
+    std::vector<uint8_t> cache(l.TotalBytes(), 0xAB);
+    const std::vector<float> x = Random(20 * 2 * 32, -3.0f, 3.0f, 4);
+    StoreKvRows(l, cache.data(), 25, 20, x.data());
+    // What one position converts to, stored alone in a one-row cache.
+    const KvLayout one{type, 1, 2, 32};
+    std::vector<uint8_t> row(one.TotalBytes());
+    for (int64_t i = 0; i < 20; ++i) {
+      StoreKvRows(one, row.data(), 0, 1, x.data() + i * 2 * 32);
+      const int64_t r = (25 + i) % 32;
+      EXPECT_EQ(0, std::memcmp(cache.data() + r * l.PositionBytes(), row.data(),
+                               l.PositionBytes()))
+          << "position " << 25 + i;
+      std::vector<float> back(32), want(32);
+      LoadKvHead(l, cache.data(), 25 + i, 1, back.data());
+      LoadKvHead(one, row.data(), 0, 1, want.data());
+      EXPECT_EQ(back, want) << "position " << 25 + i;
+    }
+    for (int64_t r = 13; r < 25; ++r) {
+      const uint8_t* p = cache.data() + r * l.PositionBytes();
+      EXPECT_TRUE(std::all_of(p, p + l.PositionBytes(), [](uint8_t b) { return b == 0xAB; }))
+          << "row " << r << " was written";
+    }
+  }
 }
 
 TEST(KvCacheTest, ValidateRejectsBadLayouts) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -284,6 +285,102 @@ TEST(ActivationTest, FusedSwiGluSplitsGateThenUp) {
     std::vector<float> in_place = gate_up;
     SwiGluFused(in_place.data(), in_place.data(), kRows, ff);
     for (int64_t i = 0; i < kRows * ff; ++i) EXPECT_EQ(in_place[i], got[i]);
+  }
+}
+
+// ggml's GeGLU rule written out from its definition (ggml_vec_geglu_f32 with GGML_GELU_FP16,
+// ggml_gelu_f32), with the compiler's _Float16 for the f16 roundings (round to nearest even,
+// as F16C's _cvtss_sh and ggml's scalar converter do): nothing here calls fucina's code.
+float GgmlGeGlu(float x, float up) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x * up;
+  const float v = static_cast<float>(static_cast<_Float16>(x));
+  const float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  const float kCoefA = 0.044715f;
+  const float g = 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * v * (1.0f + kCoefA * v * v)));
+  return static_cast<float>(static_cast<_Float16>(g)) * up;
+}
+
+// Gates at every f16 value in (-10, 10), halfway between neighbours (the f16 rounding ties,
+// which go to the even one) and one float step either side of those, at and around +-10, and
+// far outside.
+std::vector<float> GeGluSweep() {
+  std::vector<float> x;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    _Float16 h;
+    const uint16_t b16 = static_cast<uint16_t>(bits);
+    std::memcpy(&h, &b16, sizeof(h));
+    const float f = static_cast<float>(h);
+    if (!std::isfinite(f) || std::fabs(f) >= 10.5f) continue;
+    x.push_back(f);
+    // The next f16 away from zero; the midpoint is exact in float.
+    _Float16 next_h;
+    const uint16_t n16 = static_cast<uint16_t>(bits + 1);
+    std::memcpy(&next_h, &n16, sizeof(next_h));
+    const float next = static_cast<float>(next_h);
+    if (!std::isfinite(next) || (bits & 0x7FFF) == 0x7FFF) continue;
+    const float mid = 0.5f * (f + next);
+    x.push_back(mid);
+    x.push_back(std::nextafter(mid, 0.0f));
+    x.push_back(std::nextafter(mid, 2.0f * mid));
+  }
+  for (float edge : {10.0f, -10.0f}) {
+    x.push_back(edge);
+    x.push_back(std::nextafter(edge, 0.0f));
+    x.push_back(std::nextafter(edge, 2.0f * edge));
+  }
+  for (float big : {11.0f, 1e3f, 3e38f, -11.0f, -1e3f, -3e38f}) x.push_back(big);
+  return x;
+}
+
+TEST(ActivationTest, GeGluReferenceIsGgmlsRule) {
+  const std::vector<float> x = GeGluSweep();
+  ASSERT_GT(x.size(), 100000u);
+  const int64_t n = static_cast<int64_t>(x.size());
+  // Up values of both signs, not 1, so the product's rounding is part of what is checked.
+  const std::vector<float> up = Random(n, -3.0f, 3.0f, 21);
+  std::vector<float> ref(n), table(n);
+  GeGluRef(x.data(), up.data(), ref.data(), n);
+  GeGlu(x.data(), up.data(), table.data(), n);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = GgmlGeGlu(x[i], up[i]);
+    // Bitwise: -0 and +0 count as different (memcmp), so the sign of zero products matches.
+    if (std::memcmp(&ref[i], &want, sizeof(float)) != 0 && mismatches++ < 5) {
+      ADD_FAILURE() << "GeGluRef(" << x[i] << ", " << up[i] << ") = " << ref[i] << ", ggml "
+                    << want;
+    }
+    if (std::memcmp(&table[i], &ref[i], sizeof(float)) != 0 && mismatches++ < 5) {
+      ADD_FAILURE() << "GeGlu(" << x[i] << ", " << up[i] << ") = " << table[i] << ", Ref "
+                    << ref[i];
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  // Hand values: past the clamps, and GELU(1) to f16 (0.8413 -> 0.84130859375).
+  const float gate[4] = {-10.0f, 10.0f, 1.0f, 25.0f}, ones[4] = {1.0f, 1.0f, 1.0f, -2.0f};
+  float y[4];
+  GeGlu(gate, ones, y, 4);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 10.0f);
+  EXPECT_EQ(y[2], 0.84130859375f);
+  EXPECT_EQ(y[3], -50.0f);
+}
+
+TEST(ActivationTest, FusedGeGluSplitsGateThenUp) {
+  for (int64_t ff : kSizes) {
+    SCOPED_TRACE("ff=" + std::to_string(ff));
+    constexpr int64_t kRows = 4;
+    const std::vector<float> gate_up = Random(kRows * 2 * ff, -12.0f, 12.0f, 9 + ff);
+    std::vector<float> want(kRows * ff), got(kRows * ff);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float* row = gate_up.data() + r * 2 * ff;
+      GeGluRef(row, row + ff, want.data() + r * ff, ff);
+    }
+    GeGluFused(gate_up.data(), got.data(), kRows, ff);
+    EXPECT_EQ(got, want);
+    std::vector<float> in_place = gate_up;
+    GeGluFused(in_place.data(), in_place.data(), kRows, ff);
+    EXPECT_EQ(std::vector<float>(in_place.begin(), in_place.begin() + kRows * ff), want);
   }
 }
 

@@ -6,6 +6,10 @@
 //  - a model split into two shards (Embed -> ForwardLayers A -> ForwardLayers B -> Head) ==
 //    the full model, bit for bit;
 //  - KvCache::Truncate then re-forward == a fresh run, bit for bit;
+//  - gemma4 (sliding windows, K/V shared across layers, MoE, per-layer embeddings) on a
+//    sequence long enough to wrap its sliding-window rings: one prefill call (run in rounds),
+//    chunks and token-by-token decode agree bit for bit, and a rollback within the rings' slack
+//    re-forwards to the bits of a fresh run;
 //  - config validation errors name the GGUF key at fault.
 // Bit-exactness holds by construction: every output element of a matmul is one vec_dot of one
 // weight row with one activation row (the same call whatever the batch), activation rows are
@@ -59,6 +63,22 @@ FixtureOptions Base(const char* arch, const char* type) {
   return o;
 }
 
+// Gemma 4 shaped: sliding layers of window 8 with 32-wide heads, every third layer global with
+// 64-wide heads and one KV head, the last three layers reading layers 1 (sliding) and 2
+// (global)'s K/V. 32-wide heads so q8_0 KV caches apply.
+FixtureOptions Gemma4(const char* type) {
+  FixtureOptions o = Base("gemma4", type);
+  o.num_layers = 6;
+  o.head_dim_global = 64;
+  o.kv_heads_global = 1;
+  o.sliding_window = 8;
+  o.global_every = 3;
+  o.shared_kv_layers = 3;
+  o.rope_base_swa = 10000.0f;
+  o.final_logit_softcap = 10.0f;
+  return o;
+}
+
 std::vector<Variant> Variants() {
   FixtureOptions llama = Base("llama", "f32");
   llama.tied = false;
@@ -66,6 +86,10 @@ std::vector<Variant> Variants() {
   llama.num_heads = 2;
   llama.num_heads_kv = 1;
   llama.head_dim = 32;
+  FixtureOptions gemma4_moe = Gemma4("q8_0");
+  gemma4_moe.moe = true;
+  FixtureOptions gemma4_ple = Gemma4("f32");
+  gemma4_ple.per_layer_input = 8;
   return {{"qwen3_f32", Base("qwen3", "f32")},
           {"qwen3_q8_0", Base("qwen3", "q8_0")},
           {"qwen3_q4_k", [] {
@@ -76,7 +100,11 @@ std::vector<Variant> Variants() {
              return o;
            }()},
           {"qwen3moe_q8_0", Base("qwen3moe", "q8_0")},
-          {"llama_f32_untied", llama}};
+          {"llama_f32_untied", llama},
+          {"gemma4_f32", Gemma4("f32")},
+          {"gemma4_q8_0", Gemma4("q8_0")},
+          {"gemma4moe_q8_0", gemma4_moe},
+          {"gemma4ple_f32", gemma4_ple}};
 }
 
 // Prompts over the byte vocabulary, different per stream.
@@ -207,12 +235,16 @@ TEST_P(ConsistencyTest, AllLogitsRowsEqualTokenByTokenSteps) {
 // cache's rounding also flips ties of the activation quantizers downstream (q8_0 / q8_K steps
 // of whole blocks), and MoE routing can flip, which measures the weights' conditioning rather
 // than the cache's precision (0.06-0.56 for f16 KV on the q8_0 / q4_k / MoE fixtures).
+// Nor on gemma4's: its attention has scale 1 over unit-RMS q and k (q/k norms with the
+// fixture's unit weights), so scores spread over ~sqrt(head_dim) and the cache's rounding
+// moves them ~5x more than under 1/sqrt(head_dim) (0.01-0.03 for f16, 0.4-0.5 for q8_0).
 class KvPrecisionTest : public ConsistencyTest {};
 
 std::vector<int> FloatVariants() {
   std::vector<int> out;
   for (int i = 0; i < static_cast<int>(Variants().size()); ++i) {
-    if (Variants()[i].options.type == "f32") out.push_back(i);
+    const FixtureOptions& o = Variants()[i].options;
+    if (o.type == "f32" && o.arch != "gemma4") out.push_back(i);
   }
   return out;
 }
@@ -264,9 +296,34 @@ TEST_P(KvPrecisionTest, ReducedPrecisionKvCachesStayClose) {
 }
 
 TEST_P(ConsistencyTest, TwoShardsEqualFullModel) {
-  const int64_t layers = model_->config().num_layers;
+  const ModelConfig& config = model_->config();
+  const int64_t layers = config.num_layers;
   ASSERT_GE(layers, 2);
-  const int64_t split = layers / 2;
+  // The legal cut nearest the middle: not between a layer and the layer whose K/V it reads.
+  int64_t split = -1;
+  for (int64_t l = 1; l < layers; ++l) {
+    if (config.CanSplitAt(l) && (split < 0 || std::abs(2 * l - layers) < std::abs(2 * split - layers))) {
+      split = l;
+    }
+  }
+  // Every illegal cut is refused at load, saying why.
+  for (int64_t l = 1; l < layers; ++l) {
+    if (config.CanSplitAt(l)) continue;
+    auto bad = Model::Load(paths_[GetParam()], LoadOptions{l, -1, false, true}, *pool_);
+    ASSERT_FALSE(bad.ok()) << "cut at " << l;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(std::string(bad.status().message())
+                  .find(config.per_layer_input > 0 ? "per-layer embeddings" : "K/V"),
+              std::string::npos)
+        << bad.status();
+  }
+  if (config.per_layer_input > 0) {
+    // Per-layer embeddings are computed once for every layer from the token ids: such a model
+    // runs in one stage, and no cut is legal.
+    EXPECT_EQ(split, -1);
+    return;
+  }
+  ASSERT_GT(split, 0) << "no legal cut";
   LoadOptions a_opts{0, split, /*embeddings=*/true, /*head=*/false};
   LoadOptions b_opts{split, -1, /*embeddings=*/false, /*head=*/true};
   auto a = Model::Load(paths_[GetParam()], a_opts, *pool_);
@@ -330,6 +387,211 @@ TEST_P(ConsistencyTest, TruncateThenReforwardEqualsFreshRun) {
   auto dirty = model_->ForwardStepAllLogits(*kv_dirty, fresh_tail, kv_dirty->len());
   ASSERT_TRUE(dirty.ok());
   EXPECT_NE(FirstDifference(dirty->data(), fresh->data(), fresh->size()), -1);
+}
+
+TEST_P(ConsistencyTest, CacheOfAnotherGeometryIsRefused) {
+  // One more layer than the model, then one layer's window changed: both refused before any
+  // row is stored.
+  std::vector<KvLayerGeometry> g = model_->config().KvGeometry(0, model_->config().num_layers);
+  std::vector<KvLayerGeometry> longer = g, windowed = g;
+  longer.push_back(g[0]);
+  windowed[0].window = windowed[0].window > 0 ? windowed[0].window + 1 : 4;
+  for (const auto* geometry : {&longer, &windowed}) {
+    auto kv = KvCache::Create(*geometry, GgmlType::kF32, 16);
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    const std::vector<int32_t> prompt = Prompt(0, 3);
+    auto logits = model_->ForwardStep(**kv, prompt, 0);
+    ASSERT_FALSE(logits.ok());
+    EXPECT_EQ(logits.status().code(), absl::StatusCode::kInvalidArgument) << logits.status();
+    EXPECT_EQ((*kv)->len(), 0);
+  }
+}
+
+// Sequences longer than a sliding-window ring (window 8: 8 + 128 -> 160 rows in a 512-position
+// cache), on the gemma4 fixtures.
+class SlidingRingTest : public ConsistencyTest {
+ protected:
+  static constexpr int64_t kCapacity = 512, kLength = 420;
+
+  void SetUp() override {
+    ConsistencyTest::SetUp();
+    if (HasFatalFailure()) return;
+    tokens_ = Prompt(7, kLength);
+  }
+
+  // The sliding layers' ring rows, checked to be shorter than the sequence.
+  int64_t RingRows(const KvCache& kv) {
+    int64_t rows = 0;
+    for (int64_t l = 0; l < kv.num_layers(); ++l) {
+      if (kv.window(l) > 0) rows = kv.layout(l).capacity;
+    }
+    EXPECT_GT(rows, 0) << "no sliding layer";
+    EXPECT_LT(rows, kLength) << "the ring does not wrap";
+    return rows;
+  }
+
+  std::vector<int32_t> tokens_;
+};
+
+std::vector<int> Gemma4Variants() {
+  std::vector<int> out;
+  for (int i = 0; i < static_cast<int>(Variants().size()); ++i) {
+    if (Variants()[i].options.arch == "gemma4") out.push_back(i);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gemma4Fixtures, SlidingRingTest, testing::ValuesIn(Gemma4Variants()),
+                         VariantName);
+
+TEST_P(SlidingRingTest, OnePrefillChunksAndDecodeAgreeAcrossTheWrap) {
+  // One call: Model::ForwardLayers runs it in rounds of ring - window + 1 rows.
+  auto kv_one = NewCache(kCapacity);
+  RingRows(*kv_one);
+  auto one = model_->ForwardStepAllLogits(*kv_one, tokens_, 0);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(static_cast<int64_t>(one->size()), kLength * vocab_);
+  EXPECT_GT(kv_one->MinTruncateLength(), 0) << "the ring did not wrap";
+
+  // Chunks of odd sizes, one of them exactly a round.
+  auto kv_chunks = NewCache(kCapacity);
+  std::vector<float> chunks;
+  int64_t pos = 0;
+  for (int64_t n : {37, 153, 1, 100, 129}) {
+    auto part = model_->ForwardStepAllLogits(
+        *kv_chunks, std::span(tokens_).subspan(pos, n), pos);
+    ASSERT_TRUE(part.ok()) << part.status();
+    chunks.insert(chunks.end(), part->begin(), part->end());
+    pos += n;
+  }
+  ASSERT_EQ(pos, kLength);
+  EXPECT_EQ(FirstDifference(one->data(), chunks.data(), kLength * vocab_), -1);
+
+  // Token by token.
+  auto kv_step = NewCache(kCapacity);
+  for (int64_t i = 0; i < kLength; ++i) {
+    const int32_t tok[] = {tokens_[i]};
+    auto step = model_->ForwardStep(*kv_step, tok, i);
+    ASSERT_TRUE(step.ok()) << step.status();
+    ASSERT_EQ(FirstDifference(one->data() + i * vocab_, step->data(), vocab_), -1)
+        << "position " << i;
+  }
+  // ForwardStep over the whole sequence returns the last row.
+  auto kv_last = NewCache(kCapacity);
+  auto last = model_->ForwardStep(*kv_last, tokens_, 0);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(FirstDifference(one->data() + (kLength - 1) * vocab_, last->data(), vocab_), -1);
+}
+
+TEST_P(SlidingRingTest, RollbackWithinTheSlackEqualsAFreshRun) {
+  const std::vector<int32_t> tail = Prompt(8, 30);
+  auto kv = NewCache(kCapacity);
+  ASSERT_TRUE(model_->ForwardStep(*kv, tokens_, 0).ok());
+  RingRows(*kv);
+  const int64_t min_len = kv->MinTruncateLength();
+  // The documented guarantee: the newest kSlidingSlack positions can always be dropped.
+  EXPECT_LE(min_len, kLength - kSlidingSlack);
+  // Deeper than the rings hold: refused, and the cache is left as it was.
+  const absl::Status deep = kv->Truncate(min_len - 1);
+  EXPECT_EQ(deep.code(), absl::StatusCode::kFailedPrecondition) << deep;
+  EXPECT_NE(std::string(deep.message()).find(std::to_string(min_len)), std::string::npos)
+      << deep;
+  EXPECT_EQ(kv->len(), kLength);
+
+  // Back by exactly the slack, then to the deepest point allowed: each re-forward gives the
+  // bits of a fresh run over the kept prefix.
+  for (int64_t keep : {kLength - kSlidingSlack, min_len}) {
+    SCOPED_TRACE("keep " + std::to_string(keep));
+    ASSERT_TRUE(kv->Truncate(keep).ok());
+    auto reused = model_->ForwardStepAllLogits(*kv, tail, keep);
+    ASSERT_TRUE(reused.ok()) << reused.status();
+
+    auto kv_fresh = NewCache(kCapacity);
+    ASSERT_TRUE(model_->ForwardStep(*kv_fresh, std::span(tokens_).first(keep), 0).ok());
+    auto fresh = model_->ForwardStepAllLogits(*kv_fresh, tail, keep);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_EQ(FirstDifference(reused->data(), fresh->data(), fresh->size()), -1);
+    // Not vacuous: the tail after the whole sequence gives other logits.
+    auto kv_whole = NewCache(kCapacity);
+    ASSERT_TRUE(model_->ForwardStep(*kv_whole, tokens_, 0).ok());
+    auto whole = model_->ForwardStepAllLogits(*kv_whole, tail, kLength);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_NE(FirstDifference(whole->data(), fresh->data(), fresh->size()), -1);
+  }
+  // Truncate(0) always works: a fresh start in the same cache.
+  ASSERT_TRUE(kv->Truncate(0).ok());
+  auto again = model_->ForwardStepAllLogits(*kv, tail, 0);
+  auto kv_fresh = NewCache(kCapacity);
+  auto fresh = model_->ForwardStepAllLogits(*kv_fresh, tail, 0);
+  ASSERT_TRUE(again.ok() && fresh.ok());
+  EXPECT_EQ(FirstDifference(again->data(), fresh->data(), fresh->size()), -1);
+}
+
+TEST_P(SlidingRingTest, SeveralStreamsInRoundsEqualEachAlone) {
+  // One ForwardLayers call over a long segment (run in rounds) beside a short one, as chunked
+  // prefill of two streams does; then lockstep decode of both past the wrap.
+  const std::vector<int32_t> other = Prompt(9, 20);
+  const int64_t hidden = model_->config().hidden;
+  const int64_t n = kLength + static_cast<int64_t>(other.size());
+  std::vector<int32_t> both(tokens_);
+  both.insert(both.end(), other.begin(), other.end());
+  std::vector<float> x(n * hidden), logits(n * vocab_);
+  ASSERT_TRUE(model_->Embed(both, x.data()).ok());
+  auto kv_a = NewCache(kCapacity), kv_b = NewCache(kCapacity);
+  const Model::Segment segs[] = {{kv_a.get(), 0, kLength, tokens_},
+                                 {kv_b.get(), kLength, static_cast<int64_t>(other.size()), other}};
+  ASSERT_TRUE(model_->ForwardLayers(x.data(), n, segs).ok());
+  ASSERT_TRUE(model_->Head(x.data(), n, logits.data()).ok());
+  EXPECT_EQ(kv_a->len(), kLength);
+  EXPECT_EQ(kv_b->len(), static_cast<int64_t>(other.size()));
+
+  auto alone_a = NewCache(kCapacity), alone_b = NewCache(kCapacity);
+  auto a = model_->ForwardStepAllLogits(*alone_a, tokens_, 0);
+  auto b = model_->ForwardStepAllLogits(*alone_b, other, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(FirstDifference(logits.data(), a->data(), kLength * vocab_), -1);
+  EXPECT_EQ(FirstDifference(logits.data() + kLength * vocab_, b->data(), b->size()), -1);
+
+  KvCache* caches[] = {kv_a.get(), kv_b.get()};
+  for (int step = 0; step < 3; ++step) {
+    const int32_t next[] = {static_cast<int32_t>(10 + step), static_cast<int32_t>(90 + step)};
+    auto batch = model_->ForwardStepBatch(caches, next);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    auto one_a = model_->ForwardStep(*alone_a, std::span(next, 1), alone_a->len());
+    auto one_b = model_->ForwardStep(*alone_b, std::span(next + 1, 1), alone_b->len());
+    ASSERT_TRUE(one_a.ok() && one_b.ok());
+    EXPECT_EQ(FirstDifference(batch->data(), one_a->data(), vocab_), -1) << "step " << step;
+    EXPECT_EQ(FirstDifference(batch->data() + vocab_, one_b->data(), vocab_), -1)
+        << "step " << step;
+  }
+}
+
+TEST_P(SlidingRingTest, TwoShardsAcrossTheWrap) {
+  const ModelConfig& config = model_->config();
+  if (config.per_layer_input > 0) GTEST_SKIP() << "a PLE model runs in one stage";
+  int64_t split = -1;
+  for (int64_t l = 1; l < config.num_layers && split < 0; ++l) {
+    if (config.CanSplitAt(l)) split = l;
+  }
+  ASSERT_GT(split, 0);
+  auto a = Model::Load(paths_[GetParam()], LoadOptions{0, split, true, false}, *pool_);
+  auto b = Model::Load(paths_[GetParam()], LoadOptions{split, -1, false, true}, *pool_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto kv_a = (*a)->NewKvCache(kCapacity, GgmlType::kF16);
+  auto kv_b = (*b)->NewKvCache(kCapacity, GgmlType::kF16);
+  auto kv_full = NewCache(kCapacity, GgmlType::kF16);
+  ASSERT_TRUE(kv_a.ok() && kv_b.ok());
+  auto full = model_->ForwardStepAllLogits(*kv_full, tokens_, 0);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const int64_t hidden = config.hidden;
+  std::vector<float> x(kLength * hidden), logits(kLength * vocab_);
+  ASSERT_TRUE((*a)->Embed(tokens_, x.data()).ok());
+  const Model::Segment seg_a[] = {{kv_a->get(), 0, kLength}};
+  ASSERT_TRUE((*a)->ForwardLayers(x.data(), kLength, seg_a).ok());
+  const Model::Segment seg_b[] = {{kv_b->get(), 0, kLength}};
+  ASSERT_TRUE((*b)->ForwardLayers(x.data(), kLength, seg_b).ok());
+  ASSERT_TRUE((*b)->Head(x.data(), kLength, logits.data()).ok());
+  EXPECT_EQ(FirstDifference(full->data(), logits.data(), kLength * vocab_), -1);
 }
 
 // A copy of `src` with one metadata value replaced.
