@@ -319,6 +319,9 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
   auto model = Model::FromFile(*std::move(file), options, *pool_);
   if (!model.ok()) return model.status();
   const ModelConfig& c = (*model)->config();
+  if (!options.experts_only) {
+    if (absl::Status s = (*model)->CheckKvType(*cache_type); !s.ok()) return s;
+  }
   const ModelSize size = MeasureModel((*model)->file(), c);
   const int64_t first = (*model)->first_layer(), last = (*model)->last_layer();
   if (options.experts_only) {

@@ -141,6 +141,8 @@ class FamilyModel {
   virtual absl::Status Bind(TensorBinder& binder, const LoadOptions& options) = 0;
   // Runs absolute layer `layer` on ctx.x() in place.
   virtual absl::Status ForwardLayer(ForwardContext& ctx, int64_t layer) = 0;
+  // Whether this family runs on K/V caches of `type` (an error says why not).
+  virtual absl::Status CheckKvType(GgmlType type) const { return absl::OkStatus(); }
   // Scales token embeddings (gemma: sqrt(hidden)); 1 for most families.
   virtual float EmbeddingScale() const { return 1.0f; }
   // Final transformation of logits rows (gemma: softcapping); default none.

@@ -191,6 +191,7 @@ void Model::VisitParameters(const ParameterVisitor& visit) const {
 absl::StatusOr<std::unique_ptr<KvCache>> Model::NewKvCache(int64_t capacity,
                                                            GgmlType type) const {
   if (experts_only_) return absl::FailedPreconditionError("an experts-only shard has no cache");
+  if (absl::Status s = CheckKvType(type); !s.ok()) return s;
   return KvCache::Create(config_.KvGeometry(first_, last_), type, capacity);
 }
 

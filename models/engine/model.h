@@ -79,7 +79,9 @@ class Model {
   bool is_full() const { return !experts_only_ && first_ == 0 && last_ == config_.num_layers && has_head() &&
                                 has_embeddings(); }
 
-  // A cache for this model's layers. Errors as KvCache::Create.
+  // Whether the family runs on caches of `type` (gemma4 refuses q8_0).
+  absl::Status CheckKvType(GgmlType type) const { return forward_->CheckKvType(type); }
+  // A cache for this model's layers. Errors as KvCache::Create, and CheckKvType.
   absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int64_t capacity, GgmlType type) const;
 
   // ---- Whole-model forward surface (requires is_full()). ----

@@ -298,6 +298,18 @@ class Gemma4 : public FamilyModel {
     return absl::OkStatus();
   }
 
+  // As the reference library, q8_0 K/V is refused: attention scores are q . k at scale 1 over
+  // unit-RMS heads, so q8_0's rounding of k moves next-token log-probs by ~0.4 nats on the
+  // fixtures (f16: ~0.02).
+  absl::Status CheckKvType(GgmlType type) const override {
+    if (type == GgmlType::kQ8_0) {
+      return absl::InvalidArgumentError(
+          "gemma4 runs on f16 or f32 K/V caches, not q8_0 (its unscaled attention scores "
+          "magnify q8_0's rounding)");
+    }
+    return absl::OkStatus();
+  }
+
   float EmbeddingScale() const override { return std::sqrt(static_cast<float>(c_.hidden)); }
 
   void FinishLogits(float* logits, int64_t n) const override {

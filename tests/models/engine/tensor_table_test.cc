@@ -318,5 +318,19 @@ TEST_P(TensorTableTest, ParametersListEveryCopyOfEveryTensor) {
   EXPECT_EQ(fused, 3 * 3 + 6 * 2);
 }
 
+// gemma4 refuses q8_0 K/V (attention at scale 1 over unit-RMS heads magnifies its rounding),
+// by name, before any cache is made; f16 and f32 run.
+TEST_P(TensorTableTest, Gemma4RefusesQ8_0KvCaches) {
+  auto model = Model::Load(path(), LoadOptions{}, *pool_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto q8 = (*model)->NewKvCache(64, GgmlType::kQ8_0);
+  ASSERT_FALSE(q8.ok());
+  EXPECT_EQ(q8.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(q8.status().message().find("q8_0"), std::string::npos) << q8.status();
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kF32}) {
+    EXPECT_TRUE((*model)->NewKvCache(64, type).ok());
+  }
+}
+
 }  // namespace
 }  // namespace fucina
