@@ -262,9 +262,10 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
         // contiguous), a stride the hardware prefetchers do not follow: request the next
         // tile's K and V rows while this one is computed.
         const int64_t next = std::min<int64_t>(kTile, n_keys - j0 - nt);
+        const int64_t next_row = next > 0 ? wrap(j0 + nt) : 0;  // a tile never wraps
         for (int64_t t = 0; t < next; ++t) {
-          const uint8_t* kr = k_base + wrap(j0 + nt + t) * stride;
-          const uint8_t* vr = v_base + wrap(j0 + nt + t) * stride;
+          const uint8_t* kr = k_base + (next_row + t) * stride;
+          const uint8_t* vr = v_base + (next_row + t) * stride;
           for (int64_t o = 0; o < head_bytes; o += 64) {
             __builtin_prefetch(kr + o, 0, 2);
             __builtin_prefetch(vr + o, 0, 2);

@@ -1,21 +1,10 @@
 #include "models/engine/model.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cstdio>
-#include <cmath>
 #include <cstring>
-#include <numeric>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/activations.h"
-#include "kernels/attention.h"
 #include "kernels/norm.h"
-#include "kernels/rope.h"
-#include "kernels/softmax.h"
 #include "kernels/type_traits.h"
 #include "models/engine/registry.h"
 
