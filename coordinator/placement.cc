@@ -48,6 +48,16 @@ Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
   if (r.max_stages > 0 && static_cast<int>(stage_workers.size()) > r.max_stages) {
     stage_workers.resize(r.max_stages);
   }
+  // A model that cannot be cut anywhere (per-layer embeddings) runs on one stage: the stage
+  // worker with the most memory, so it holds the most KV slots.
+  bool splittable = false;
+  for (int64_t l = 1; l < num_layers && !splittable; ++l) splittable = c.CanSplitAt(l);
+  if (!splittable && stage_workers.size() > 1) {
+    auto largest = std::max_element(
+        stage_workers.begin(), stage_workers.end(),
+        [](const WorkerInfo& a, const WorkerInfo& b) { return Budget(a) < Budget(b); });
+    stage_workers = {*largest};
+  }
   const int64_t local_experts = expert_workers > 0 ? 0 : c.num_experts;
   const int wanted_slots = std::max(1, r.kv_slots);
 

@@ -227,6 +227,17 @@ TEST(Placement, PerLayerEmbeddingsRunInOneStage) {
   EXPECT_FALSE(none.ready);
   EXPECT_TRUE(none.stages.empty());
   EXPECT_NE(none.status.find("not enough memory"), std::string::npos) << none.status;
+  // The worker with the most memory takes it, so it holds the most sessions: the first worker
+  // could hold one, the second four.
+  const int64_t weights = 1000 + 1000 + 12 * 100;
+  PlanRequest slots = r;
+  slots.kv_slots = 8;
+  const Plan best = PlanPlacement(slots, {W("a", 1, weights + kv + kv / 2),
+                                          W("b", 1, weights + 4 * kv + kv / 2)});
+  ASSERT_TRUE(best.ready) << best.status;
+  ASSERT_EQ(best.stages.size(), 1u);
+  EXPECT_EQ(best.stages[0].worker_id, "b");
+  EXPECT_EQ(best.kv_slots, 4);
 }
 
 TEST(Placement, KvBytesFollowEachLayersGeometry) {
