@@ -29,6 +29,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/model.h"
 #include "models/engine/fixture.h"
+#include "tests/models/engine/fixture_files.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/writer.h"
 
@@ -36,14 +37,10 @@ namespace fucina {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  return testing::TempDir() + "/engine_consistency_" + std::to_string(getpid()) + "_" + name +
-         ".gguf";
+  return FixtureTempPath("engine_consistency", name);
 }
 
-struct Variant {
-  const char* name;
-  FixtureOptions options;
-};
+using Variant = FixtureVariant;
 
 FixtureOptions Base(const char* arch, const char* type) {
   FixtureOptions o;
@@ -135,16 +132,10 @@ class ConsistencyTest : public testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() {
     pool_ = new ThreadPool(2);
-    for (const Variant& v : Variants()) {
-      const std::string path = TempPath(v.name);
-      absl::Status st = MakeFixture(v.options, path, *pool_);
-      ASSERT_TRUE(st.ok()) << v.name << ": " << st;
-      paths_.push_back(path);
-    }
+    MakeFixtureFiles("engine_consistency", Variants(), *pool_, &paths_);
   }
   static void TearDownTestSuite() {
-    for (const std::string& p : paths_) std::remove(p.c_str());
-    paths_.clear();
+    RemoveFixtureFiles(&paths_);
     delete pool_;
     pool_ = nullptr;
   }

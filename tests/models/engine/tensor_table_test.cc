@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/fixture.h"
+#include "tests/models/engine/fixture_files.h"
 #include "models/engine/model.h"
 #include "models/engine/model_size.h"
 #include "models/engine/registry.h"
@@ -29,10 +30,7 @@
 namespace fucina {
 namespace {
 
-struct Variant {
-  const char* name;
-  FixtureOptions options;
-};
+using Variant = FixtureVariant;
 
 FixtureOptions Gemma4(const char* type) {
   FixtureOptions o;
@@ -67,24 +65,16 @@ std::vector<Variant> Variants() {
           {"gemma4ple_f32", ple}};
 }
 
-std::string TempPath(const std::string& name) {
-  return testing::TempDir() + "/tensor_table_" + std::to_string(getpid()) + "_" + name + ".gguf";
-}
+std::string TempPath(const std::string& name) { return FixtureTempPath("tensor_table", name); }
 
 class TensorTableTest : public testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() {
     pool_ = new ThreadPool(2);
-    for (const Variant& v : Variants()) {
-      const std::string path = TempPath(v.name);
-      const absl::Status made = MakeFixture(v.options, path, *pool_);
-      ASSERT_TRUE(made.ok()) << v.name << ": " << made;
-      paths_.push_back(path);
-    }
+    MakeFixtureFiles("tensor_table", Variants(), *pool_, &paths_);
   }
   static void TearDownTestSuite() {
-    for (const std::string& p : paths_) std::remove(p.c_str());
-    paths_.clear();
+    RemoveFixtureFiles(&paths_);
     delete pool_;
     pool_ = nullptr;
   }

@@ -1,0 +1,49 @@
+// Fixture files a parameterized engine test suite writes once (SetUpTestSuite) and removes at
+// its end, one per named variant.
+#ifndef FUCINA_TESTS_MODELS_ENGINE_FIXTURE_FILES_H_
+#define FUCINA_TESTS_MODELS_ENGINE_FIXTURE_FILES_H_
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/thread_pool.h"
+#include "models/engine/fixture.h"
+
+namespace fucina {
+
+struct FixtureVariant {
+  const char* name;
+  FixtureOptions options;
+};
+
+// <test temp dir>/<prefix>_<pid>_<name>.gguf: parallel test processes do not collide.
+inline std::string FixtureTempPath(const std::string& prefix, const std::string& name) {
+  return testing::TempDir() + "/" + prefix + "_" + std::to_string(getpid()) + "_" + name +
+         ".gguf";
+}
+
+// Writes every variant; `paths` gets their files in order. Fails the calling test on error.
+inline void MakeFixtureFiles(const std::string& prefix,
+                             const std::vector<FixtureVariant>& variants, ThreadPool& pool,
+                             std::vector<std::string>* paths) {
+  for (const FixtureVariant& v : variants) {
+    const std::string path = FixtureTempPath(prefix, v.name);
+    const absl::Status made = MakeFixture(v.options, path, pool);
+    ASSERT_TRUE(made.ok()) << v.name << ": " << made;
+    paths->push_back(path);
+  }
+}
+
+inline void RemoveFixtureFiles(std::vector<std::string>* paths) {
+  for (const std::string& p : *paths) std::remove(p.c_str());
+  paths->clear();
+}
+
+}  // namespace fucina
+
+#endif  // FUCINA_TESTS_MODELS_ENGINE_FIXTURE_FILES_H_
