@@ -86,8 +86,9 @@ void AddExpertTensors(TensorTable& table, const ModelConfig& c, int64_t l) {
 
 // ---- Binder ----
 
-TensorBinder::TensorBinder(const gguf::File& file, const TensorTable& table, ThreadPool& pool)
-    : file_(file), table_(table), pool_(pool) {}
+TensorBinder::TensorBinder(const gguf::File& file, const TensorTable& table, ThreadPool& pool,
+                           std::function<bool(std::string_view)> f32)
+    : file_(file), table_(table), pool_(pool), f32_(std::move(f32)) {}
 
 absl::StatusOr<const gguf::TensorInfo*> TensorBinder::Find(const std::string& name,
                                                            const TensorSpec** spec) {
@@ -131,9 +132,25 @@ absl::StatusOr<WeightView> TensorBinder::Matrix(const std::string& name) {
                                                  std::string(TypeName((*t)->type))));
   }
   const int64_t cols = spec->dims[0];
-  const WeightView w =
-      WeightView::Dense((*t)->data, (*t)->type, (*t)->num_elements() / cols, cols);
+  const int64_t rows = (*t)->num_elements() / cols;
   Parameter& p = Record(name, *spec);
+  if (f32_ && f32_(name)) {
+    // A trainable copy: f32, owned, written by training (converted row by row, exactly).
+    if (!p.locations.empty()) return p.locations.front().view;
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[rows * cols * sizeof(float)]);
+    const CpuTypeTraits* traits = GetCpuTraits((*t)->type);
+    const size_t row_bytes = static_cast<size_t>(RowBytes((*t)->type, cols));
+    float* dst = reinterpret_cast<float*>(buf.get());
+    for (int64_t r = 0; r < rows; ++r) {
+      traits->to_float(static_cast<const uint8_t*>((*t)->data) + r * row_bytes, dst + r * cols,
+                       cols);
+    }
+    const WeightView w = WeightView::Dense(dst, GgmlType::kF32, rows, cols);
+    owned_.push_back(std::move(buf));
+    p.locations.push_back({w, true});
+    return w;
+  }
+  const WeightView w = WeightView::Dense((*t)->data, (*t)->type, rows, cols);
   if (p.locations.empty()) p.locations.push_back({w, false});
   return w;
 }

@@ -86,7 +86,9 @@ using ParameterVisitor = std::function<void(const Parameter&)>;
 // name the tensor. Records every bound tensor for Model::VisitParameters.
 class TensorBinder {
  public:
-  TensorBinder(const gguf::File& file, const TensorTable& table, ThreadPool& pool);
+  // `f32` (may be null) selects matrices bound as owned f32 copies (LoadOptions::f32_tensors).
+  TensorBinder(const gguf::File& file, const TensorTable& table, ThreadPool& pool,
+               std::function<bool(std::string_view)> f32 = nullptr);
 
   const gguf::File& file() const { return file_; }
   bool Has(const std::string& name) const { return file_.FindTensor(name) != nullptr; }
@@ -117,6 +119,7 @@ class TensorBinder {
   const gguf::File& file_;
   const TensorTable& table_;
   ThreadPool& pool_;
+  std::function<bool(std::string_view)> f32_;
   std::vector<Copy> copies_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
   std::vector<Parameter> parameters_;

@@ -138,7 +138,7 @@ absl::Status Model::Bind(const LoadOptions& options) {
   }
   table_ = family_->tensors(c);
   forward_ = family_->create(c, f);
-  TensorBinder binder(f, table_, *pool_);
+  TensorBinder binder(f, table_, *pool_, options.f32_tensors);
   const bool tied = f.FindTensor("output.weight") == nullptr;
   const bool embeddings = options.embeddings && !options.experts_only;
   const bool head = options.head && !options.experts_only;

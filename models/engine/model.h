@@ -17,9 +17,11 @@
 #define FUCINA_MODELS_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +44,10 @@ struct LoadOptions {
   // Binds only the MoE expert stacks of [first_layer, last_layer) (a worker that computes
   // experts for other stages); such a model has no forward surface but ExpertOutputs.
   bool experts_only = false;
+  // Matrices to hold as owned f32 copies instead of borrowing the mapping in their GGUF type:
+  // the trainable tensors of full-parameter training, which perturbs and updates them in place
+  // (VisitParameters lists their copies as owned). Null: none.
+  std::function<bool(std::string_view name)> f32_tensors;
 };
 
 // Names of the tensors a Model loaded with `options` reads, from its family's table: the
