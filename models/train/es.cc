@@ -1,0 +1,184 @@
+#include "models/train/es.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "models/train/noise.h"
+
+namespace fucina::train {
+
+absl::Status EsOptions::Validate() const {
+  if (population < 2 || population % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("population (", population, ") must be even and at least 2"));
+  }
+  if (!(sigma > 0.0f)) return absl::InvalidArgumentError("sigma must be positive");
+  if (!(lr > 0.0f)) return absl::InvalidArgumentError("lr must be positive");
+  if (!(weight_decay >= 0.0f)) {
+    return absl::InvalidArgumentError("weight_decay must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
+                                                             const EsOptions& options,
+                                                             ThreadPool& pool) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<EsTrainer> t(new EsTrainer(model, options, pool));
+  model.VisitParameters([&](const Parameter& p) {
+    Param param;
+    for (const ParameterLocation& loc : p.locations) {
+      if (!loc.owned || loc.view.type != GgmlType::kF32) continue;
+      // Owned f32 rows: the trainable copy (LoadOptions::f32_tensors) and its fused rows.
+      param.copies.push_back(const_cast<float*>(static_cast<const float*>(loc.view.data)));
+    }
+    const bool trainable =
+        !param.copies.empty() && std::all_of(p.locations.begin(), p.locations.end(),
+                                             [](const ParameterLocation& l) {
+                                               return l.owned && l.view.type == GgmlType::kF32;
+                                             });
+    if (!trainable) return;
+    const ParameterLocation& first = p.locations.front();
+    const float* src = static_cast<const float*>(first.view.data);
+    param.name = p.name;
+    param.theta.assign(src, src + first.view.rows * first.view.cols);
+    if (options.weight_decay > 0.0f) param.base = param.theta;
+    t->params_.push_back(std::move(param));
+  });
+  if (t->params_.empty()) {
+    return absl::InvalidArgumentError(
+        "no trainable tensors: load the model with LoadOptions::f32_tensors selecting them");
+  }
+  return t;
+}
+
+int64_t EsTrainer::num_values() const {
+  int64_t n = 0;
+  for (const Param& p : params_) n += static_cast<int64_t>(p.theta.size());
+  return n;
+}
+
+std::vector<std::string> EsTrainer::tensor_names() const {
+  std::vector<std::string> names;
+  for (const Param& p : params_) names.push_back(p.name);
+  return names;
+}
+
+void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    const int64_t n = static_cast<int64_t>(p.theta.size());
+    const float* src = p.theta.data();
+    if (sign != 0.0f) {
+      noise_.resize(n);
+      FillNormal({options_.seed, static_cast<uint64_t>(generation),
+                  static_cast<uint64_t>(pair), static_cast<uint64_t>(i)},
+                 0, n, noise_.data(), pool_);
+      const float scale = sign * options_.sigma;
+      for (int64_t j = 0; j < n; ++j) noise_[j] = p.theta[j] + scale * noise_[j];
+      src = noise_.data();
+    }
+    for (float* copy : p.copies) std::memcpy(copy, src, n * sizeof(float));
+  }
+}
+
+absl::StatusOr<float> EsTrainer::Evaluate(int64_t generation, int member,
+                                          const FitnessFn& fitness) {
+  if (member < 0 || member >= options_.population) {
+    return absl::InvalidArgumentError(absl::StrCat("member ", member, " is outside [0, ",
+                                                   options_.population, ")"));
+  }
+  Write(generation, member / 2, member % 2 == 0 ? 1.0f : -1.0f);
+  absl::StatusOr<float> f = fitness(model_);
+  Write(generation, 0, 0.0f);
+  if (f.ok() && !std::isfinite(*f)) {
+    return absl::InternalError(absl::StrCat("member ", member, " of generation ", generation,
+                                            " has a non-finite fitness"));
+  }
+  return f;
+}
+
+std::vector<float> EsTrainer::ShapeFitness(std::span<const float> fitness) {
+  const size_t n = fitness.size();
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return fitness[a] < fitness[b]; });
+  std::vector<float> shaped(n, 0.0f);
+  if (n < 2) return shaped;
+  // Centered ranks are symmetric, so their mean is 0 and their variance a function of n.
+  double var = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const double c = static_cast<double>(r) / static_cast<double>(n - 1) - 0.5;
+    var += c * c;
+  }
+  const double inv_std = 1.0 / std::sqrt(var / static_cast<double>(n));
+  for (size_t r = 0; r < n; ++r) {
+    const double c = static_cast<double>(r) / static_cast<double>(n - 1) - 0.5;
+    shaped[order[r]] = static_cast<float>(c * inv_std);
+  }
+  return shaped;
+}
+
+absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> shaped) {
+  if (static_cast<int>(shaped.size()) != options_.population) {
+    return absl::InvalidArgumentError(absl::StrCat(shaped.size(), " shaped fitness values for a "
+                                                   "population of ", options_.population));
+  }
+  const int pairs = options_.population / 2;
+  const float step = options_.lr / static_cast<float>(options_.population);
+  std::vector<float> delta;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    const int64_t n = static_cast<int64_t>(p.theta.size());
+    delta.assign(n, 0.0f);
+    noise_.resize(n);
+    for (int pair = 0; pair < pairs; ++pair) {
+      const float c = shaped[2 * pair] - shaped[2 * pair + 1];
+      if (c == 0.0f) continue;
+      FillNormal({options_.seed, static_cast<uint64_t>(generation), static_cast<uint64_t>(pair),
+                  static_cast<uint64_t>(i)},
+                 0, n, noise_.data(), pool_);
+      for (int64_t j = 0; j < n; ++j) delta[j] += c * noise_[j];
+    }
+    const float decay = options_.lr * options_.weight_decay;
+    for (int64_t j = 0; j < n; ++j) {
+      float v = p.theta[j] + step * delta[j];
+      if (decay > 0.0f) v -= decay * (p.theta[j] - p.base[j]);
+      p.theta[j] = v;
+    }
+  }
+  Write(generation, 0, 0.0f);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> EsTrainer::Step(int64_t generation, const FitnessFn& fitness) {
+  std::vector<float> values(options_.population);
+  for (int m = 0; m < options_.population; ++m) {
+    auto f = Evaluate(generation, m, fitness);
+    if (!f.ok()) return f.status();
+    values[m] = *f;
+  }
+  if (absl::Status s = ApplyUpdate(generation, ShapeFitness(values)); !s.ok()) return s;
+  return values;
+}
+
+uint64_t EsTrainer::Checksum() const {
+  uint64_t h = 1469598103934665603ull;
+  for (const Param& p : params_) {
+    for (float v : p.theta) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof(bits));
+      for (int b = 0; b < 4; ++b) {
+        h ^= (bits >> (8 * b)) & 0xFF;
+        h *= 1099511628211ull;
+      }
+    }
+  }
+  return h;
+}
+
+}  // namespace fucina::train

@@ -1,0 +1,97 @@
+// Evolution strategies over a model's trainable tensors (full-parameter mode), the update
+// rule every worker of a distributed job applies identically.
+//
+// Population: `population` members in antithetic pairs; member m perturbs the parameters by
+// s * sigma * eps_p with p = m / 2 and s = +1 for even m, -1 for odd m, where eps_p is the
+// noise of NoiseKey{seed, generation, p, parameter index} (noise.h): regenerated wherever it is
+// needed, never stored or sent. Fitness is shaped by centered ranks scaled to unit variance
+// (ShapeFitness: robust to outliers, on the scale of the z-scores of Qiu et al. 2025, whose
+// sigma 1e-3 / lr 5e-4 are the defaults), and, as in that paper (1/sigma folded into lr),
+//   theta += lr / population * sum_p (w_{2p} - w_{2p+1}) eps_p
+//            - lr * weight_decay * (theta - theta_base)
+// accumulated in f32 over pairs in ascending order, so two processes given the same fitness
+// values end with bit-identical parameters (Checksum).
+//
+// The trainable tensors are the ones the model was loaded with as owned f32 copies
+// (LoadOptions::f32_tensors); every copy of each (its own and rows of fused q/k/v or gate/up)
+// is written. A trainer is used by one thread at a time, like its model.
+#ifndef FUCINA_MODELS_TRAIN_ES_H_
+#define FUCINA_MODELS_TRAIN_ES_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/thread_pool.h"
+#include "models/engine/model.h"
+
+namespace fucina::train {
+
+struct EsOptions {
+  int population = 16;        // even, >= 2
+  float sigma = 1e-3f;        // noise scale
+  float lr = 5e-4f;           // step size
+  float weight_decay = 0.0f;  // anchored: pulls the parameters toward the base model's
+  uint64_t seed = 0;          // the job's noise seed
+
+  // Errors name the field.
+  absl::Status Validate() const;
+};
+
+// A member's fitness (higher is better) given the model holding its perturbed parameters.
+using FitnessFn = std::function<absl::StatusOr<float>(Model& model)>;
+
+class EsTrainer {
+ public:
+  // Trains the owned f32 tensors of `model` (at least one). `model` and `pool` must outlive it.
+  static absl::StatusOr<std::unique_ptr<EsTrainer>> Create(Model& model, const EsOptions& options,
+                                                           ThreadPool& pool);
+
+  const EsOptions& options() const { return options_; }
+  // Trainable values and tensors, in VisitParameters order (the parameter index of the noise).
+  int64_t num_values() const;
+  std::vector<std::string> tensor_names() const;
+
+  // Member `member` of `generation`: the model holds theta + s * sigma * eps while `fitness`
+  // runs, and theta again afterwards (also when it fails).
+  absl::StatusOr<float> Evaluate(int64_t generation, int member, const FitnessFn& fitness);
+  // Centered ranks r / (n - 1) - 1/2 divided by their standard deviation, so they sum to 0 and
+  // have unit variance (ties: the lower member index ranks lower).
+  static std::vector<float> ShapeFitness(std::span<const float> fitness);
+  // The update of `generation` from its shaped fitness (population values), written into the
+  // model. Error if the count is wrong.
+  absl::Status ApplyUpdate(int64_t generation, std::span<const float> shaped);
+  // Every member of a generation, then the update; returns the raw fitness values.
+  absl::StatusOr<std::vector<float>> Step(int64_t generation, const FitnessFn& fitness);
+
+  // FNV-1a over the bits of every trainable value, in order: replicas agree iff this does.
+  uint64_t Checksum() const;
+  // The current values of tensor `i` (tensor_names() order), row-major f32.
+  std::span<const float> values(size_t i) const { return params_[i].theta; }
+
+ private:
+  struct Param {
+    std::string name;
+    std::vector<float> theta, base;  // base: only with weight decay
+    std::vector<float*> copies;      // the model's owned f32 locations, [rows * cols] each
+  };
+  EsTrainer(Model& model, const EsOptions& options, ThreadPool& pool)
+      : model_(model), options_(options), pool_(pool) {}
+  // Writes theta (+ s * sigma * eps_pair when sign != 0) into every copy.
+  void Write(int64_t generation, int64_t pair, float sign);
+
+  Model& model_;
+  EsOptions options_;
+  ThreadPool& pool_;
+  std::vector<Param> params_;
+  std::vector<float> noise_;  // scratch for one tensor's noise
+};
+
+}  // namespace fucina::train
+
+#endif  // FUCINA_MODELS_TRAIN_ES_H_
