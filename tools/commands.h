@@ -17,6 +17,7 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code);
 void RegisterRunCommand(CLI::App& app, int* exit_code);
 void RegisterClusterCommands(CLI::App& app, int* exit_code);
 void RegisterPullCommand(CLI::App& app, int* exit_code);
+void RegisterTrainCommands(CLI::App& app, int* exit_code);
 // `fucina bench cluster` (bench/cluster_bench.cc), added under the `bench` subcommand.
 void RegisterClusterBench(CLI::App& bench, int* exit_code);
 // `fucina bench cluster-aggregate` (bench/cluster_aggregate_bench.cc): real processes, many

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   fucina::cli::RegisterRunCommand(app, &exit_code);
   fucina::cli::RegisterClusterCommands(app, &exit_code);
   fucina::cli::RegisterPullCommand(app, &exit_code);
+  fucina::cli::RegisterTrainCommands(app, &exit_code);
   fucina::cli::RegisterGgufCommands(app, &exit_code);
   fucina::cli::RegisterBenchCommands(app, &exit_code);
   try {
