@@ -300,7 +300,8 @@ absl::StatusOr<ExpertStacks> BindExperts(TensorBinder& b, int64_t l) {
 
 ForwardContext::ForwardContext(const ModelConfig& config, ThreadPool& pool,
                                ForwardScratch& scratch, ExpertFfn* experts, int64_t first_layer,
-                               float* x, int64_t rows, std::span<const KvSegment> segments)
+                               float* x, int64_t rows, std::span<const KvSegment> segments,
+                               const LoraSet* lora)
     : config_(config),
       pool_(pool),
       scratch_(scratch),
@@ -308,7 +309,8 @@ ForwardContext::ForwardContext(const ModelConfig& config, ThreadPool& pool,
       first_(first_layer),
       x_(x),
       rows_(rows),
-      segments_(segments) {
+      segments_(segments),
+      lora_(lora != nullptr && !lora->empty() ? lora : nullptr) {
   scratch.positions.resize(rows);
   for (const KvSegment& seg : segments) {
     for (int64_t r = 0; r < seg.count; ++r) scratch.positions[seg.begin + r] = seg.kv->len() + r;
@@ -362,6 +364,17 @@ void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
       std::memcpy(v, k, rows * kvd * sizeof(float));
     }
   }
+  if (ctx.lora() != nullptr) {
+    ApplyLora(ctx, layer, LoraTarget::kQ, h, q, qd);
+    if (stores) {
+      ApplyLora(ctx, layer, LoraTarget::kK, h, k, kvd);
+      if (w.wk.data == nullptr || w.wv.data != nullptr) {
+        ApplyLora(ctx, layer, LoraTarget::kV, h, v, kvd);
+      } else {
+        std::memcpy(v, k, rows * kvd * sizeof(float));  // V is the (adapted) K projection
+      }
+    }
+  }
   if (w.q_norm != nullptr) RmsNorm(q, w.q_norm, o.eps, rows * s.num_heads, hd, q);
   RopeParams rope;
   rope.head_dim = static_cast<int>(hd);
@@ -410,16 +423,39 @@ void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
                      }
                    });
   MatMul(w.wo, attn, rows, out, pool);
+  ApplyLora(ctx, layer, LoraTarget::kO, attn, out, ctx.config().hidden);
 }
 
-void GatedFfn(ForwardContext& ctx, const FfnWeights& w, int64_t ffn, Activation act,
-              const float* h, float* out) {
+void ApplyLora(ForwardContext& ctx, int64_t layer, LoraTarget target, const float* x, float* y,
+               int64_t y_stride) {
+  if (ctx.lora() == nullptr) return;
+  const LoraAdapter* ad = ctx.lora()->Find(layer, target);
+  if (ad == nullptr) return;
+  ForwardScratch& sc = ctx.scratch();
+  const int64_t rows = ctx.rows();
+  float* t = ForwardScratch::Grow(sc.lora_t, rows * ad->rank);
+  float* d = ForwardScratch::Grow(sc.lora_y, rows * ad->out);
+  MatMul(WeightView::Dense(ad->a.data(), GgmlType::kF32, ad->rank, ad->in), x, rows, t,
+         ctx.pool());
+  MatMul(WeightView::Dense(ad->b.data(), GgmlType::kF32, ad->out, ad->rank), t, rows, d,
+         ctx.pool());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * y_stride;
+    const float* dr = d + r * ad->out;
+    for (int64_t j = 0; j < ad->out; ++j) yr[j] += ad->scale * dr[j];
+  }
+}
+
+void GatedFfn(ForwardContext& ctx, int64_t layer, const FfnWeights& w, int64_t ffn,
+              Activation act, const float* h, float* out) {
   ForwardScratch& sc = ctx.scratch();
   const int64_t rows = ctx.rows();
   float* a = ForwardScratch::Grow(sc.act, rows * ffn);
   float* gu = ForwardScratch::Grow(sc.gate_up, rows * 2 * ffn);
   if (w.up.data == nullptr) {
     MatMul(w.gate_up, h, rows, gu, ctx.pool());
+    ApplyLora(ctx, layer, LoraTarget::kGate, h, gu, 2 * ffn);
+    ApplyLora(ctx, layer, LoraTarget::kUp, h, gu + ffn, 2 * ffn);
     if (act == Activation::kSilu) {
       SwiGluFused(gu, a, rows, ffn);
     } else {
@@ -429,6 +465,8 @@ void GatedFfn(ForwardContext& ctx, const FfnWeights& w, int64_t ffn, Activation 
     float* up = gu + rows * ffn;
     MatMul(w.gate_up, h, rows, gu, ctx.pool());
     MatMul(w.up, h, rows, up, ctx.pool());
+    ApplyLora(ctx, layer, LoraTarget::kGate, h, gu, ffn);
+    ApplyLora(ctx, layer, LoraTarget::kUp, h, up, ffn);
     if (act == Activation::kSilu) {
       SwiGlu(gu, up, a, rows * ffn);
     } else {
@@ -436,6 +474,7 @@ void GatedFfn(ForwardContext& ctx, const FfnWeights& w, int64_t ffn, Activation 
     }
   }
   MatMul(w.down, a, rows, out, ctx.pool());
+  ApplyLora(ctx, layer, LoraTarget::kDown, a, out, ctx.config().hidden);
 }
 
 void RouteTopK(float* logits, int64_t rows, int64_t experts, int k, bool renormalize,

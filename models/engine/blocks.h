@@ -22,6 +22,7 @@
 #include "models/engine/config.h"
 #include "models/engine/family.h"
 #include "models/engine/kv_cache.h"
+#include "models/engine/lora.h"
 
 namespace fucina {
 
@@ -49,7 +50,7 @@ struct KvSegment {
 // Scratch buffers one model reuses across passes (decode runs every token).
 struct ForwardScratch {
   std::vector<float> h, h2, qkv, q, k, v, attn, out, out2, gate_up, act, router, expert_w;
-  std::vector<float> expert_x, expert_gate, expert_up, expert_y, ple;
+  std::vector<float> expert_x, expert_gate, expert_up, expert_y, ple, lora_t, lora_y;
   std::vector<int32_t> expert_ids;
   std::vector<int64_t> positions;
   std::map<std::tuple<int, int, float, int, const float*>, RopeTable> ropes;
@@ -66,12 +67,13 @@ class ForwardContext {
  public:
   ForwardContext(const ModelConfig& config, ThreadPool& pool, ForwardScratch& scratch,
                  ExpertFfn* experts, int64_t first_layer, float* x, int64_t rows,
-                 std::span<const KvSegment> segments);
+                 std::span<const KvSegment> segments, const LoraSet* lora = nullptr);
 
   const ModelConfig& config() const { return config_; }
   ThreadPool& pool() { return pool_; }
   ForwardScratch& scratch() { return scratch_; }
   ExpertFfn& experts() { return *experts_; }
+  const LoraSet* lora() const { return lora_; }
   float* x() { return x_; }
   int64_t rows() const { return rows_; }
   std::span<const KvSegment> segments() const { return segments_; }
@@ -89,7 +91,13 @@ class ForwardContext {
   float* x_;
   int64_t rows_;
   std::span<const KvSegment> segments_;
+  const LoraSet* lora_;
 };
+
+// y[r * y_stride + j] += scale * (B (A x[r]))[j] for the adapter of (layer, target), if any;
+// x is [rows, in] contiguous.
+void ApplyLora(ForwardContext& ctx, int64_t layer, LoraTarget target, const float* x, float* y,
+               int64_t y_stride);
 
 // ---- Attention ----
 struct AttentionWeights {
@@ -107,7 +115,8 @@ struct AttentionOptions {
   float eps = 1e-6f;
 };
 // out = o_proj(attention(h)) of absolute layer `layer` (its LayerSpec: heads, window, shared
-// K/V). Stores the layer's K/V in each segment's cache unless it reads another layer's.
+// K/V), with the layer's LoRA adapters on q, k, v and o. Stores the layer's K/V in each
+// segment's cache unless it reads another layer's.
 void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
                const AttentionOptions& o, const float* h, float* out);
 
@@ -117,9 +126,10 @@ struct FfnWeights {
   WeightView up;       // set when gate/up are not fused
   WeightView down;     // [hidden, ffn]
 };
-// out = down(act(gate(h)) * up(h)), widths from `ffn`.
-void GatedFfn(ForwardContext& ctx, const FfnWeights& w, int64_t ffn, Activation act,
-              const float* h, float* out);
+// out = down(act(gate(h)) * up(h)) of absolute layer `layer`, widths from `ffn`, with the
+// layer's LoRA adapters on gate, up and down.
+void GatedFfn(ForwardContext& ctx, int64_t layer, const FfnWeights& w, int64_t ffn,
+              Activation act, const float* h, float* out);
 
 // Softmax over `experts` router logits per row, then the top k (ties: lower id first), their
 // probabilities renormalised to sum 1 when `renormalize`.

@@ -1,12 +1,14 @@
 #include "models/engine/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/norm.h"
 #include "kernels/type_traits.h"
 #include "models/engine/registry.h"
+#include "models/sampler/rng.h"
 
 namespace fucina {
 
@@ -175,6 +177,55 @@ const ExpertStacks* Model::LocalExperts(int64_t layer) const {
 
 void Model::VisitParameters(const ParameterVisitor& visit) const {
   for (const Parameter& p : parameters_) visit(p);
+  lora_.ForEach([&](int64_t layer, LoraTarget t, const LoraAdapter& ad) {
+    const std::string base = absl::StrCat("blk.", layer, ".", std::string(LoraTargetName(t)),
+                                          ".weight");
+    // GGUF order: lora_a is [in, rank] (rows of `in` values), lora_b [rank, out].
+    visit({base + ".lora_a", {ad.in, ad.rank},
+           {{WeightView::Dense(ad.a.data(), GgmlType::kF32, ad.rank, ad.in), true}}});
+    visit({base + ".lora_b", {ad.rank, ad.out},
+           {{WeightView::Dense(ad.b.data(), GgmlType::kF32, ad.out, ad.rank), true}}});
+  });
+}
+
+absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, float alpha,
+                            uint64_t seed) {
+  if (rank < 1) return absl::InvalidArgumentError("LoRA rank must be at least 1");
+  if (!lora_.empty()) return absl::FailedPreconditionError("the model has adapters already");
+  if (experts_only_) return absl::FailedPreconditionError("an experts-only shard has no layers");
+  const ModelConfig& c = config_;
+  uint64_t state = seed;
+  for (int64_t l = first_; l < last_; ++l) {
+    const LayerSpec& s = c.layers[l];
+    for (LoraTarget t : targets) {
+      int64_t in = c.hidden, out = 0;
+      switch (t) {
+        case LoraTarget::kQ: out = s.q_dim(); break;
+        case LoraTarget::kK:
+        case LoraTarget::kV: out = s.kv_source < 0 ? s.kv_dim() : 0; break;
+        case LoraTarget::kO: in = s.q_dim(); out = c.hidden; break;
+        case LoraTarget::kGate:
+        case LoraTarget::kUp: out = s.ffn; break;
+        case LoraTarget::kDown: in = s.ffn; out = s.ffn > 0 ? c.hidden : 0; break;
+      }
+      if (out <= 0 || in <= 0) continue;
+      LoraAdapter& ad = lora_.Add(l, t);
+      ad.rank = rank;
+      ad.in = in;
+      ad.out = out;
+      ad.scale = alpha / static_cast<float>(rank);
+      ad.a.resize(rank * in);
+      ad.b.assign(out * rank, 0.0f);
+      // Box-Muller over SplitMix64, in double; std 1 / sqrt(in) keeps A x at the scale of x.
+      const double std = 1.0 / std::sqrt(static_cast<double>(in));
+      for (float& v : ad.a) {
+        const double u1 = 1.0 - static_cast<double>(SplitMix64Next(&state) >> 11) * 0x1.0p-53;
+        const double u2 = static_cast<double>(SplitMix64Next(&state) >> 11) * 0x1.0p-53;
+        v = static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> Model::NewKvCache(int64_t capacity,
@@ -298,7 +349,7 @@ absl::Status Model::ForwardLayers(float* x, int64_t rows, std::span<const Segmen
 }
 
 absl::Status Model::ForwardPass(float* x, int64_t rows, std::span<const Segment> segments) {
-  ForwardContext ctx(config_, *pool_, *scratch_, experts_, first_, x, rows, segments);
+  ForwardContext ctx(config_, *pool_, *scratch_, experts_, first_, x, rows, segments, &lora_);
   if (config_.per_layer_input > 0) {
     std::vector<int32_t> tokens;
     for (const Segment& seg : segments) tokens.insert(tokens.end(), seg.tokens.begin(), seg.tokens.end());

@@ -131,8 +131,18 @@ class Model {
   // The local experts of an absolute MoE layer (for serving them to other processes).
   const ExpertStacks* LocalExperts(int64_t layer) const;
   // Every tensor this model bound, by table name, with where its values live (the mapping
-  // and/or rows of fused copies): what training perturbs and updates.
+  // and/or rows of fused copies), then every LoRA adapter's A and B ("<tensor>.lora_a",
+  // "<tensor>.lora_b", owned f32): what training perturbs and updates.
   void VisitParameters(const ParameterVisitor& visit) const;
+
+  // Adds rank-`rank` LoRA adapters (lora.h) on `targets` of every layer this model holds, with
+  // scale alpha / rank: A ~ N(0, 1 / in) drawn from `seed`, B = 0, so the output is unchanged
+  // until B moves. Layers without a target's projection (K/V of layers reading shared K/V, a
+  // dense FFN in a MoE-only layer) get none. Error: rank < 1, or adapters already present.
+  absl::Status AddLora(std::span<const LoraTarget> targets, int64_t rank, float alpha,
+                       uint64_t seed);
+  const LoraSet& lora() const { return lora_; }
+  LoraSet& mutable_lora() { return lora_; }
   ExpertFfn& LocalExpertFfn();
   // Unweighted outputs of local experts: out[p, hidden] = FFN_{experts[p]}(x[rows[p]]) of the
   // absolute MoE `layer`. Errors: no local experts for the layer, ids out of range.
@@ -166,6 +176,7 @@ class Model {
   std::vector<Parameter> parameters_;
   std::unique_ptr<LocalExpertsFfn> local_experts_;
   ExpertFfn* experts_ = nullptr;
+  LoraSet lora_;
   std::unique_ptr<ForwardScratch> scratch_;
 };
 

@@ -176,7 +176,7 @@ class PreNormDecoder : public FamilyModel {
 
     RmsNorm(x, L.ffn_norm, c_.rms_eps, rows, c_.hidden, h);
     if (!spec.moe) {
-      GatedFfn(ctx, L.ffn, spec.ffn, Activation::kSilu, h, out);
+      GatedFfn(ctx, l, L.ffn, spec.ffn, Activation::kSilu, h, out);
     } else {
       const int k = static_cast<int>(c_.num_experts_used);
       float* logits = ForwardScratch::Grow(s.router, rows * c_.num_experts);

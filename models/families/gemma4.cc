@@ -375,7 +375,7 @@ class Gemma4 : public FamilyModel {
 
     // Feed-forward: the dense MLP (and beside it the routed experts), post-normed, added.
     RmsNorm(x, L.ffn_norm, eps, rows, hidden, h);
-    GatedFfn(ctx, L.ffn, spec.ffn, Activation::kGelu, h, out);
+    GatedFfn(ctx, l, L.ffn, spec.ffn, Activation::kGelu, h, out);
     if (spec.moe) {
       RmsNorm(out, L.post_mlp_norm, eps, rows, hidden, out);
       float* moe = ForwardScratch::Grow(s.out2, n);

@@ -125,7 +125,7 @@ class ToyModel : public FamilyModel {
     float* h = ForwardScratch::Grow(ctx.scratch().h, n);
     float* out = ForwardScratch::Grow(ctx.scratch().out, n);
     RmsNorm(ctx.x(), L.norm, c_.rms_eps, ctx.rows(), c_.hidden, h);
-    GatedFfn(ctx, L.ffn, c_.ffn, Activation::kSilu, h, out);
+    GatedFfn(ctx, l, L.ffn, c_.ffn, Activation::kSilu, h, out);
     for (int64_t i = 0; i < n; ++i) ctx.x()[i] += L.scale[0] * out[i];
     return absl::OkStatus();
   }

@@ -1,0 +1,66 @@
+// Low-rank adapters (LoRA) on a model's projections, applied inside the shared blocks
+// (blocks.h), so every family that composes its layers from them takes adapters with no code
+// of its own:
+//   y = W x + scale * B (A x),  A: [rank, in], B: [out, rank], scale = alpha / rank.
+// A layer projection without an adapter costs one null check. Adapter values are f32, owned
+// here, and listed by Model::VisitParameters as "<tensor>.lora_a" / "<tensor>.lora_b" (the
+// names llama.cpp's adapter files use), which is how training finds and updates them.
+#ifndef FUCINA_MODELS_ENGINE_LORA_H_
+#define FUCINA_MODELS_ENGINE_LORA_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fucina {
+
+// The projections adapters attach to, by their GGUF tensor suffix.
+enum class LoraTarget { kQ, kK, kV, kO, kGate, kUp, kDown };
+inline constexpr int kNumLoraTargets = 7;
+
+// "attn_q" | "attn_k" | "attn_v" | "attn_output" | "ffn_gate" | "ffn_up" | "ffn_down".
+std::string_view LoraTargetName(LoraTarget t);
+// Parses a comma-separated list of those names, or the short forms q,k,v,o,gate,up,down.
+absl::StatusOr<std::vector<LoraTarget>> ParseLoraTargets(std::string_view list);
+
+struct LoraAdapter {
+  int64_t rank = 0, in = 0, out = 0;
+  float scale = 1.0f;   // alpha / rank
+  std::vector<float> a;  // [rank, in]
+  std::vector<float> b;  // [out, rank]
+};
+
+// Adapters by (absolute layer, target).
+class LoraSet {
+ public:
+  const LoraAdapter* Find(int64_t layer, LoraTarget t) const {
+    auto it = adapters_.find({layer, static_cast<int>(t)});
+    return it == adapters_.end() ? nullptr : &it->second;
+  }
+  LoraAdapter& Add(int64_t layer, LoraTarget t) { return adapters_[{layer, static_cast<int>(t)}]; }
+  bool empty() const { return adapters_.empty(); }
+  // (layer, target, adapter) in (layer, target) order.
+  template <typename F>
+  void ForEach(F f) {
+    for (auto& [key, adapter] : adapters_) f(key.first, static_cast<LoraTarget>(key.second), adapter);
+  }
+  template <typename F>
+  void ForEach(F f) const {
+    for (const auto& [key, adapter] : adapters_) {
+      f(key.first, static_cast<LoraTarget>(key.second), adapter);
+    }
+  }
+
+ private:
+  std::map<std::pair<int64_t, int>, LoraAdapter> adapters_;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_MODELS_ENGINE_LORA_H_
