@@ -1,7 +1,7 @@
 // `fucina train es`: evolution-strategies fine-tuning in this process (models/train/es.h):
-// full-parameter mode over the tensors --tensors selects, the nll reward over a JSONL task
-// file; one line per generation, the trained model written as GGUF (trained tensors f32, the
-// rest as in the base file).
+// full-parameter mode over the tensors --tensors selects, or LoRA adapters on --targets; the
+// nll reward over a JSONL task file; one line per generation; the trained model written as
+// GGUF (trained tensors f32, the rest as in the base file) or the adapters as an adapter GGUF.
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/chat/chat_template.h"
+#include "models/engine/lora.h"
 #include "models/engine/model.h"
 #include "models/gguf/writer.h"
 #include "models/hub/pull.h"
@@ -33,11 +34,38 @@ namespace {
 struct TrainArgs {
   std::string model, data, holdout, out, reward = "nll", mode = "full";
   std::string tensors = "blk\\.[0-9]+\\.(attn_q|attn_v|ffn_down)\\.weight";
-  int population = 16, iterations = 10, threads = 0;
-  float sigma = 1e-3f, lr = 5e-4f, weight_decay = 0.0f;
+  std::string targets = "q,v";
+  int population = 16, iterations = 10, threads = 0, rank = 8;
+  float sigma = 1e-3f, lr = 5e-4f, weight_decay = 0.0f, alpha = 16.0f;
   uint64_t seed = 0;
   bool raw = false;
 };
+
+// A LoRA adapter file as llama.cpp reads one: the base's architecture, general.type "adapter",
+// adapter.type "lora", adapter.lora.alpha, and f32 "<tensor>.lora_a" [in, rank] /
+// "<tensor>.lora_b" [rank, out] tensors.
+absl::Status WriteAdapters(const Model& model, const train::EsTrainer& trainer, float alpha,
+                           const std::string& path) {
+  auto writer = gguf::Writer::Create(path);
+  if (!writer.ok()) return writer.status();
+  (*writer)->SetValue("general.architecture", gguf::Value::Str(model.config().arch));
+  (*writer)->SetValue("general.type", gguf::Value::Str("adapter"));
+  (*writer)->SetValue("adapter.type", gguf::Value::Str("lora"));
+  (*writer)->SetValue("adapter.lora.alpha", gguf::Value::F32(alpha));
+  const std::vector<std::string> names = trainer.tensor_names();
+  absl::Status status;
+  model.VisitParameters([&](const Parameter& p) {
+    const auto it = std::find(names.begin(), names.end(), p.name);
+    if (!status.ok() || it == names.end()) return;
+    const std::span<const float> v = trainer.values(it - names.begin());
+    status = (*writer)->AddTensor(p.name, p.dims, GgmlType::kF32, [v](std::span<uint8_t> out) {
+      std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+      return absl::OkStatus();
+    });
+  });
+  if (!status.ok()) return status;
+  return (*writer)->Finish();
+}
 
 // The base file's metadata and tensors, the trained ones replaced by their f32 values.
 absl::Status WriteTrained(const gguf::File& base, const train::EsTrainer& trainer,
@@ -76,11 +104,22 @@ int RunTrain(const TrainArgs& a) {
   }
   ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::Default().num_threads());
   LoadOptions load;
-  load.f32_tensors = [&pattern](std::string_view name) {
-    return std::regex_match(name.begin(), name.end(), pattern);
-  };
+  const bool lora = a.mode == "lora";
+  if (!lora) {
+    load.f32_tensors = [&pattern](std::string_view name) {
+      return std::regex_match(name.begin(), name.end(), pattern);
+    };
+  }
   auto model = Model::Load(*path, load, pool);
   if (!model.ok()) return Fail(model.status());
+  if (lora) {
+    auto targets = ParseLoraTargets(a.targets);
+    if (!targets.ok()) return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--targets: ", targets.status().message())));
+    if (absl::Status s = (*model)->AddLora(*targets, a.rank, a.alpha, a.seed); !s.ok()) {
+      return Fail(absl::Status(s.code(), absl::StrCat("--rank: ", s.message())));
+    }
+  }
   auto tokenizer = Tokenizer::FromGguf((*model)->file());
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   std::optional<ChatTemplate> chat;
@@ -139,7 +178,9 @@ int RunTrain(const TrainArgs& a) {
   if (absl::Status s = report_holdout("after"); !s.ok()) return Fail(s);
   std::printf("checksum %016llx\n", (unsigned long long)(*trainer)->Checksum());
   if (!a.out.empty()) {
-    if (absl::Status s = WriteTrained((*model)->file(), **trainer, a.out); !s.ok()) return Fail(s);
+    absl::Status s = lora ? WriteAdapters(**model, **trainer, a.alpha, a.out)
+                          : WriteTrained((*model)->file(), **trainer, a.out);
+    if (!s.ok()) return Fail(s);
     std::printf("wrote %s\n", a.out.c_str());
   }
   return 0;
@@ -160,9 +201,14 @@ void RegisterTrainCommands(CLI::App& app, int* exit_code) {
   es->add_option("--reward", a->reward, "nll: mean log-probability of the answer tokens")
       ->check(CLI::IsMember({"nll"}))
       ->capture_default_str();
-  es->add_option("--mode", a->mode, "full: the --tensors matrices, held as f32")
-      ->check(CLI::IsMember({"full"}))
+  es->add_option("--mode", a->mode,
+                 "full: the --tensors matrices, held as f32; lora: adapters on --targets")
+      ->check(CLI::IsMember({"full", "lora"}))
       ->capture_default_str();
+  es->add_option("--targets", a->targets, "lora: projections (q,k,v,o,gate,up,down)")
+      ->capture_default_str();
+  es->add_option("--rank", a->rank, "lora: adapter rank")->capture_default_str();
+  es->add_option("--alpha", a->alpha, "lora: scale alpha / rank")->capture_default_str();
   es->add_option("--tensors", a->tensors, "Regex over tensor names: what full mode trains")
       ->capture_default_str();
   es->add_option("--population", a->population, "Members per generation (even)")
@@ -176,7 +222,8 @@ void RegisterTrainCommands(CLI::App& app, int* exit_code) {
   es->add_option("--threads", a->threads, "Threads (default: all)")
       ->check(CLI::Range(0, kMaxThreads));
   es->add_flag("--raw", a->raw, "Use prompts as they are, without the chat template");
-  es->add_option("--out", a->out, "Write the trained model here (GGUF)");
+  es->add_option("--out", a->out,
+                 "Write the trained model (full) or the adapters (lora, llama.cpp's format) here");
   es->callback([a, exit_code] { *exit_code = RunTrain(*a); });
 }
 

@@ -77,6 +77,31 @@ class TrainEsTest(unittest.TestCase):
         final = float(re.search(r"generation 0: reward (-?[\d.]+)", scored.stdout).group(1))
         self.assertAlmostEqual(final, rewards[-1], places=4)
 
+    def test_lora_mode_writes_an_adapter_file(self):
+        out = os.path.join(self.dir, "adapters.gguf")
+        proc = run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "lora",
+                   "--targets", "q,v,down", "--rank", "4", "--alpha", "8", "--population", "16",
+                   "--sigma", "0.05", "--lr", "0.2", "--iterations", "4", "--seed", "3",
+                   "--out", out)
+        self.assertIn("training 12 tensors", proc.stdout)  # 2 layers x 3 targets x (A, B)
+        r = GGUFReader(out)
+        meta = {f.name: f for f in r.fields.values()}
+        self.assertIn("adapter.lora.alpha", meta)
+        self.assertEqual(bytes(r.fields["general.type"].parts[-1]).decode(), "adapter")
+        self.assertEqual(bytes(r.fields["adapter.type"].parts[-1]).decode(), "lora")
+        tensors = {t.name: t for t in r.tensors}
+        self.assertEqual(len(tensors), 12)
+        a = tensors["blk.1.attn_q.weight.lora_a"]
+        b = tensors["blk.1.attn_q.weight.lora_b"]
+        self.assertEqual(list(a.shape), [32, 4])   # [in, rank]
+        self.assertEqual(list(b.shape), [4, 32])   # [rank, out]
+        self.assertEqual(a.tensor_type, Q.F32)
+        self.assertTrue((b.data != 0).any())  # B starts at zero and has moved
+        proc = run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "lora",
+                   "--targets", "q,x", check=False)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("--targets", proc.stderr)
+
     def test_bad_inputs_name_what_is_wrong(self):
         bad = os.path.join(self.dir, "bad.jsonl")
         with open(bad, "w") as f:

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "models/engine/fixture.h"
+#include "models/engine/lora.h"
 #include "models/engine/model.h"
 #include "models/train/tasks.h"
 
@@ -54,6 +55,7 @@ class EsTest : public testing::Test {
     o.num_heads = 2;
     o.num_heads_kv = 1;
     o.head_dim = 16;
+    o.init_std = 0.1;  // branches that move the residual, so adapters inside them can matter
     o.seed = 5;
     ASSERT_TRUE(MakeFixture(o, Path(), pool).ok());
   }
@@ -187,6 +189,32 @@ TEST_F(EsTest, TrainingRaisesTheAnswerLogProb) {
   std::printf("mean answer log-prob: %.4f -> %.4f\n", *start, *end);
   // Fixed seeds: the rise is the same every run; 1 nat is far beyond noise.
   EXPECT_GT(*end - *start, 1.0f);
+}
+
+TEST_F(EsTest, LoraModeTrainsOnlyTheAdapters) {
+  // No f32 copies of base tensors: the adapters (B = 0 at the start) are all that trains.
+  ThreadPool pool(2);
+  auto model = Model::Load(Path(), LoadOptions{}, pool);
+  ASSERT_TRUE(model.ok());
+  const std::vector<LoraTarget> targets = {LoraTarget::kQ, LoraTarget::kV, LoraTarget::kDown};
+  ASSERT_TRUE((*model)->AddLora(targets, 4, 8.0f, 1).ok());
+  EsOptions o = Options();
+  o.lr = 0.2f;
+  auto trainer = EsTrainer::Create(**model, o, pool);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (const std::string& name : (*trainer)->tensor_names()) {
+    EXPECT_TRUE(name.ends_with(".lora_a") || name.ends_with(".lora_b")) << name;
+  }
+  EXPECT_EQ((*trainer)->tensor_names().size(), 2u * 3 * 2);  // 2 layers x 3 targets x (A, B)
+  const std::vector<Task> tasks = Tasks();
+  const FitnessFn reward = [&](Model& m) { return MeanAnswerLogProb(m, tasks); };
+  auto start = reward(**model);
+  ASSERT_TRUE(start.ok());
+  for (int g = 0; g < 12; ++g) ASSERT_TRUE((*trainer)->Step(g, reward).ok());
+  auto end = reward(**model);
+  ASSERT_TRUE(end.ok());
+  std::printf("lora: mean answer log-prob %.4f -> %.4f\n", *start, *end);
+  EXPECT_GT(*end - *start, 0.5f);
 }
 
 TEST(TaskFileTest, ErrorsNameTheLineAndField) {
