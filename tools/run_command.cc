@@ -43,6 +43,7 @@ struct RunArgs {
   int64_t gen = 128;
   int64_t ctx = 4096;
   std::string cache_type = "f16";
+  std::string adapter;
   int threads = 0;
   std::string tokenize_file;
   bool print_ids = false;
@@ -135,6 +136,9 @@ int RunModel(RunArgs args) {
   ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());
   auto model = Model::Load(*model_path, {}, pool);
   if (!model.ok()) return Fail(model.status());
+  if (!args.adapter.empty()) {
+    if (absl::Status s = (*model)->LoadLora(args.adapter); !s.ok()) return Fail(s);
+  }
   auto tokenizer = Tokenizer::FromGguf((*model)->file());
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   const ModelConfig& c = (*model)->config();
@@ -273,6 +277,8 @@ void RegisterRunCommand(CLI::App& app, int* exit_code) {
   run->add_flag("--repl", a->repl, "Chat turns read from standard input, one per line");
   run->add_option("--gen", a->gen, "Maximum new tokens")->capture_default_str();
   run->add_option("--ctx", a->ctx, "Context (KV cache) length")->capture_default_str();
+  run->add_option("--adapter", a->adapter,
+                  "LoRA adapter GGUF applied without merging (fucina train es --mode lora)");
   run->add_option("--cache-type", a->cache_type, "KV cache type: f32 | f16 | q8_0")
       ->capture_default_str();
   run->add_option("--threads", a->threads, "Threads (default: all)");

@@ -41,32 +41,6 @@ struct TrainArgs {
   bool raw = false;
 };
 
-// A LoRA adapter file as llama.cpp reads one: the base's architecture, general.type "adapter",
-// adapter.type "lora", adapter.lora.alpha, and f32 "<tensor>.lora_a" [in, rank] /
-// "<tensor>.lora_b" [rank, out] tensors.
-absl::Status WriteAdapters(const Model& model, const train::EsTrainer& trainer, float alpha,
-                           const std::string& path) {
-  auto writer = gguf::Writer::Create(path);
-  if (!writer.ok()) return writer.status();
-  (*writer)->SetValue("general.architecture", gguf::Value::Str(model.config().arch));
-  (*writer)->SetValue("general.type", gguf::Value::Str("adapter"));
-  (*writer)->SetValue("adapter.type", gguf::Value::Str("lora"));
-  (*writer)->SetValue("adapter.lora.alpha", gguf::Value::F32(alpha));
-  const std::vector<std::string> names = trainer.tensor_names();
-  absl::Status status;
-  model.VisitParameters([&](const Parameter& p) {
-    const auto it = std::find(names.begin(), names.end(), p.name);
-    if (!status.ok() || it == names.end()) return;
-    const std::span<const float> v = trainer.values(it - names.begin());
-    status = (*writer)->AddTensor(p.name, p.dims, GgmlType::kF32, [v](std::span<uint8_t> out) {
-      std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
-      return absl::OkStatus();
-    });
-  });
-  if (!status.ok()) return status;
-  return (*writer)->Finish();
-}
-
 // The base file's metadata and tensors, the trained ones replaced by their f32 values.
 absl::Status WriteTrained(const gguf::File& base, const train::EsTrainer& trainer,
                           const std::string& path) {
@@ -178,7 +152,8 @@ int RunTrain(const TrainArgs& a) {
   if (absl::Status s = report_holdout("after"); !s.ok()) return Fail(s);
   std::printf("checksum %016llx\n", (unsigned long long)(*trainer)->Checksum());
   if (!a.out.empty()) {
-    absl::Status s = lora ? WriteAdapters(**model, **trainer, a.alpha, a.out)
+    // The trainer writes its values into the model's adapters, so the model saves them.
+    absl::Status s = lora ? (*model)->SaveLora(a.out)
                           : WriteTrained((*model)->file(), **trainer, a.out);
     if (!s.ok()) return Fail(s);
     std::printf("wrote %s\n", a.out.c_str());

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/norm.h"
 #include "kernels/type_traits.h"
 #include "models/engine/registry.h"
+#include "models/gguf/writer.h"
 #include "models/sampler/rng.h"
 
 namespace fucina {
@@ -186,6 +189,104 @@ void Model::VisitParameters(const ParameterVisitor& visit) const {
     visit({base + ".lora_b", {ad.rank, ad.out},
            {{WeightView::Dense(ad.b.data(), GgmlType::kF32, ad.out, ad.rank), true}}});
   });
+}
+
+absl::Status Model::LoadLora(const std::string& path) {
+  auto err = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
+  };
+  if (!lora_.empty()) return absl::FailedPreconditionError("the model has adapters already");
+  auto file = gguf::File::Open(path);
+  if (!file.ok()) return file.status();
+  const gguf::File& f = **file;
+  auto str = [&](const char* key) -> std::string {
+    const gguf::Value* v = f.Find(key);
+    return v != nullptr && v->AsString() != nullptr ? *v->AsString() : std::string();
+  };
+  if (str("general.type") != "adapter" || str("adapter.type") != "lora") {
+    return err("not a LoRA adapter file (general.type \"adapter\", adapter.type \"lora\")");
+  }
+  if (str("general.architecture") != config_.arch) {
+    return err(absl::StrCat("adapters for '", str("general.architecture"), "', the model is '",
+                            config_.arch, "'"));
+  }
+  const gguf::Value* alpha_v = f.Find("adapter.lora.alpha");
+  std::optional<double> alpha;
+  if (alpha_v != nullptr) alpha = alpha_v->AsFloat();
+  if (!alpha) return err("adapter.lora.alpha is missing or not a number");
+  LoraSet loaded;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    if (!t.name.ends_with(".weight.lora_a")) {
+      if (!t.name.ends_with(".weight.lora_b")) return err("unexpected tensor " + t.name);
+      continue;
+    }
+    const std::string base = t.name.substr(0, t.name.size() - 7);  // "...weight"
+    const gguf::TensorInfo* b = f.FindTensor(base + ".lora_b");
+    if (b == nullptr) return err(t.name + " has no " + base + ".lora_b");
+    if (t.type != GgmlType::kF32 || b->type != GgmlType::kF32 || t.dims.size() != 2 ||
+        b->dims.size() != 2 || t.dims[1] != b->dims[0]) {
+      return err(t.name + " / lora_b: expected f32 [in, rank] and [rank, out]");
+    }
+    // "blk.<layer>.<target>.weight"
+    const size_t dot = base.find('.', 4);
+    int64_t layer = -1;
+    if (!base.starts_with("blk.") || dot == std::string::npos ||
+        !absl::SimpleAtoi(base.substr(4, dot - 4), &layer)) {
+      return err(t.name + ": not a layer tensor");
+    }
+    const std::string target = base.substr(dot + 1, base.size() - dot - 1 - 7);
+    std::optional<LoraTarget> which;
+    for (int i = 0; i < kNumLoraTargets; ++i) {
+      if (LoraTargetName(static_cast<LoraTarget>(i)) == target) which = static_cast<LoraTarget>(i);
+    }
+    if (!which) return err(t.name + ": no adapter target '" + target + "'");
+    if (layer < first_ || layer >= last_) continue;  // another stage's layer
+    auto weight = std::find_if(parameters_.begin(), parameters_.end(),
+                               [&](const Parameter& p) { return p.name == base; });
+    if (weight == parameters_.end() || weight->dims.size() != 2 ||
+        weight->dims[0] != t.dims[0] || weight->dims[1] != b->dims[1]) {
+      return err(t.name + ": shape does not fit " + base);
+    }
+    LoraAdapter& ad = loaded.Add(layer, *which);
+    ad.in = t.dims[0];
+    ad.rank = t.dims[1];
+    ad.out = b->dims[1];
+    ad.scale = static_cast<float>(*alpha) / static_cast<float>(ad.rank);
+    const float* a_data = reinterpret_cast<const float*>(t.data);
+    const float* b_data = reinterpret_cast<const float*>(b->data);
+    ad.a.assign(a_data, a_data + ad.rank * ad.in);
+    ad.b.assign(b_data, b_data + ad.out * ad.rank);
+  }
+  if (loaded.empty()) return err("no adapters for this model's layers");
+  lora_ = std::move(loaded);
+  return absl::OkStatus();
+}
+
+absl::Status Model::SaveLora(const std::string& path) const {
+  if (lora_.empty()) return absl::FailedPreconditionError("the model has no adapters");
+  auto writer = gguf::Writer::Create(path);
+  if (!writer.ok()) return writer.status();
+  float alpha = 0;
+  lora_.ForEach([&](int64_t, LoraTarget, const LoraAdapter& ad) {
+    alpha = ad.scale * static_cast<float>(ad.rank);
+  });
+  (*writer)->SetValue("general.architecture", gguf::Value::Str(config_.arch));
+  (*writer)->SetValue("general.type", gguf::Value::Str("adapter"));
+  (*writer)->SetValue("adapter.type", gguf::Value::Str("lora"));
+  (*writer)->SetValue("adapter.lora.alpha", gguf::Value::F32(alpha));
+  absl::Status status;
+  VisitParameters([&](const Parameter& p) {
+    if (!status.ok() || !(p.name.ends_with(".lora_a") || p.name.ends_with(".lora_b"))) return;
+    const WeightView& v = p.locations.front().view;
+    const size_t bytes = static_cast<size_t>(v.rows * v.cols) * sizeof(float);
+    status = (*writer)->AddTensor(p.name, p.dims, GgmlType::kF32,
+                                  [data = v.data, bytes](std::span<uint8_t> out) {
+                                    std::memcpy(out.data(), data, bytes);
+                                    return absl::OkStatus();
+                                  });
+  });
+  if (!status.ok()) return status;
+  return (*writer)->Finish();
 }
 
 absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, float alpha,

@@ -97,6 +97,13 @@ class TrainEsTest(unittest.TestCase):
         self.assertEqual(list(b.shape), [4, 32])   # [rank, out]
         self.assertEqual(a.tensor_type, Q.F32)
         self.assertTrue((b.data != 0).any())  # B starts at zero and has moved
+        # The adapters serve without merging; adapters for another model are refused by name.
+        gen = run("run", self.model, "65,66,67", "--adapter", out, "--gen", "4", "--temp", "0",
+                  "--print-ids")
+        self.assertRegex(gen.stdout, r"ids: \d+(,\d+){3}")
+        bad = run("run", self.model, "65,66", "--adapter", self.model, "--gen", "1", check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("not a LoRA adapter", bad.stderr)
         proc = run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "lora",
                    "--targets", "q,x", check=False)
         self.assertNotEqual(proc.returncode, 0)

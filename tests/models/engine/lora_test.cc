@@ -147,6 +147,35 @@ TEST_P(LoraTest, AnAdapterEqualsItsMergedWeight) {
   EXPECT_GT(moved, 100 * max_diff);
 }
 
+TEST_P(LoraTest, SavedAdaptersLoadBackAndGiveTheSameLogits) {
+  auto trained = Model::Load(path(), LoadOptions{}, *pool_);
+  ASSERT_TRUE(trained.ok());
+  const std::vector<LoraTarget> targets = {LoraTarget::kQ, LoraTarget::kV, LoraTarget::kDown};
+  ASSERT_TRUE((*trained)->AddLora(targets, 2, 4.0f, 3).ok());
+  int i = 0;
+  (*trained)->mutable_lora().ForEach([&](int64_t, LoraTarget, LoraAdapter& ad) {
+    for (float& v : ad.b) v = 0.05f * static_cast<float>(std::sin(0.7 * ++i));
+  });
+  const std::string file = FixtureTempPath("lora_adapters", Variants()[GetParam()].name);
+  ASSERT_TRUE((*trained)->SaveLora(file).ok());
+  auto served = Model::Load(path(), LoadOptions{}, *pool_);
+  ASSERT_TRUE(served.ok());
+  ASSERT_TRUE((*served)->LoadLora(file).ok());
+  const std::vector<float> want = Logits(**trained);
+  ASSERT_TRUE(std::isfinite(want[0]));
+  EXPECT_EQ(Logits(**served), want);
+  EXPECT_FALSE((*served)->LoadLora(file).ok());  // once
+
+  // Another family's adapters, and a file that is not an adapter, are refused by name.
+  auto other = Model::Load(paths_[1 - GetParam()], LoadOptions{}, *pool_);
+  ASSERT_TRUE(other.ok());
+  const absl::Status wrong = (*other)->LoadLora(file);
+  EXPECT_NE(wrong.message().find("adapters for"), std::string::npos) << wrong;
+  const absl::Status not_adapter = (*other)->LoadLora(path());
+  EXPECT_NE(not_adapter.message().find("not a LoRA adapter"), std::string::npos) << not_adapter;
+  std::remove(file.c_str());
+}
+
 TEST(LoraTargets, ParseNamesAndErrors) {
   auto t = ParseLoraTargets("q,v,attn_output,down");
   ASSERT_TRUE(t.ok());
