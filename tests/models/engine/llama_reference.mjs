@@ -2,7 +2,7 @@
 // (node-llama-cpp's native addon), for the engine parity tests.
 //
 // Usage: node llama_reference.mjs MODEL.gguf REQUEST.json   (prints the response JSON)
-//   REQUEST.json: {"requests": [
+//   REQUEST.json: {"lora": "ADAPTER.gguf" (optional), "requests": [
 //       {"tokens": [ids], "logprobs_at": [i, ...]},          // log p(next | tokens[0..i])
 //       {"tokens": [ids], "greedy": N, "stop": [ids]}]}       // N argmax steps after tokens
 //   Response: {"vocab": V, "results": [
@@ -26,7 +26,8 @@ if (!modelPath || !requestPath) {
   process.exit(2);
 }
 
-const {requests} = JSON.parse(fs.readFileSync(requestPath, "utf8"));
+// "lora" (optional): a LoRA adapter GGUF applied at scale 1 on top of the model.
+const {requests, lora} = JSON.parse(fs.readFileSync(requestPath, "utf8"));
 let longest = 1;
 for (const r of requests) longest = Math.max(longest, r.tokens.length + (r.greedy ?? 0));
 const contextSize = Math.ceil((longest + 1) / 256) * 256;
@@ -34,6 +35,7 @@ const contextSize = Math.ceil((longest + 1) / 256) * 256;
 const llama = await loadLlama({maxThreads: 2});
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
 const context = await model.createContext({
+  ...(lora ? {lora: {adapters: [{filePath: lora, scale: 1}]}} : {}),
   contextSize,
   batchSize: contextSize,
   sequences: 1,

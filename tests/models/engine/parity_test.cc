@@ -45,6 +45,7 @@
 
 #include "absl/strings/escaping.h"
 #include "kernels/cpu/thread_pool.h"
+#include "models/engine/lora.h"
 #include "models/engine/model.h"
 #include "models/engine/fixture.h"
 #include "models/gguf/gguf.h"
@@ -90,13 +91,16 @@ std::string ReadFile(const std::string& path) {
 }
 
 // Runs the reference on `gguf` for `requests`; returns its response or sets *error.
-json RunReference(const std::string& gguf, const json& requests, std::string* error) {
+json RunReference(const std::string& gguf, const json& requests, std::string* error,
+                  const std::string& lora = "") {
   static int calls = 0;
   const std::string base = testing::TempDir() + "/engine_parity_" + std::to_string(getpid()) +
                            "_" + std::to_string(calls++);
   {
     std::ofstream in(base + ".in.json", std::ios::binary);
-    in << json({{"requests", requests}}).dump();
+    json request = {{"requests", requests}};
+    if (!lora.empty()) request["lora"] = lora;
+    in << request.dump();
   }
   std::string node = Env("FUCINA_NODE");
   if (node.empty()) node = "node";
@@ -138,7 +142,9 @@ std::vector<double> LogSoftmax(const float* logits, int64_t n) {
 }
 
 // What a suite tests on its file.
-enum class Check { kExactLogProbs, kQuantLogProbs, kGreedy, kChat };
+// kLoraLogProbs: exact log-probs with LoRA adapters on every projection (random non-zero B),
+// saved by us and applied by llama.cpp from the same file.
+enum class Check { kExactLogProbs, kQuantLogProbs, kGreedy, kChat, kLoraLogProbs };
 
 // One suite's model, prompts and reference answers, built once in SetUpTestSuite.
 struct Suite {
@@ -300,7 +306,27 @@ std::unique_ptr<Suite> Prepare(const std::string& name, const FixtureOptions* fi
     }
   }
   const double t_load = seconds();
-  s->reference = RunReference(s->path, requests, &s->error);
+  std::string lora;
+  if (check == Check::kLoraLogProbs) {
+    const std::vector<LoraTarget> all = {LoraTarget::kQ,    LoraTarget::kK,  LoraTarget::kV,
+                                         LoraTarget::kO,    LoraTarget::kGate, LoraTarget::kUp,
+                                         LoraTarget::kDown};
+    if (absl::Status st = s->model->AddLora(all, 4, 8.0f, 17); !st.ok()) {
+      s->error = "AddLora: " + st.ToString();
+      return s;
+    }
+    int i = 0;
+    s->model->mutable_lora().ForEach([&](int64_t, LoraTarget, LoraAdapter& ad) {
+      for (float& v : ad.b) v = 0.05f * static_cast<float>(std::sin(0.37 * ++i));
+    });
+    lora = s->path + ".lora.gguf";
+    if (absl::Status st = s->model->SaveLora(lora); !st.ok()) {
+      s->error = "SaveLora: " + st.ToString();
+      return s;
+    }
+  }
+  s->reference = RunReference(s->path, requests, &s->error, lora);
+  if (!lora.empty()) std::remove(lora.c_str());
   std::printf("%s: fixture %.1f s, load %.1f s, reference %.1f s\n", name.c_str(), t_fixture,
               t_load - t_fixture, seconds() - t_load);
   return s;
@@ -613,6 +639,12 @@ FUCINA_PARITY_SUITE(Gemma4F32Peaked, Keep([] { return Gemma4("f32", 64, true); }
 FUCINA_PARITY_SUITE(Gemma4MoeQ8_0Peaked, Keep([] { return Gemma4Moe("q8_0", true); }),
                     Check::kGreedy);
 
+// LoRA adapters on every projection, applied by llama.cpp from the file we save.
+FUCINA_PARITY_SUITE(Qwen3F32Lora, Keep([] { return Qwen3("f32", 64, false); }),
+                    Check::kLoraLogProbs);
+FUCINA_PARITY_SUITE(Gemma4F32Lora, Keep([] { return Gemma4("f32", 64, false); }),
+                    Check::kLoraLogProbs);
+
 FUCINA_PARITY_SUITE(SmolLM2F32, nullptr, Check::kChat);
 
 #define FUCINA_LOGPROB_TEST(Name, quantized) \
@@ -633,6 +665,8 @@ FUCINA_LOGPROB_TEST(Gemma4MoeF32, false)
 FUCINA_LOGPROB_TEST(Gemma4Q8_0, true)
 FUCINA_LOGPROB_TEST(Gemma4Q4_K, true)
 FUCINA_LOGPROB_TEST(Gemma4MoeQ8_0, true)
+FUCINA_LOGPROB_TEST(Qwen3F32Lora, false)
+FUCINA_LOGPROB_TEST(Gemma4F32Lora, false)
 
 #define FUCINA_GREEDY_TEST(Name)                       \
   TEST_F(Name, GreedyContinuation) {                   \
