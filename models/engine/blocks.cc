@@ -315,18 +315,18 @@ ForwardContext::ForwardContext(const ModelConfig& config, ThreadPool& pool,
   for (const KvSegment& seg : segments) {
     for (int64_t r = 0; r < seg.count; ++r) scratch.positions[seg.begin + r] = seg.kv->len() + r;
   }
-  scratch.ropes.clear();
+  ++scratch.pass;
 }
 
 const RopeTable& ForwardContext::Rope(const RopeParams& p) {
   auto key = std::make_tuple(p.head_dim, p.n_rot, p.freq_base, static_cast<int>(p.mode),
                              p.freq_factors);
-  auto it = scratch_.ropes.find(key);
-  if (it == scratch_.ropes.end()) {
-    it = scratch_.ropes.emplace(key, RopeTable()).first;
-    it->second.Build(p, scratch_.positions.data(), rows_);
+  ForwardScratch::Rope& rope = scratch_.ropes[key];
+  if (rope.built != scratch_.pass) {
+    rope.table.Build(p, scratch_.positions.data(), rows_);
+    rope.built = scratch_.pass;
   }
-  return it->second;
+  return rope.table;
 }
 
 void AddInPlace(float* x, const float* y, int64_t n) {

@@ -53,7 +53,14 @@ struct ForwardScratch {
   std::vector<float> expert_x, expert_gate, expert_up, expert_y, ple, lora_t, lora_y;
   std::vector<int32_t> expert_ids;
   std::vector<int64_t> positions;
-  std::map<std::tuple<int, int, float, int, const float*>, RopeTable> ropes;
+  // One RoPE table per distinct RoPE of the model, kept across passes so decode rebuilds them
+  // in place instead of allocating; `built` is the pass a table holds positions for.
+  struct Rope {
+    uint64_t built = 0;
+    RopeTable table;
+  };
+  std::map<std::tuple<int, int, float, int, const float*>, Rope> ropes;
+  uint64_t pass = 0;
 
   static float* Grow(std::vector<float>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);

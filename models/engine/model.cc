@@ -408,42 +408,43 @@ absl::Status Model::ForwardLayers(float* x, int64_t rows, std::span<const Segmen
     }
     return limit;
   };
+  std::vector<int64_t> limit(segments.size());
   bool rounds = false;
-  for (const Segment& seg : segments) rounds |= seg.count > round_limit(*seg.kv);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    limit[i] = round_limit(*segments[i].kv);
+    rounds |= segments[i].count > limit[i];
+  }
   if (!rounds) return ForwardPass(x, rows, segments);
 
+  // Each round gathers the next rows of every unfinished segment into `part`, runs them, and
+  // scatters the results back; from[j] is the segment round segment j came from.
   const int64_t hidden = config_.hidden;
   std::vector<int64_t> done(segments.size(), 0);
   std::vector<float> part;
   for (;;) {
     std::vector<Segment> sub;
+    std::vector<size_t> from;
     int64_t sub_rows = 0;
     for (size_t i = 0; i < segments.size(); ++i) {
       const Segment& seg = segments[i];
-      const int64_t n = std::min(seg.count - done[i], round_limit(*seg.kv));
+      const int64_t n = std::min(seg.count - done[i], limit[i]);
       if (n <= 0) continue;
       Segment s{seg.kv, sub_rows, n};
       if (!seg.tokens.empty()) s.tokens = seg.tokens.subspan(done[i], n);
       sub.push_back(s);
+      from.push_back(i);
       sub_rows += n;
     }
     if (sub.empty()) break;
     part.resize(sub_rows * hidden);
-    for (size_t i = 0, j = 0; i < segments.size(); ++i) {
-      if (j < sub.size() && sub[j].kv == segments[i].kv) {
-        std::memcpy(&part[sub[j].begin * hidden], x + (segments[i].begin + done[i]) * hidden,
-                    sub[j].count * hidden * sizeof(float));
-        ++j;
-      }
+    auto rows_of = [&](size_t j) { return x + (segments[from[j]].begin + done[from[j]]) * hidden; };
+    for (size_t j = 0; j < sub.size(); ++j) {
+      std::memcpy(&part[sub[j].begin * hidden], rows_of(j), sub[j].count * hidden * sizeof(float));
     }
     if (absl::Status s = ForwardPass(part.data(), sub_rows, sub); !s.ok()) return s;
-    for (size_t i = 0, j = 0; i < segments.size(); ++i) {
-      if (j < sub.size() && sub[j].kv == segments[i].kv) {
-        std::memcpy(x + (segments[i].begin + done[i]) * hidden, &part[sub[j].begin * hidden],
-                    sub[j].count * hidden * sizeof(float));
-        done[i] += sub[j].count;
-        ++j;
-      }
+    for (size_t j = 0; j < sub.size(); ++j) {
+      std::memcpy(rows_of(j), &part[sub[j].begin * hidden], sub[j].count * hidden * sizeof(float));
+      done[from[j]] += sub[j].count;
     }
   }
   return absl::OkStatus();
@@ -453,7 +454,9 @@ absl::Status Model::ForwardPass(float* x, int64_t rows, std::span<const Segment>
   ForwardContext ctx(config_, *pool_, *scratch_, experts_, first_, x, rows, segments, &lora_);
   if (config_.per_layer_input > 0) {
     std::vector<int32_t> tokens;
-    for (const Segment& seg : segments) tokens.insert(tokens.end(), seg.tokens.begin(), seg.tokens.end());
+    for (const Segment& seg : segments) {
+      tokens.insert(tokens.end(), seg.tokens.begin(), seg.tokens.end());
+    }
     if (absl::Status s = forward_->PerLayerInputs(ctx, tokens); !s.ok()) return s;
   }
   for (int64_t l = first_; l < last_; ++l) {
