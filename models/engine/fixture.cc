@@ -21,22 +21,6 @@ using gguf::TokenType;
 using gguf::Value;
 using gguf::Writer;
 
-// Normals from the project's SplitMix64 (models/sampler/rng.h) by Box-Muller, as fixture.h
-// documents.
-class NormalStream {
- public:
-  explicit NormalStream(uint64_t seed) : state_(seed) {}
-  double Uniform() { return static_cast<double>(SplitMix64Next(&state_) >> 11) * 0x1.0p-53; }
-  double Normal() {
-    const double u1 = 1.0 - Uniform();
-    const double u2 = Uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-  }
-
- private:
-  uint64_t state_;
-};
-
 // How a tensor's values are produced.
 struct Init {
   enum Kind { kNormal, kOnes, kScale, kRopeFreqs } kind = kNormal;

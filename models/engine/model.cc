@@ -295,7 +295,7 @@ absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, f
   if (!lora_.empty()) return absl::FailedPreconditionError("the model has adapters already");
   if (experts_only_) return absl::FailedPreconditionError("an experts-only shard has no layers");
   const ModelConfig& c = config_;
-  uint64_t state = seed;
+  NormalStream normals(seed);
   for (int64_t l = first_; l < last_; ++l) {
     const LayerSpec& s = c.layers[l];
     for (LoraTarget t : targets) {
@@ -317,13 +317,9 @@ absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, f
       ad.scale = alpha / static_cast<float>(rank);
       ad.a.resize(rank * in);
       ad.b.assign(out * rank, 0.0f);
-      // Box-Muller over SplitMix64, in double; std 1 / sqrt(in) keeps A x at the scale of x.
+      // std 1 / sqrt(in) keeps A x at the scale of x.
       const double std = 1.0 / std::sqrt(static_cast<double>(in));
-      for (float& v : ad.a) {
-        const double u1 = 1.0 - static_cast<double>(SplitMix64Next(&state) >> 11) * 0x1.0p-53;
-        const double u2 = static_cast<double>(SplitMix64Next(&state) >> 11) * 0x1.0p-53;
-        v = static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-      }
+      for (float& v : ad.a) v = static_cast<float>(std * normals.Normal());
     }
   }
   return absl::OkStatus();

@@ -15,6 +15,7 @@
 #ifndef FUCINA_MODELS_SAMPLER_RNG_H_
 #define FUCINA_MODELS_SAMPLER_RNG_H_
 
+#include <cmath>
 #include <cstdint>
 
 namespace fucina {
@@ -26,6 +27,23 @@ inline uint64_t SplitMix64Next(uint64_t* state) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+
+// Standard normals over SplitMix64 started at `seed`, by Box-Muller in double: u1 and u2 are
+// (next() >> 11) * 2^-53 (u1 taken as 1 - u1 so log never sees 0), one normal per pair:
+// sqrt(-2 ln u1) cos(2 pi u2). Weight initialisation (fixtures, LoRA A); not for sampling.
+class NormalStream {
+ public:
+  explicit NormalStream(uint64_t seed) : state_(seed) {}
+  double Uniform() { return static_cast<double>(SplitMix64Next(&state_) >> 11) * 0x1.0p-53; }
+  double Normal() {
+    const double u1 = 1.0 - Uniform();
+    const double u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
 
 class Rng {
  public:
