@@ -106,12 +106,6 @@ bool ModelConfig::CanSplitAt(int64_t layer) const {
 }
 
 std::vector<KvLayerGeometry> ModelConfig::KvGeometry(int64_t first, int64_t last) const {
-  // A config built by hand without LayerSpecs: every layer has the global geometry.
-  if (static_cast<int64_t>(layers.size()) != num_layers) {
-    ModelConfig uniform = *this;
-    uniform.UniformLayers();
-    return uniform.KvGeometry(first, last);
-  }
   std::vector<KvLayerGeometry> out;
   for (int64_t l = first; l < last; ++l) {
     const LayerSpec& s = layers[l];

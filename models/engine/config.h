@@ -74,6 +74,7 @@ struct ModelConfig {
   // cut reads K/V stored before it, and the model has no per-layer embeddings.
   bool CanSplitAt(int64_t layer) const;
   // The cache geometry of layers [first, last) (sources re-indexed within the range).
+  // Precondition: `layers` holds every layer (read configs are validated for it).
   std::vector<KvLayerGeometry> KvGeometry(int64_t first, int64_t last) const;
 
   // Structural checks; errors name the GGUF key at fault.

@@ -21,6 +21,7 @@ PlanRequest Request(int64_t layers, int64_t experts = 0, int64_t expert_bytes = 
   r.config.hidden = 8;
   r.config.num_experts = experts;
   r.config.num_experts_used = experts > 0 ? 2 : 0;
+  r.config.UniformLayers();
   r.size.layer_bytes.assign(layers, 100);
   r.size.expert_bytes.assign(layers, expert_bytes);
   r.size.embedding_bytes = 1000;
@@ -152,6 +153,7 @@ PlanRequest Gemma4Like(int64_t per_layer_input = 0) {
   c.num_heads_kv = 2;
   c.head_dim = 256;
   c.per_layer_input = per_layer_input;
+  c.layers.clear();  // Request's uniform layers, replaced by gemma4's
   for (int64_t l = 0; l < 12; ++l) {
     LayerSpec s;
     const bool global = l % 6 == 5;
