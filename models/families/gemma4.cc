@@ -379,7 +379,7 @@ class Gemma4 : public FamilyModel {
     if (spec.moe) {
       RmsNorm(out, L.post_mlp_norm, eps, rows, hidden, out);
       float* moe = ForwardScratch::Grow(s.out2, n);
-      if (absl::Status st = Experts(ctx, l, L, x, h, moe); !st.ok()) return st;
+      if (absl::Status st = RoutedExperts(ctx, l, L, x, h, moe); !st.ok()) return st;
       RmsNorm(moe, L.post_moe_norm, eps, rows, hidden, moe);
       AddInPlace(out, moe, n);
     }
@@ -427,8 +427,8 @@ class Gemma4 : public FamilyModel {
 
   // moe = sum_j w_j expert_j(norm2(x)), routed on rms_norm(x) / sqrt(hidden) * router_scale.
   // `h` is free scratch here (the dense branch is done with it).
-  absl::Status Experts(ForwardContext& ctx, int64_t l, const Layer& L, const float* x, float* h,
-                       float* moe) {
+  absl::Status RoutedExperts(ForwardContext& ctx, int64_t l, const Layer& L, const float* x,
+                             float* h, float* moe) {
     ForwardScratch& s = ctx.scratch();
     const int64_t rows = ctx.rows(), hidden = c_.hidden;
     const int k = static_cast<int>(c_.num_experts_used);

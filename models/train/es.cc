@@ -67,16 +67,21 @@ std::vector<std::string> EsTrainer::tensor_names() const {
   return names;
 }
 
+void EsTrainer::FillNoise(int64_t generation, int64_t pair, size_t param) {
+  const int64_t n = static_cast<int64_t>(params_[param].theta.size());
+  noise_.resize(n);
+  FillNormal({options_.seed, static_cast<uint64_t>(generation), static_cast<uint64_t>(pair),
+              static_cast<uint64_t>(param)},
+             0, n, noise_.data(), pool_);
+}
+
 void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     const int64_t n = static_cast<int64_t>(p.theta.size());
     const float* src = p.theta.data();
     if (sign != 0.0f) {
-      noise_.resize(n);
-      FillNormal({options_.seed, static_cast<uint64_t>(generation),
-                  static_cast<uint64_t>(pair), static_cast<uint64_t>(i)},
-                 0, n, noise_.data(), pool_);
+      FillNoise(generation, pair, i);
       const float scale = sign * options_.sigma;
       for (int64_t j = 0; j < n; ++j) noise_[j] = p.theta[j] + scale * noise_[j];
       src = noise_.data();
@@ -135,13 +140,10 @@ absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> s
     Param& p = params_[i];
     const int64_t n = static_cast<int64_t>(p.theta.size());
     delta.assign(n, 0.0f);
-    noise_.resize(n);
     for (int pair = 0; pair < pairs; ++pair) {
       const float c = shaped[2 * pair] - shaped[2 * pair + 1];
       if (c == 0.0f) continue;
-      FillNormal({options_.seed, static_cast<uint64_t>(generation), static_cast<uint64_t>(pair),
-                  static_cast<uint64_t>(i)},
-                 0, n, noise_.data(), pool_);
+      FillNoise(generation, pair, i);
       for (int64_t j = 0; j < n; ++j) delta[j] += c * noise_[j];
     }
     const float decay = options_.lr * options_.weight_decay;

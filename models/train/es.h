@@ -82,6 +82,8 @@ class EsTrainer {
   };
   EsTrainer(Model& model, const EsOptions& options, ThreadPool& pool)
       : model_(model), options_(options), pool_(pool) {}
+  // noise_ = eps of (generation, pair) for parameter `param` (its index, the noise key's).
+  void FillNoise(int64_t generation, int64_t pair, size_t param);
   // Writes theta (+ s * sigma * eps_pair when sign != 0) into every copy.
   void Write(int64_t generation, int64_t pair, float sign);
 
