@@ -3,12 +3,20 @@
 // A task file is JSONL: one {"prompt": "...", "answer": "..."} object per line (blank lines
 // skipped). With a chat template the prompt becomes a user turn plus the generation prompt,
 // rendered as the model's template renders it; without one the prompt text is used as is.
+//
+// Rewards (higher is better), all a mean over tasks:
+//   nll   the mean log-probability of the answer tokens under teacher forcing (minus the NLL);
+//   acc   the fraction of tasks whose greedy completion, trimmed, equals the trimmed answer;
+//   rule  the fraction of tasks whose trimmed greedy completion a regex matches (anywhere).
+// Every reward is a pure function of the model's parameters and the tasks: the same bits
+// whatever the thread count of the model's pool, so replicas of a distributed job agree.
 #ifndef FUCINA_MODELS_TRAIN_TASKS_H_
 #define FUCINA_MODELS_TRAIN_TASKS_H_
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +29,7 @@ namespace fucina::train {
 struct Task {
   std::vector<int32_t> prompt;  // non-empty
   std::vector<int32_t> answer;  // non-empty
+  std::string answer_text;      // the answer as written in the file (acc compares it)
 };
 
 // Errors name the file, the line and the field (bad JSON, a missing or non-string field, an
@@ -28,9 +37,37 @@ struct Task {
 absl::StatusOr<std::vector<Task>> LoadTasks(const std::string& path, const Tokenizer& tokenizer,
                                             const ChatTemplate* chat);
 
+enum class RewardKind { kNll, kAcc, kRule };
+
+struct RewardSpec {
+  RewardKind kind = RewardKind::kNll;
+  std::string rule;    // kRule: an ECMAScript regex (std::regex) searched in each completion
+  int max_tokens = 0;  // acc / rule: completion length cap; 0 = the kind's default (below)
+};
+
+// Default completion caps for max_tokens == 0: acc stops a few tokens past the longest answer
+// (a longer completion cannot match); rule has no answer to size from.
+inline constexpr int kAccExtraTokens = 4;
+inline constexpr int kRuleDefaultTokens = 64;
+inline constexpr int kMaxRewardTokens = 4096;
+
+// `kind` is "nll", "acc" or "rule". Errors (INVALID_ARGUMENT, naming the field): an unknown
+// kind; rule without a rule, or a rule std::regex rejects (with its error); max_tokens outside
+// [0, kMaxRewardTokens]. The rule is ignored by the other kinds.
+absl::StatusOr<RewardSpec> MakeRewardSpec(std::string_view kind, std::string_view rule,
+                                          int max_tokens);
+
+// The reward of `model` (which must be whole: Model::is_full()) on `tasks` (non-empty). acc and
+// rule decode every task greedily (argmax, ties to the lowest id) in lockstep batches, stopping
+// at an end-of-generation token (not part of the completion) or after max_tokens tokens; nll
+// does not use `tokenizer`. Errors: `spec` as MakeRewardSpec would reject it, no tasks, and
+// the model's (a token outside its vocabulary, ...).
+absl::StatusOr<float> ScoreTasks(Model& model, const Tokenizer& tokenizer,
+                                 std::span<const Task> tasks, const RewardSpec& spec);
+
 // The `nll` reward: the mean over tasks of the mean log-probability of each answer token given
 // the prompt and the answer tokens before it (teacher forcing), i.e. minus the mean NLL.
-// Requires a whole model (Model::is_full()).
+// Tasks are packed into batched passes of a bounded number of rows.
 absl::StatusOr<float> MeanAnswerLogProb(Model& model, std::span<const Task> tasks);
 
 }  // namespace fucina::train
