@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -215,40 +214,6 @@ TEST_F(EsTest, LoraModeTrainsOnlyTheAdapters) {
   ASSERT_TRUE(end.ok());
   std::printf("lora: mean answer log-prob %.4f -> %.4f\n", *start, *end);
   EXPECT_GT(*end - *start, 0.5f);
-}
-
-TEST(TaskFileTest, ErrorsNameTheLineAndField) {
-  const std::string path = TempPath("tasks.jsonl");
-  ThreadPool pool(1);
-  const std::string model_path = TempPath("tok.gguf");
-  ASSERT_TRUE(MakeFixture(FixtureOptions(), model_path, pool).ok());
-  auto file = gguf::File::Open(model_path);
-  ASSERT_TRUE(file.ok());
-  auto tok = Tokenizer::FromGguf(**file);
-  ASSERT_TRUE(tok.ok());
-  struct Case {
-    std::string text, want;
-  } cases[] = {
-      {"{\"prompt\": \"a\", \"answer\": \"b\"}\n\n{\"prompt\": 3, \"answer\": \"b\"}\n",
-       ":3: \"prompt\" is missing or not a string"},
-      {"{\"prompt\": \"a\"}\n", ":1: \"answer\" is missing"},
-      {"{\"prompt\": \"a\", \"answer\": \"b\"\n", ":1: not a JSON object"},
-      {"{\"prompt\": \"a\", \"answer\": \"\"}\n", ":1: \"answer\" tokenizes to nothing"},
-      {"\n", "no tasks"},
-  };
-  for (const Case& c : cases) {
-    std::ofstream(path) << c.text;
-    auto tasks = LoadTasks(path, **tok, nullptr);
-    ASSERT_FALSE(tasks.ok()) << c.text;
-    EXPECT_NE(tasks.status().message().find(c.want), std::string::npos) << tasks.status();
-  }
-  std::ofstream(path) << "{\"prompt\": \"ab\", \"answer\": \"c\"}\n";
-  auto ok = LoadTasks(path, **tok, nullptr);
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  ASSERT_EQ(ok->size(), 1u);
-  EXPECT_EQ((*ok)[0].answer, (std::vector<int32_t>{'c'}));
-  std::remove(path.c_str());
-  std::remove(model_path.c_str());
 }
 
 }  // namespace
