@@ -67,8 +67,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   for (int32_t id = 0; id < c->tokenizer_->vocab_size(); ++id) {
     c->max_token_bytes_ = std::max(c->max_token_bytes_, c->tokenizer_->TokenToPiece(id).size());
   }
-  c->metrics_ = std::make_unique<Metrics>(std::move(registry), c->served_name_);
+  c->metrics_ = std::make_unique<Metrics>(registry, c->served_name_);
+  c->es_metrics_ = std::make_unique<EsMetrics>(*registry);
   Coordinator* self = c.get();
+  c->train_jobs_ = std::make_unique<TrainJobs>(
+      options.model_path, *c->tokenizer_, c->chat_template_,
+      [self] {
+        std::vector<EsWorker> alive;
+        for (const WorkerRecord& w : self->Workers()) {
+          if (w.alive) alive.push_back({w.id, w.client});
+        }
+        return alive;
+      },
+      c->es_metrics_.get());
   c->scheduler_ = std::make_unique<Scheduler>(
       options.scheduler, *c->tokenizer_, [self] { return self->BuildPipeline(); },
       [self](const std::string& id, const absl::Status& why) { self->MarkDead(id, why); },
@@ -78,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
 }
 
 Coordinator::~Coordinator() {
+  train_jobs_.reset();  // its jobs call workers through this object
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;

@@ -24,6 +24,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/train_jobs.h"
 #include "fucina/v1/generate.pb.h"
 #include "models/chat/chat_template.h"
 #include "models/engine/config.h"
@@ -109,6 +110,8 @@ class Coordinator {
                                                   std::string* rendered = nullptr) const;
   size_t max_token_bytes() const { return max_token_bytes_; }
   Metrics& metrics() { return *metrics_; }
+  // Evolution-strategies train jobs over the alive workers (fucina.v1.Train).
+  TrainJobs& train_jobs() { return *train_jobs_; }
   ::fucina::v1::Placement placement() const;
   // Called on the scheduler thread after every (re-)plan with the model's readiness (gRPC
   // health follows it). Set before the first worker is added.
@@ -144,6 +147,8 @@ class Coordinator {
   bool stopping_ = false;
   std::thread watcher_;
   std::unique_ptr<Scheduler> scheduler_;  // after the state its planner reads
+  std::unique_ptr<EsMetrics> es_metrics_;
+  std::unique_ptr<TrainJobs> train_jobs_;  // last: its jobs call Workers() until they stop
 };
 
 // Fills a scheduler job from a public request, applying the server's defaults; renders chat

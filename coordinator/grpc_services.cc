@@ -150,6 +150,64 @@ grpc::Status GenerationService::GetPlacement(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status TrainService::Admit(const grpc::ServerContext* context,
+                                 std::string_view method) const {
+  return gate_.Admit(*context, "/fucina.v1.Train/" + std::string(method));
+}
+
+grpc::Status TrainService::StartJob(grpc::ServerContext* context,
+                                    const ::fucina::v1::StartJobRequest* request,
+                                    ::fucina::v1::Job* response) {
+  if (grpc::Status s = Admit(context, "StartJob"); !s.ok()) return s;
+  if (!c_.Serves(request->model())) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("model '", ValidUtf8(request->model().substr(0, 80)),
+                                     "' is not served here (", c_.served_name(), " is)"));
+  }
+  auto job = c_.train_jobs().Start(*request);
+  if (!job.ok()) return ToGrpc(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainService::GetJob(grpc::ServerContext* context,
+                                  const ::fucina::v1::GetJobRequest* request,
+                                  ::fucina::v1::Job* response) {
+  if (grpc::Status s = Admit(context, "GetJob"); !s.ok()) return s;
+  auto job = c_.train_jobs().Get(request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainService::WatchJob(grpc::ServerContext* context,
+                                    const ::fucina::v1::WatchJobRequest* request,
+                                    grpc::ServerWriter<::fucina::v1::JobEvent>* writer) {
+  if (grpc::Status s = Admit(context, "WatchJob"); !s.ok()) return s;
+  absl::Status s = c_.train_jobs().Watch(
+      request->job_id(), [&](const ::fucina::v1::JobEvent& e) { return writer->Write(e); },
+      [&] { return context->IsCancelled(); });
+  return ToGrpc(s);
+}
+
+grpc::Status TrainService::StopJob(grpc::ServerContext* context,
+                                   const ::fucina::v1::StopJobRequest* request,
+                                   ::fucina::v1::Job* response) {
+  if (grpc::Status s = Admit(context, "StopJob"); !s.ok()) return s;
+  auto job = c_.train_jobs().Stop(request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainService::ListJobs(grpc::ServerContext* context,
+                                    const ::fucina::v1::ListJobsRequest*,
+                                    ::fucina::v1::ListJobsResponse* response) {
+  if (grpc::Status s = Admit(context, "ListJobs"); !s.ok()) return s;
+  for (::fucina::v1::Job& job : c_.train_jobs().List()) *response->add_jobs() = std::move(job);
+  return grpc::Status::OK;
+}
+
 absl::Status ValidateRegistration(const wire::RegisterRequest& request) {
   const std::string& address = request.address();
   const size_t colon = address.rfind(':');

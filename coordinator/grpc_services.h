@@ -8,6 +8,7 @@
 #include "coordinator/coordinator.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
+#include "fucina/v1/train.grpc.pb.h"
 #include "worker/cluster_auth.h"
 
 namespace fucina {
@@ -39,6 +40,32 @@ class GenerationService final : public ::fucina::v1::Generation::Service {
   // Admits and submits; OK with the running request or the error to answer.
   absl::StatusOr<std::shared_ptr<Request>> Start(const ::fucina::v1::GenerateRequest& request);
   grpc::Status CheckModel(const std::string& model) const;
+  grpc::Status Admit(const grpc::ServerContext* context, std::string_view method) const;
+
+  Coordinator& c_;
+  const CallGate& gate_;
+};
+
+// fucina.v1.Train over the coordinator's train jobs (coordinator/train_jobs.h).
+class TrainService final : public ::fucina::v1::Train::Service {
+ public:
+  // Borrows both; they outlive the server.
+  TrainService(Coordinator& coordinator, const CallGate& gate) : c_(coordinator), gate_(gate) {}
+
+  grpc::Status StartJob(grpc::ServerContext* context, const ::fucina::v1::StartJobRequest* request,
+                        ::fucina::v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const ::fucina::v1::GetJobRequest* request,
+                      ::fucina::v1::Job* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context,
+                        const ::fucina::v1::WatchJobRequest* request,
+                        grpc::ServerWriter<::fucina::v1::JobEvent>* writer) override;
+  grpc::Status StopJob(grpc::ServerContext* context, const ::fucina::v1::StopJobRequest* request,
+                       ::fucina::v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context,
+                        const ::fucina::v1::ListJobsRequest* request,
+                        ::fucina::v1::ListJobsResponse* response) override;
+
+ private:
   grpc::Status Admit(const grpc::ServerContext* context, std::string_view method) const;
 
   Coordinator& c_;

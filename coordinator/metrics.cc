@@ -102,3 +102,52 @@ void Metrics::OnFinished(const Outcome& outcome, double e2e_seconds) {
 }
 
 }  // namespace fucina
+
+namespace fucina {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries kMemberBuckets = {
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0};
+
+}  // namespace
+
+EsMetrics::EsMetrics(prometheus::Registry& registry)
+    : generation_(&prometheus::BuildGauge()
+                       .Name("fucina_es_generation")
+                       .Help("Generations a train job has finished.")
+                       .Register(registry)),
+      reward_(&prometheus::BuildGauge()
+                   .Name("fucina_es_reward")
+                   .Help("Members' raw fitness in a train job's last generation (stat: mean, "
+                         "min, max).")
+                   .Register(registry)),
+      member_seconds_(&prometheus::BuildHistogram()
+                           .Name("fucina_es_member_eval_seconds")
+                           .Help("Time a worker spent evaluating one population member.")
+                           .Register(registry)),
+      bytes_sent_(&prometheus::BuildCounter()
+                       .Name("fucina_es_bytes_sent_total")
+                       .Help("Serialized bytes of the evaluate and update calls the "
+                             "coordinator sent to replicas.")
+                       .Register(registry)),
+      members_(&prometheus::BuildCounter()
+                    .Name("fucina_es_members_total")
+                    .Help("Member evaluations (outcome: evaluated, or retried after its "
+                          "worker failed).")
+                    .Register(registry)) {}
+
+std::unique_ptr<EsJobMetrics> EsMetrics::ForJob(const std::string& job_id) {
+  const prometheus::Labels job = {{"job", job_id}};
+  auto with = [&](const char* key, const char* value) {
+    prometheus::Labels l = job;
+    l[key] = value;
+    return l;
+  };
+  return std::make_unique<EsJobMetrics>(
+      &generation_->Add(job), &reward_->Add(with("stat", "mean")),
+      &reward_->Add(with("stat", "min")), &reward_->Add(with("stat", "max")),
+      &member_seconds_->Add(job, kMemberBuckets), &bytes_sent_->Add(job),
+      &members_->Add(with("outcome", "evaluated")), &members_->Add(with("outcome", "retried")));
+}
+
+}  // namespace fucina

@@ -56,6 +56,53 @@ class Metrics {
   prometheus::Counter* activation_bytes_;
 };
 
+// One evolution-strategies train job's series (labelled job=<id>): made by EsMetrics.
+class EsJobMetrics {
+ public:
+  EsJobMetrics(prometheus::Gauge* generation, prometheus::Gauge* reward_mean,
+               prometheus::Gauge* reward_min, prometheus::Gauge* reward_max,
+               prometheus::Histogram* member_seconds, prometheus::Counter* bytes_sent,
+               prometheus::Counter* members_ok, prometheus::Counter* members_retried)
+      : generation_(generation), reward_mean_(reward_mean), reward_min_(reward_min),
+        reward_max_(reward_max), member_seconds_(member_seconds), bytes_sent_(bytes_sent),
+        members_ok_(members_ok), members_retried_(members_retried) {}
+
+  void OnGeneration(int64_t generation, float mean, float min, float max) {
+    generation_->Set(static_cast<double>(generation));
+    reward_mean_->Set(mean);
+    reward_min_->Set(min);
+    reward_max_->Set(max);
+  }
+  // A member evaluated (`seconds` on its worker), or lost with its worker and queued again.
+  void OnMember(double seconds) {
+    member_seconds_->Observe(seconds);
+    members_ok_->Increment();
+  }
+  void OnMemberRetried() { members_retried_->Increment(); }
+  void OnBytesSent(int64_t bytes) { bytes_sent_->Increment(static_cast<double>(bytes)); }
+
+ private:
+  prometheus::Gauge *generation_, *reward_mean_, *reward_min_, *reward_max_;
+  prometheus::Histogram* member_seconds_;
+  prometheus::Counter *bytes_sent_, *members_ok_, *members_retried_;
+};
+
+// The families of train jobs' metrics: fucina_es_generation, fucina_es_reward{stat},
+// fucina_es_member_eval_seconds, fucina_es_bytes_sent_total (the coordinator's serialized
+// requests to replicas), fucina_es_members_total{outcome=evaluated|retried}.
+class EsMetrics {
+ public:
+  explicit EsMetrics(prometheus::Registry& registry);
+  std::unique_ptr<EsJobMetrics> ForJob(const std::string& job_id);
+
+ private:
+  prometheus::Family<prometheus::Gauge>* generation_;
+  prometheus::Family<prometheus::Gauge>* reward_;
+  prometheus::Family<prometheus::Histogram>* member_seconds_;
+  prometheus::Family<prometheus::Counter>* bytes_sent_;
+  prometheus::Family<prometheus::Counter>* members_;
+};
+
 }  // namespace fucina
 
 #endif  // FUCINA_COORDINATOR_METRICS_H_

@@ -239,8 +239,9 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   if (!coordinator.ok()) return Fail(coordinator.status());
   Coordinator& c = **coordinator;
   GenerationService generation(c, gate);
+  TrainService train(c, gate);
   RegistryService registry_service(c, gate, MakeClusterCredentials(*tls, token.value));
-  std::vector<grpc::Service*> services = {&generation};
+  std::vector<grpc::Service*> services = {&generation, &train};
   // Workers without the model file fetch their shards' tensors from here.
   std::unique_ptr<ModelSourceService> model_source;
   if (!embedded) {
@@ -606,23 +607,9 @@ int RunClient(const ClientArgs& a) {
   if (a.prompt.empty() == a.chat.empty()) {
     return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --chat"));
   }
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (!a.tls_ca.empty()) {
-    // Server authentication only: public clients present no certificate.
-    auto ca = ReadPem(a.tls_ca, "--tls-ca", "CERTIFICATE");
-    if (!ca.ok()) return FailUsage(ca.status());
-    grpc::SslCredentialsOptions options;
-    options.pem_root_certs = *std::move(ca);
-    credentials = grpc::SslCredentials(options);
-  }
-  std::string api_key = a.api_key;
-  if (api_key.empty()) {
-    if (const char* key = std::getenv("FUCINA_API_KEY")) api_key = key;
-  }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  auto stub =
-      api::Generation::NewStub(grpc::CreateCustomChannel(a.addr, credentials, args));
+  auto channel = DialCoordinator(a.addr, a.tls_ca);
+  if (!channel.ok()) return FailUsage(channel.status());
+  auto stub = api::Generation::NewStub(*channel);
   api::GenerateRequest req;
   req.set_model(a.model);
   if (!a.prompt.empty()) {
@@ -645,7 +632,7 @@ int RunClient(const ClientArgs& a) {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(a.timeout_s));
-  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+  AddApiKey(&ctx, a.api_key);
   grpc::Status status;
   if (a.stream) {
     auto reader = stub->GenerateStream(&ctx, req);

@@ -167,4 +167,28 @@ absl::StatusOr<ClusterToken> LoadToken(const SecurityArgs& s) {
   return token;
 }
 
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(const std::string& address,
+                                                               const std::string& tls_ca) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!tls_ca.empty()) {
+    // Server authentication only: public clients present no certificate.
+    auto ca = ReadPem(tls_ca, "--tls-ca", "CERTIFICATE");
+    if (!ca.ok()) return ca.status();
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = *std::move(ca);
+    credentials = grpc::SslCredentials(options);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+void AddApiKey(grpc::ClientContext* context, const std::string& api_key) {
+  std::string key = api_key;
+  if (key.empty()) {
+    if (const char* env = std::getenv("FUCINA_API_KEY")) key = env;
+  }
+  if (!key.empty()) context->AddMetadata("authorization", "Bearer " + key);
+}
+
 }  // namespace fucina::cli

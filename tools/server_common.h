@@ -79,6 +79,14 @@ absl::Status CheckPlaintextAllowed(
 // The join token of a cluster process, with where it came from on stderr (never the token).
 absl::StatusOr<ClusterToken> LoadToken(const SecurityArgs& s);
 
+// A public-API client's channel to a coordinator: TLS verified with `tls_ca` (a PEM file; the
+// client presents no certificate) or plaintext when it is empty.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(const std::string& address,
+                                                               const std::string& tls_ca);
+// Adds `authorization: Bearer KEY` to a public call: `api_key`, else $FUCINA_API_KEY, else
+// nothing.
+void AddApiKey(grpc::ClientContext* context, const std::string& api_key);
+
 }  // namespace fucina::cli
 
 #endif  // FUCINA_TOOLS_SERVER_COMMON_H_

@@ -1,164 +1,341 @@
-// `fucina train es`: evolution-strategies fine-tuning in this process (models/train/es.h):
-// full-parameter mode over the tensors --tensors selects, or LoRA adapters on --targets; the
-// nll reward over a JSONL task file; one line per generation; the trained model written as
-// GGUF (trained tensors f32, the rest as in the base file) or the adapters as an adapter GGUF.
+// `fucina train es`: evolution-strategies fine-tuning (models/train/es.h), embedded — a driver
+// (coordinator/es_driver.h) over --workers in-process worker actors, as `serve` runs its
+// workers — or as a job of a running coordinator (--coordinator). And `fucina client train
+// start|watch|stop|list`, the fucina.v1.Train client. Both print one line per generation and,
+// on a terminal, a progress bar on stderr.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <optional>
 #include <memory>
-#include <regex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/es_driver.h"
+#include "coordinator/train_jobs.h"
+#include "fucina/v1/train.grpc.pb.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/chat/chat_template.h"
-#include "models/engine/lora.h"
-#include "models/engine/model.h"
-#include "models/gguf/writer.h"
+#include "models/gguf/gguf.h"
 #include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
-#include "models/train/es.h"
 #include "models/train/tasks.h"
 #include "tools/command_status.h"
 #include "tools/commands.h"
+#include "tools/server_common.h"
+#include "worker/worker_actor.h"
 
 namespace fucina::cli {
 namespace {
 
-struct TrainArgs {
-  std::string model, data, holdout, out, reward = "nll", mode = "full";
-  std::string tensors = "blk\\.[0-9]+\\.(attn_q|attn_v|ffn_down)\\.weight";
-  std::string targets = "q,v";
-  int population = 16, iterations = 10, threads = 0, rank = 8;
+namespace api = ::fucina::v1;
+
+struct JobArgs {
+  std::string model, data, holdout, out, resume, job_id;
+  std::string reward = "nll", rule, mode = "lora", tensors, targets = "q,v";
+  int population = 16, iterations = 10, threads = 0, rank = 8, max_tokens = 0;
+  int checkpoint_every = 0;
   float sigma = 1e-3f, lr = 5e-4f, weight_decay = 0.0f, alpha = 16.0f;
+  float sigma_decay = 1.0f, lr_decay = 1.0f;
   uint64_t seed = 0;
   bool raw = false;
 };
 
-// The base file's metadata and tensors, the trained ones replaced by their f32 values.
-absl::Status WriteTrained(const gguf::File& base, const train::EsTrainer& trainer,
-                          const std::string& path) {
-  auto writer = gguf::Writer::Create(path, static_cast<uint32_t>(base.alignment()));
-  if (!writer.ok()) return writer.status();
-  for (const auto& [key, value] : base.metadata()) {
-    if (!key.starts_with("split.")) (*writer)->SetValue(key, value);
-  }
-  const std::vector<std::string> names = trainer.tensor_names();
-  for (const gguf::TensorInfo& t : base.tensors()) {
-    const auto it = std::find(names.begin(), names.end(), t.name);
-    absl::Status s;
-    if (it == names.end()) {
-      s = (*writer)->AddTensorBytes(t.name, t.dims, t.type, {t.data, t.nbytes});
-    } else {
-      const std::span<const float> v = trainer.values(it - names.begin());
-      s = (*writer)->AddTensor(t.name, t.dims, GgmlType::kF32, [v](std::span<uint8_t> out) {
-        std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
-        return absl::OkStatus();
-      });
+struct ConnectArgs {
+  std::string addr = "127.0.0.1:50051";
+  std::string api_key, tls_ca;
+};
+
+struct TrainArgs {
+  JobArgs job;
+  int workers = 1;
+  std::string coordinator;  // empty: embedded
+  ConnectArgs connect;
+};
+
+// The public request the flags describe (tasks read from the files, not yet tokenized).
+absl::StatusOr<api::StartJobRequest> RequestFromArgs(const JobArgs& a) {
+  api::StartJobRequest r;
+  r.set_job_id(a.job_id);
+  auto add = [](const std::string& path,
+                google::protobuf::RepeatedPtrField<api::TrainTask>* out) -> absl::Status {
+    auto texts = train::ReadTaskTexts(path);
+    if (!texts.ok()) return texts.status();
+    for (const train::TaskText& t : *texts) {
+      api::TrainTask* task = out->Add();
+      task->set_prompt(t.prompt);
+      task->set_answer(t.answer);
     }
-    if (!s.ok()) return s;
+    return absl::OkStatus();
+  };
+  if (a.resume.empty()) {
+    if (a.data.empty()) return absl::InvalidArgumentError("--data is required (or --resume)");
+    if (absl::Status s = add(a.data, r.mutable_tasks()); !s.ok()) return s;
+    if (!a.holdout.empty()) {
+      if (absl::Status s = add(a.holdout, r.mutable_holdout()); !s.ok()) return s;
+    }
   }
-  return (*writer)->Finish();
+  r.set_reward(a.reward);
+  r.set_rule(a.rule);
+  r.set_max_tokens(a.max_tokens);
+  r.set_mode(a.mode);
+  r.set_tensors(a.tensors);
+  for (absl::string_view t : absl::StrSplit(a.targets, ',', absl::SkipEmpty())) {
+    r.add_lora_targets(std::string(t.data(), t.size()));
+  }
+  r.set_lora_rank(a.rank);
+  r.set_lora_alpha(a.alpha);
+  r.set_population(a.population);
+  r.set_sigma(a.sigma);
+  r.set_lr(a.lr);
+  r.set_weight_decay(a.weight_decay);
+  r.set_sigma_decay(a.sigma_decay);
+  r.set_lr_decay(a.lr_decay);
+  r.set_seed(a.seed);
+  r.set_iterations(a.iterations);
+  r.set_raw(a.raw);
+  r.set_out_dir(a.out);
+  r.set_checkpoint_every(a.checkpoint_every);
+  r.set_resume_from(a.resume);
+  r.set_threads(a.threads);
+  return r;
 }
 
-int RunTrain(const TrainArgs& a) {
-  auto path = ResolveModel(a.model, isatty(STDERR_FILENO));
-  if (!path.ok()) return Fail(path.status());
-  std::regex pattern;
-  try {
-    pattern = std::regex(a.tensors);
-  } catch (const std::regex_error& e) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--tensors: ", e.what())));
-  }
-  ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::Default().num_threads());
-  LoadOptions load;
-  const bool lora = a.mode == "lora";
-  if (!lora) {
-    load.f32_tensors = [&pattern](std::string_view name) {
-      return std::regex_match(name.begin(), name.end(), pattern);
-    };
-  }
-  auto model = Model::Load(*path, load, pool);
-  if (!model.ok()) return Fail(model.status());
-  if (lora) {
-    auto targets = ParseLoraTargets(a.targets);
-    if (!targets.ok()) return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--targets: ", targets.status().message())));
-    if (absl::Status s = (*model)->AddLora(*targets, a.rank, a.alpha, a.seed); !s.ok()) {
-      return Fail(absl::Status(s.code(), absl::StrCat("--rank: ", s.message())));
+// One line per event on stdout; on a terminal, a progress bar on stderr.
+class EventPrinter {
+ public:
+  explicit EventPrinter(int iterations)
+      : iterations_(iterations), bar_(isatty(STDERR_FILENO) != 0) {}
+
+  // False once the job has ended.
+  bool Print(const api::JobEvent& e) {
+    if (bar_) std::fprintf(stderr, "\r%*s\r", 60, "");
+    if (e.has_train_reward()) {
+      std::printf("%s %lld: reward %.5f", e.state() == api::JOB_STATE_RUNNING ? "generation"
+                                                                              : "final, generation",
+                  static_cast<long long>(e.generation()), e.train_reward());
+      if (e.has_holdout_reward()) std::printf(", held-out reward %.5f", e.holdout_reward());
+      std::printf("\n");
+    } else if (e.state() == api::JOB_STATE_RUNNING) {
+      std::printf(
+          "generation %lld/%d: members mean %.5f (min %.5f, max %.5f), sigma %g; %d workers, "
+          "%.2f s (evaluate %.2f, update %.3f, communicate %.3f); %lld B sent, %lld B received\n",
+          static_cast<long long>(e.generation()), iterations_, e.reward_mean(), e.reward_min(),
+          e.reward_max(), e.sigma(), e.workers(), e.seconds(), e.evaluate_seconds(),
+          e.update_seconds(), e.communicate_seconds(), static_cast<long long>(e.bytes_sent()),
+          static_cast<long long>(e.bytes_received()));
     }
+    const bool done = e.state() != api::JOB_STATE_RUNNING;
+    if (done) {
+      std::printf("checksum %016llx\n", static_cast<unsigned long long>(e.checksum()));
+      if (!e.error().empty()) std::fprintf(stderr, "error: %s\n", e.error().c_str());
+    } else if (bar_ && iterations_ > 0) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * std::min<int64_t>(e.generation(), iterations_) /
+                                          iterations_);
+      std::fprintf(stderr, "[%s%s] %lld/%d", std::string(filled, '#').c_str(),
+                   std::string(width - filled, ' ').c_str(),
+                   static_cast<long long>(e.generation()), iterations_);
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    return !done;
   }
-  auto tokenizer = Tokenizer::FromGguf((*model)->file());
+
+ private:
+  int iterations_;
+  bool bar_;
+};
+
+int ExitCodeOf(const api::JobEvent& last) {
+  return last.state() == api::JOB_STATE_SUCCEEDED || last.state() == api::JOB_STATE_STOPPED
+             ? 0
+             : 1;
+}
+
+// ---- the Train client ----
+
+absl::StatusOr<std::unique_ptr<api::Train::Stub>> TrainStub(const ConnectArgs& c) {
+  auto channel = DialCoordinator(c.addr, c.tls_ca);
+  if (!channel.ok()) return channel.status();
+  return api::Train::NewStub(*channel);
+}
+
+int FailRpc(const grpc::Status& status) {
+  return Fail(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                           status.error_message()));
+}
+
+int Watch(api::Train::Stub& stub, const ConnectArgs& c, const std::string& job_id,
+          int iterations) {
+  grpc::ClientContext ctx;
+  AddApiKey(&ctx, c.api_key);
+  api::WatchJobRequest req;
+  req.set_job_id(job_id);
+  auto reader = stub.WatchJob(&ctx, req);
+  EventPrinter printer(iterations);
+  api::JobEvent event, last;
+  while (reader->Read(&event)) {
+    printer.Print(event);
+    last = event;
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return FailRpc(status);
+  return ExitCodeOf(last);
+}
+
+int RunStart(const JobArgs& a, const ConnectArgs& c, bool watch) {
+  auto request = RequestFromArgs(a);
+  if (!request.ok()) return Fail(request.status());
+  request->set_model(a.model);
+  auto stub = TrainStub(c);
+  if (!stub.ok()) return FailUsage(stub.status());
+  grpc::ClientContext ctx;
+  AddApiKey(&ctx, c.api_key);
+  api::Job job;
+  grpc::Status status = (*stub)->StartJob(&ctx, *request, &job);
+  if (!status.ok()) return FailRpc(status);
+  std::printf("job %s started\n", job.job_id().c_str());
+  std::fflush(stdout);
+  return watch ? Watch(**stub, c, job.job_id(), job.iterations()) : 0;
+}
+
+void PrintJob(const api::Job& j) {
+  static const char* kStates[] = {"unspecified", "running", "succeeded", "failed", "stopped"};
+  std::printf("%s %s generation %lld/%d checksum %016llx workers %d%s%s\n", j.job_id().c_str(),
+              kStates[std::clamp<int>(j.state(), 0, 4)], static_cast<long long>(j.generation()),
+              j.iterations(), static_cast<unsigned long long>(j.checksum()), j.workers_size(),
+              j.error().empty() ? "" : " error: ", j.error().c_str());
+}
+
+// ---- embedded ----
+
+int RunTrain(const TrainArgs& a) {
+  if (!a.coordinator.empty()) {
+    ConnectArgs c = a.connect;
+    c.addr = a.coordinator;
+    JobArgs job = a.job;
+    job.model.clear();  // the coordinator trains its served model
+    return RunStart(job, c, /*watch=*/true);
+  }
+  if (a.workers < 1 || a.workers > 64) {
+    return FailUsage(absl::InvalidArgumentError("--workers must be in [1, 64]"));
+  }
+  auto path = ResolveModel(a.job.model, isatty(STDERR_FILENO));
+  if (!path.ok()) return Fail(path.status());
+  auto request = RequestFromArgs(a.job);
+  if (!request.ok()) return Fail(request.status());
+  auto file = gguf::File::Open(*path);
+  if (!file.ok()) return Fail(file.status());
+  auto tokenizer = Tokenizer::FromGguf(**file);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   std::optional<ChatTemplate> chat;
-  if (!a.raw) {
-    auto t = ChatTemplate::FromGguf((*model)->file());
+  if (!a.job.raw) {
+    auto t = ChatTemplate::FromGguf(**file);
     if (!t.ok()) return Fail(t.status());
     chat = *std::move(t);
   }
-  auto tasks = train::LoadTasks(a.data, **tokenizer, chat ? &*chat : nullptr);
-  if (!tasks.ok()) return Fail(tasks.status());
-  std::vector<train::Task> held;
-  if (!a.holdout.empty()) {
-    auto h = train::LoadTasks(a.holdout, **tokenizer, chat ? &*chat : nullptr);
-    if (!h.ok()) return Fail(h.status());
-    held = *std::move(h);
+  EsDriverOptions options;
+  options.iterations = a.job.iterations;
+  options.out_dir = a.job.out;
+  options.checkpoint_every = a.job.checkpoint_every;
+  if (a.job.resume.empty()) {
+    request->set_job_id(a.job.job_id.empty() ? "train" : a.job.job_id);
+    auto job = EsJobFromRequest(*request, *path, **tokenizer, chat ? &*chat : nullptr);
+    if (!job.ok()) return Fail(job.status());
+    options.job = *std::move(job);
+  } else {
+    options.job.set_job_id("train");
   }
-  auto report_holdout = [&](const char* when) -> absl::Status {
-    if (held.empty()) return absl::OkStatus();
-    auto r = train::MeanAnswerLogProb(**model, held);
-    if (!r.ok()) return r.status();
-    std::printf("held-out reward (%s): %.5f\n", when, *r);
-    return absl::OkStatus();
-  };
-
-  train::EsOptions options;
-  options.population = a.population;
-  options.sigma = a.sigma;
-  options.lr = a.lr;
-  options.weight_decay = a.weight_decay;
-  options.seed = a.seed;
-  auto trainer = train::EsTrainer::Create(**model, options, pool);
-  if (!trainer.ok()) {
-    return Fail(absl::Status(trainer.status().code(),
-                             absl::StrCat("--tensors '", a.tensors, "': ",
-                                          trainer.status().message())));
+  // In-process workers, each with its share of the threads (the serve command's split).
+  const int total = a.job.threads > 0 ? a.job.threads : ThreadPool::Default().num_threads();
+  std::vector<EsWorker> workers;
+  for (int i = 0; i < a.workers; ++i) {
+    WorkerOptions wo;
+    wo.threads = std::max(1, total / a.workers);
+    workers.push_back({absl::StrCat("local-", i), std::make_shared<WorkerActor>(wo)});
   }
-  std::printf("training %zu tensors (%lld values) on %zu tasks: population %d, sigma %g, lr %g\n",
-              (*trainer)->tensor_names().size(), (long long)(*trainer)->num_values(),
-              tasks->size(), a.population, a.sigma, a.lr);
-  const train::FitnessFn fitness = [&](Model& m) { return train::MeanAnswerLogProb(m, *tasks); };
-  auto start = fitness(**model);
-  if (!start.ok()) return Fail(start.status());
-  std::printf("generation 0: reward %.5f\n", *start);
-  if (absl::Status s = report_holdout("before"); !s.ok()) return Fail(s);
-  for (int g = 0; g < a.iterations; ++g) {
-    auto values = (*trainer)->Step(g, fitness);
-    if (!values.ok()) return Fail(values.status());
-    float lo = (*values)[0], hi = (*values)[0], sum = 0;
-    for (float v : *values) lo = std::min(lo, v), hi = std::max(hi, v), sum += v;
-    auto now = fitness(**model);
-    if (!now.ok()) return Fail(now.status());
-    std::printf("generation %d: reward %.5f (members mean %.5f, min %.5f, max %.5f)\n", g + 1,
-                *now, sum / values->size(), lo, hi);
-    std::fflush(stdout);
+  EsDriver driver(options, [&workers] { return workers; });
+  if (!a.job.resume.empty()) {
+    if (absl::Status s = driver.Resume(a.job.resume); !s.ok()) return Fail(s);
   }
-  if (absl::Status s = report_holdout("after"); !s.ok()) return Fail(s);
-  std::printf("checksum %016llx\n", (unsigned long long)(*trainer)->Checksum());
-  if (!a.out.empty()) {
-    // The trainer writes its values into the model's adapters, so the model saves them.
-    absl::Status s = lora ? (*model)->SaveLora(a.out)
-                          : WriteTrained((*model)->file(), **trainer, a.out);
-    if (!s.ok()) return Fail(s);
-    std::printf("wrote %s\n", a.out.c_str());
-  }
+  std::printf("training on %d worker%s: population %d, sigma %g, lr %g, %lld generations\n",
+              a.workers, a.workers == 1 ? "" : "s", driver.job().population(),
+              driver.job().sigma(), driver.job().lr(), static_cast<long long>(options.iterations));
+  EventPrinter printer(a.job.iterations);
+  api::JobEvent last;
+  absl::Status status = RunEsJob(driver, [&](const api::JobEvent& e) {
+    if (e.generation() == driver.generation() && e.has_train_reward() &&
+        e.state() == api::JOB_STATE_RUNNING) {
+      std::printf("trainable values: %lld\n", static_cast<long long>(driver.num_values()));
+    }
+    printer.Print(e);
+    last = e;
+  });
+  if (!status.ok()) return Fail(status);
+  if (!a.job.out.empty()) std::printf("wrote %s\n", a.job.out.c_str());
   return 0;
+}
+
+void AddJobFlags(CLI::App* cmd, JobArgs* a) {
+  cmd->add_option("--data", a->data, "JSONL tasks: {\"prompt\": ..., \"answer\": ...} per line");
+  cmd->add_option("--holdout", a->holdout, "JSONL tasks only scored, before and after training");
+  cmd->add_option("--reward", a->reward,
+                  "nll: mean log-probability of the answer tokens; acc: exact match of the "
+                  "greedy completion; rule: --rule found in the greedy completion")
+      ->check(CLI::IsMember({"nll", "acc", "rule"}))
+      ->capture_default_str();
+  cmd->add_option("--rule", a->rule, "rule: ECMAScript regex searched in each completion");
+  cmd->add_option("--max-tokens", a->max_tokens,
+                  "acc / rule: completion length bound (0: the reward's default)");
+  cmd->add_option("--mode", a->mode,
+                  "lora: adapters on --targets; full: the --tensors matrices, held as f32")
+      ->check(CLI::IsMember({"full", "lora"}))
+      ->capture_default_str();
+  cmd->add_option("--targets", a->targets, "lora: projections (q,k,v,o,gate,up,down)")
+      ->capture_default_str();
+  cmd->add_option("--rank", a->rank, "lora: adapter rank")->capture_default_str();
+  cmd->add_option("--alpha", a->alpha, "lora: scale alpha / rank")->capture_default_str();
+  cmd->add_option("--tensors", a->tensors,
+                  "full: regex over tensor names (default: attn_q, attn_v, ffn_down)");
+  cmd->add_option("--population", a->population, "Members per generation (even)")
+      ->capture_default_str();
+  cmd->add_option("--sigma", a->sigma, "Noise scale")->capture_default_str();
+  cmd->add_option("--lr", a->lr, "Step size")->capture_default_str();
+  cmd->add_option("--sigma-decay", a->sigma_decay, "sigma *= this each generation")
+      ->capture_default_str();
+  cmd->add_option("--lr-decay", a->lr_decay, "lr *= this each generation")
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", a->weight_decay, "Pull toward the base weights")
+      ->capture_default_str();
+  cmd->add_option("--iterations", a->iterations, "Generations to reach")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Noise seed")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Threads per job (split across workers; default: all)")
+      ->check(CLI::Range(0, kMaxThreads));
+  cmd->add_flag("--raw", a->raw, "Use prompts as they are, without the chat template");
+  cmd->add_option("--out", a->out,
+                  "Checkpoint folder: state.json and adapters.gguf (lora) or tensors.gguf "
+                  "(full), for `serve --adapter` and `gguf export`");
+  cmd->add_option("--checkpoint-every", a->checkpoint_every,
+                  "Generations between checkpoints (0: only at the end)")
+      ->capture_default_str();
+  cmd->add_option("--resume", a->resume,
+                  "Continue the job checkpointed in this folder (its state.json)");
+  cmd->add_option("--job-id", a->job_id, "The job's name");
+}
+
+void AddConnectFlags(CLI::App* cmd, ConnectArgs* c, bool addr) {
+  if (addr) cmd->add_option("--addr", c->addr, "Coordinator address")->capture_default_str();
+  cmd->add_option("--api-key", c->api_key,
+                  "Sent as authorization: Bearer KEY; default $FUCINA_API_KEY");
+  cmd->add_option("--tls-ca", c->tls_ca,
+                  "PEM CA that signed the server's certificate: connect over TLS");
 }
 
 }  // namespace
@@ -168,38 +345,100 @@ void RegisterTrainCommands(CLI::App& app, int* exit_code) {
   train->require_subcommand(1);
   auto a = std::make_shared<TrainArgs>();
   CLI::App* es = train->add_subcommand(
-      "es", "Evolution strategies in this process (full-parameter mode, nll reward)");
-  es->add_option("MODEL", a->model, "GGUF model file, or a reference to pull")->required();
-  es->add_option("--data", a->data, "JSONL tasks: {\"prompt\": ..., \"answer\": ...} per line")
-      ->required();
-  es->add_option("--holdout", a->holdout, "JSONL tasks only scored, before and after training");
-  es->add_option("--reward", a->reward, "nll: mean log-probability of the answer tokens")
-      ->check(CLI::IsMember({"nll"}))
+      "es", "Evolution-strategies fine-tuning: embedded workers, or a coordinator's job");
+  es->add_option("MODEL", a->job.model,
+                 "GGUF model file, or a reference to pull (with --coordinator: its served "
+                 "model is trained)");
+  AddJobFlags(es, &a->job);
+  es->add_option("--workers", a->workers, "In-process workers evaluating members")
       ->capture_default_str();
-  es->add_option("--mode", a->mode,
-                 "full: the --tensors matrices, held as f32; lora: adapters on --targets")
-      ->check(CLI::IsMember({"full", "lora"}))
-      ->capture_default_str();
-  es->add_option("--targets", a->targets, "lora: projections (q,k,v,o,gate,up,down)")
-      ->capture_default_str();
-  es->add_option("--rank", a->rank, "lora: adapter rank")->capture_default_str();
-  es->add_option("--alpha", a->alpha, "lora: scale alpha / rank")->capture_default_str();
-  es->add_option("--tensors", a->tensors, "Regex over tensor names: what full mode trains")
-      ->capture_default_str();
-  es->add_option("--population", a->population, "Members per generation (even)")
-      ->capture_default_str();
-  es->add_option("--sigma", a->sigma, "Noise scale")->capture_default_str();
-  es->add_option("--lr", a->lr, "Step size")->capture_default_str();
-  es->add_option("--weight-decay", a->weight_decay, "Pull toward the base weights")
-      ->capture_default_str();
-  es->add_option("--iterations", a->iterations, "Generations")->capture_default_str();
-  es->add_option("--seed", a->seed, "Noise seed")->capture_default_str();
-  es->add_option("--threads", a->threads, "Threads (default: all)")
-      ->check(CLI::Range(0, kMaxThreads));
-  es->add_flag("--raw", a->raw, "Use prompts as they are, without the chat template");
-  es->add_option("--out", a->out,
-                 "Write the trained model (full) or the adapters (lora, llama.cpp's format) here");
-  es->callback([a, exit_code] { *exit_code = RunTrain(*a); });
+  es->add_option("--coordinator", a->coordinator,
+                 "Run as a job of the coordinator at this address instead");
+  AddConnectFlags(es, &a->connect, /*addr=*/false);
+  es->callback([a, exit_code] {
+    if (a->coordinator.empty() && a->job.model.empty()) {
+      *exit_code = FailUsage(absl::InvalidArgumentError("MODEL is required without "
+                                                        "--coordinator"));
+      return;
+    }
+    *exit_code = RunTrain(*a);
+  });
+
+  // `fucina client train ...`, beside `client generate`.
+  CLI::App* client = app.get_subcommand("client");
+  CLI::App* ct = client->add_subcommand("train", "Train jobs of a coordinator (fucina.v1.Train)");
+  ct->require_subcommand(1);
+  auto conn = std::make_shared<ConnectArgs>();
+  auto job = std::make_shared<JobArgs>();
+  auto watch = std::make_shared<bool>(false);
+  CLI::App* start = ct->add_subcommand("start", "Start a job (--watch: then follow it)");
+  AddJobFlags(start, job.get());
+  start->add_option("--model", job->model, "Model name (default: the served one)");
+  start->add_flag("--watch", *watch, "Print the job's events until it ends");
+  AddConnectFlags(start, conn.get(), true);
+  start->callback([=] { *exit_code = RunStart(*job, *conn, *watch); });
+
+  auto id = std::make_shared<std::string>();
+  CLI::App* w = ct->add_subcommand("watch", "Print a job's events until it ends");
+  w->add_option("JOB", *id, "Job id")->required();
+  AddConnectFlags(w, conn.get(), true);
+  w->callback([=] {
+    auto stub = TrainStub(*conn);
+    if (!stub.ok()) {
+      *exit_code = FailUsage(stub.status());
+      return;
+    }
+    grpc::ClientContext ctx;
+    AddApiKey(&ctx, conn->api_key);
+    api::GetJobRequest req;
+    req.set_job_id(*id);
+    api::Job j;
+    grpc::Status s = (*stub)->GetJob(&ctx, req, &j);
+    *exit_code = s.ok() ? Watch(**stub, *conn, *id, j.iterations()) : FailRpc(s);
+  });
+
+  CLI::App* stop = ct->add_subcommand("stop", "Stop a job after its generation in flight");
+  stop->add_option("JOB", *id, "Job id")->required();
+  AddConnectFlags(stop, conn.get(), true);
+  stop->callback([=] {
+    auto stub = TrainStub(*conn);
+    if (!stub.ok()) {
+      *exit_code = FailUsage(stub.status());
+      return;
+    }
+    grpc::ClientContext ctx;
+    AddApiKey(&ctx, conn->api_key);
+    api::StopJobRequest req;
+    req.set_job_id(*id);
+    api::Job j;
+    grpc::Status s = (*stub)->StopJob(&ctx, req, &j);
+    if (!s.ok()) {
+      *exit_code = FailRpc(s);
+      return;
+    }
+    PrintJob(j);
+    *exit_code = 0;
+  });
+
+  CLI::App* list = ct->add_subcommand("list", "List the coordinator's jobs");
+  AddConnectFlags(list, conn.get(), true);
+  list->callback([=] {
+    auto stub = TrainStub(*conn);
+    if (!stub.ok()) {
+      *exit_code = FailUsage(stub.status());
+      return;
+    }
+    grpc::ClientContext ctx;
+    AddApiKey(&ctx, conn->api_key);
+    api::ListJobsResponse jobs;
+    grpc::Status s = (*stub)->ListJobs(&ctx, api::ListJobsRequest(), &jobs);
+    if (!s.ok()) {
+      *exit_code = FailRpc(s);
+      return;
+    }
+    for (const api::Job& j : jobs.jobs()) PrintJob(j);
+    *exit_code = 0;
+  });
 }
 
 }  // namespace fucina::cli

@@ -28,6 +28,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/model.h"
 #include "models/sampler/sampler.h"
+#include "worker/es_replica.h"
 #include "worker/serial_executor.h"
 #include "worker/worker_client.h"
 
@@ -85,6 +86,15 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<wire::SessionReply> ReleaseSession(
       const wire::ReleaseSessionRequest& request) override;
   absl::StatusOr<wire::WorkerStats> GetStats() override;
+  // Train jobs: each holds its own replica of the whole model beside the shard. Members of
+  // EsEvaluate run one per executor task, so the shard's forward steps interleave with them.
+  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override;
+  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
+      const wire::EsEvaluateRequest& request) override;
+  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) override;
+  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
+      const wire::EsSnapshotRequest& request) override;
+  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override;
 
   int64_t memory_budget() const { return options_.memory_budget; }
   int num_threads() const { return max_threads_; }
@@ -109,6 +119,8 @@ class WorkerActor : public WorkerClient {
   // Checks one segment against its session (or its creation); OK or the reason it cannot run.
   absl::Status CheckSegment(const wire::Segment& segment, int64_t* new_kv_bytes) const;
   absl::StatusOr<Session*> SessionOrNew(uint64_t id);
+  // The job's replica, or NOT_FOUND naming it.
+  absl::StatusOr<EsReplica*> Replica(const std::string& job_id);
   int64_t KvBytes() const;
 
   WorkerOptions options_;
@@ -133,6 +145,7 @@ class WorkerActor : public WorkerClient {
   int64_t activation_bytes_in_ = 0;
   int64_t activation_bytes_out_ = 0;
   std::vector<float> logits_;  // the last stage's head output, reused across steps
+  absl::node_hash_map<std::string, std::unique_ptr<EsReplica>> es_jobs_;  // by job id
   SerialExecutor executor_;  // last: destroyed first, so no task outlives the state
 };
 

@@ -56,6 +56,27 @@ class WorkerClient {
   virtual absl::StatusOr<wire::SessionReply> ReleaseSession(
       const wire::ReleaseSessionRequest& request) = 0;
   virtual absl::StatusOr<wire::WorkerStats> GetStats() = 0;
+
+  // Evolution-strategies train jobs (worker/es_replica.h). Clients of workers that take no
+  // train jobs (test fakes) keep these defaults: UNIMPLEMENTED.
+  virtual absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) {
+    return Unimplemented("EsLoad");
+  }
+  virtual absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
+      const wire::EsEvaluateRequest& request) {
+    return Unimplemented("EsEvaluate");
+  }
+  virtual absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) {
+    return Unimplemented("EsUpdate");
+  }
+  // The whole snapshot file in one message (the gRPC stream's chunks joined).
+  virtual absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
+      const wire::EsSnapshotRequest& request) {
+    return Unimplemented("EsSnapshot");
+  }
+  virtual absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) {
+    return Unimplemented("EsRelease");
+  }
   // Makes the calls in flight return CANCELLED now (a remote peer that hangs would otherwise
   // hold them until their deadline); later calls are not affected. In-process clients, whose
   // calls cannot hang on a peer, need not do anything.
@@ -64,6 +85,11 @@ class WorkerClient {
   // once with UNAVAILABLE (ForwardAsync's `done` then runs inside the call). A worker that
   // registers again gets a new client. In-process clients need not do anything.
   virtual void Close() {}
+
+ private:
+  static absl::Status Unimplemented(const char* method) {
+    return absl::UnimplementedError(std::string(method) + ": this worker takes no train jobs");
+  }
 };
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a
@@ -74,6 +100,10 @@ struct WorkerDeadlines {
   int load_ms = 600'000;
   int forward_ms = 120'000;
   int session_ms = 120'000;  // truncate, copy, release
+  // Train jobs: loading a replica maps and copies a whole model; evaluating members runs the
+  // reward's forward passes, one member after another, between serving steps.
+  int es_load_ms = 600'000;
+  int es_evaluate_ms = 600'000;
   int stats_ms = 10'000;
 };
 

@@ -54,6 +54,39 @@ class GrpcWorkerClient final : public WorkerClient {
     return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
                 deadlines_.stats_ms);
   }
+  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
+    return Call(&wire::Worker::Stub::EsLoad, job, deadlines_.es_load_ms);
+  }
+  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
+      const wire::EsEvaluateRequest& request) override {
+    return Call(&wire::Worker::Stub::EsEvaluate, request, deadlines_.es_evaluate_ms);
+  }
+  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) override {
+    return Call(&wire::Worker::Stub::EsUpdate, request, deadlines_.es_load_ms);
+  }
+  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override {
+    return Call(&wire::Worker::Stub::EsRelease, request, deadlines_.session_ms);
+  }
+  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
+      const wire::EsSnapshotRequest& request) override {
+    grpc::ClientContext context;
+    if (absl::Status closed = Start(&context, deadlines_.es_load_ms); !closed.ok()) return closed;
+    std::unique_ptr<grpc::ClientReader<wire::EsSnapshotChunk>> reader =
+        stub_->EsSnapshot(&context, request);
+    wire::EsSnapshotChunk whole, chunk;
+    for (bool first = true; reader->Read(&chunk); first = false) {
+      if (first) {
+        whole.set_file_name(chunk.file_name());
+        whole.set_generation(chunk.generation());
+      }
+      whole.mutable_data()->append(chunk.data());
+    }
+    grpc::Status status = reader->Finish();
+    Finish(&context);
+    if (!status.ok()) return FromGrpc(status);
+    return whole;
+  }
+
   void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
     // Owns what the call needs until gRPC's callback (on one of its threads) is done with it.
     struct AsyncCall {
@@ -261,6 +294,53 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* context,
                                      const wire::StatsRequest*,
                                      wire::WorkerStats* response) {
   return Serve(context, "GetStats", [&] { return worker_.GetStats(); }, response);
+}
+
+grpc::Status WorkerService::EsLoad(grpc::ServerContext* context, const wire::EsJob* request,
+                                   wire::EsState* response) {
+  return Serve(context, "EsLoad", [&] { return worker_.EsLoad(*request); }, response);
+}
+
+grpc::Status WorkerService::EsEvaluate(grpc::ServerContext* context,
+                                       const wire::EsEvaluateRequest* request,
+                                       wire::EsEvaluateResponse* response) {
+  return Serve(context, "EsEvaluate", [&] { return worker_.EsEvaluate(*request); }, response);
+}
+
+grpc::Status WorkerService::EsUpdate(grpc::ServerContext* context,
+                                     const wire::EsUpdateRequest* request,
+                                     wire::EsState* response) {
+  return Serve(context, "EsUpdate", [&] { return worker_.EsUpdate(*request); }, response);
+}
+
+grpc::Status WorkerService::EsRelease(grpc::ServerContext* context,
+                                      const wire::EsReleaseRequest* request,
+                                      wire::EsState* response) {
+  return Serve(context, "EsRelease", [&] { return worker_.EsRelease(*request); }, response);
+}
+
+grpc::Status WorkerService::EsSnapshot(grpc::ServerContext* context,
+                                       const wire::EsSnapshotRequest* request,
+                                       grpc::ServerWriter<wire::EsSnapshotChunk>* writer) {
+  wire::EsSnapshotChunk whole;
+  if (grpc::Status s = Serve(context, "EsSnapshot", [&] { return worker_.EsSnapshot(*request); },
+                             &whole);
+      !s.ok()) {
+    return s;
+  }
+  // Chunks of at most 1 MiB: a full-mode snapshot can exceed any message limit.
+  constexpr size_t kChunk = 1 << 20;
+  const std::string& data = whole.data();
+  for (size_t at = 0; at == 0 || at < data.size(); at += kChunk) {
+    wire::EsSnapshotChunk chunk;
+    if (at == 0) {
+      chunk.set_file_name(whole.file_name());
+      chunk.set_generation(whole.generation());
+    }
+    chunk.set_data(data.substr(at, kChunk));
+    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader gone");
+  }
+  return grpc::Status::OK;
 }
 
 std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,

@@ -43,6 +43,16 @@ class WorkerService final : public wire::Worker::Service {
                               wire::SessionReply* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const wire::StatsRequest* request,
                         wire::WorkerStats* response) override;
+  grpc::Status EsLoad(grpc::ServerContext* context, const wire::EsJob* request,
+                      wire::EsState* response) override;
+  grpc::Status EsEvaluate(grpc::ServerContext* context, const wire::EsEvaluateRequest* request,
+                          wire::EsEvaluateResponse* response) override;
+  grpc::Status EsUpdate(grpc::ServerContext* context, const wire::EsUpdateRequest* request,
+                        wire::EsState* response) override;
+  grpc::Status EsRelease(grpc::ServerContext* context, const wire::EsReleaseRequest* request,
+                         wire::EsState* response) override;
+  grpc::Status EsSnapshot(grpc::ServerContext* context, const wire::EsSnapshotRequest* request,
+                          grpc::ServerWriter<wire::EsSnapshotChunk>* writer) override;
 
  private:
   // Admits the call (`method` is its full name), then answers with `run`'s result.

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "models/gguf/writer.h"
 #include "models/train/noise.h"
 
 namespace fucina::train {
@@ -20,7 +21,32 @@ absl::Status EsOptions::Validate() const {
   if (!(weight_decay >= 0.0f)) {
     return absl::InvalidArgumentError("weight_decay must not be negative");
   }
+  if (!(sigma_decay > 0.0f && sigma_decay <= 1.0f)) {
+    return absl::InvalidArgumentError("sigma_decay must be in (0, 1]");
+  }
+  if (!(lr_decay > 0.0f && lr_decay <= 1.0f)) {
+    return absl::InvalidArgumentError("lr_decay must be in (0, 1]");
+  }
   return absl::OkStatus();
+}
+
+namespace {
+
+// value * decay^generation by repeated f32 multiplication: no libm, the same bits everywhere.
+float Decayed(float value, float decay, int64_t generation) {
+  if (decay == 1.0f) return value;
+  for (int64_t g = 0; g < generation; ++g) value *= decay;
+  return value;
+}
+
+}  // namespace
+
+float EsTrainer::SigmaAt(int64_t generation) const {
+  return Decayed(options_.sigma, options_.sigma_decay, generation);
+}
+
+float EsTrainer::LrAt(int64_t generation) const {
+  return Decayed(options_.lr, options_.lr_decay, generation);
 }
 
 absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
@@ -82,7 +108,7 @@ void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
     const float* src = p.theta.data();
     if (sign != 0.0f) {
       FillNoise(generation, pair, i);
-      const float scale = sign * options_.sigma;
+      const float scale = sign * SigmaAt(generation);
       for (int64_t j = 0; j < n; ++j) noise_[j] = p.theta[j] + scale * noise_[j];
       src = noise_.data();
     }
@@ -92,10 +118,11 @@ void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
 
 absl::StatusOr<float> EsTrainer::Evaluate(int64_t generation, int member,
                                           const FitnessFn& fitness) {
-  if (member < 0 || member >= options_.population) {
+  if (member < kCenter || member >= options_.population) {
     return absl::InvalidArgumentError(absl::StrCat("member ", member, " is outside [0, ",
                                                    options_.population, ")"));
   }
+  if (member == kCenter) return fitness(model_);
   Write(generation, member / 2, member % 2 == 0 ? 1.0f : -1.0f);
   absl::StatusOr<float> f = fitness(model_);
   Write(generation, 0, 0.0f);
@@ -134,7 +161,8 @@ absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> s
                                                    "population of ", options_.population));
   }
   const int pairs = options_.population / 2;
-  const float step = options_.lr / static_cast<float>(options_.population);
+  const float lr = LrAt(generation);
+  const float step = lr / static_cast<float>(options_.population);
   std::vector<float> delta;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
@@ -146,7 +174,7 @@ absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> s
       FillNoise(generation, pair, i);
       for (int64_t j = 0; j < n; ++j) delta[j] += c * noise_[j];
     }
-    const float decay = options_.lr * options_.weight_decay;
+    const float decay = lr * options_.weight_decay;
     for (int64_t j = 0; j < n; ++j) {
       float v = p.theta[j] + step * delta[j];
       if (decay > 0.0f) v -= decay * (p.theta[j] - p.base[j]);
@@ -181,6 +209,30 @@ uint64_t EsTrainer::Checksum() const {
     }
   }
   return h;
+}
+
+}  // namespace fucina::train
+
+namespace fucina::train {
+
+absl::Status EsTrainer::SaveTensors(const std::string& path) const {
+  auto writer = gguf::Writer::Create(path);
+  if (!writer.ok()) return writer.status();
+  (*writer)->SetValue("general.type", gguf::Value::Str("tensors"));
+  for (const Param& p : params_) {
+    const gguf::TensorInfo* info = model_.file().FindTensor(p.name);
+    if (info == nullptr) {
+      return absl::InternalError(absl::StrCat(p.name, " is not a tensor of the model's file"));
+    }
+    std::span<const float> v = p.theta;
+    absl::Status s = (*writer)->AddTensor(p.name, info->dims, GgmlType::kF32,
+                                          [v](std::span<uint8_t> out) {
+                                            std::memcpy(out.data(), v.data(), v.size_bytes());
+                                            return absl::OkStatus();
+                                          });
+    if (!s.ok()) return s;
+  }
+  return (*writer)->Finish();
 }
 
 }  // namespace fucina::train

@@ -38,6 +38,10 @@ struct EsOptions {
   float lr = 5e-4f;           // step size
   float weight_decay = 0.0f;  // anchored: pulls the parameters toward the base model's
   uint64_t seed = 0;          // the job's noise seed
+  // Schedules: generation g uses sigma * sigma_decay^g and lr * lr_decay^g (in (0, 1]; 1:
+  // constant), the power taken by repeated f32 multiplication so every replica agrees.
+  float sigma_decay = 1.0f;
+  float lr_decay = 1.0f;
 
   // Errors name the field.
   absl::Status Validate() const;
@@ -52,13 +56,18 @@ class EsTrainer {
   static absl::StatusOr<std::unique_ptr<EsTrainer>> Create(Model& model, const EsOptions& options,
                                                            ThreadPool& pool);
 
+  static constexpr int kCenter = -1;
+
   const EsOptions& options() const { return options_; }
+  // The scheduled values of `generation`.
+  float SigmaAt(int64_t generation) const;
+  float LrAt(int64_t generation) const;
   // Trainable values and tensors, in VisitParameters order (the parameter index of the noise).
   int64_t num_values() const;
   std::vector<std::string> tensor_names() const;
 
   // Member `member` of `generation`: the model holds theta + s * sigma * eps while `fitness`
-  // runs, and theta again afterwards (also when it fails).
+  // runs, and theta again afterwards (also when it fails). Member kCenter scores theta itself.
   absl::StatusOr<float> Evaluate(int64_t generation, int member, const FitnessFn& fitness);
   // Centered ranks r / (n - 1) - 1/2 divided by their standard deviation, so they sum to 0 and
   // have unit variance (ties: the lower member index ranks lower).
@@ -73,6 +82,9 @@ class EsTrainer {
   uint64_t Checksum() const;
   // The current values of tensor `i` (tensor_names() order), row-major f32.
   std::span<const float> values(size_t i) const { return params_[i].theta; }
+  // Writes the trained tensors as a GGUF holding just them (f32, their names and dims in the
+  // model's file; general.type "tensors"): what `fucina gguf export` merges into the base.
+  absl::Status SaveTensors(const std::string& path) const;
 
  private:
   struct Param {

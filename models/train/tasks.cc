@@ -217,11 +217,10 @@ absl::Status CheckMaxTokens(int max_tokens) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<Task>> LoadTasks(const std::string& path, const Tokenizer& tokenizer,
-                                            const ChatTemplate* chat) {
+absl::StatusOr<std::vector<TaskText>> ReadTaskTexts(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the task file"));
-  std::vector<Task> tasks;
+  std::vector<TaskText> texts;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -235,22 +234,42 @@ absl::StatusOr<std::vector<Task>> LoadTasks(const std::string& path, const Token
         return absl::InvalidArgumentError(at + "\"" + field + "\" is missing or not a string");
       }
     }
-    const std::string prompt = j["prompt"].get<std::string>();
-    Task t;
-    t.answer_text = j["answer"].get<std::string>();
-    if (chat != nullptr) {
-      auto rendered = chat->Render({{.role = "user", .content = prompt}}, ChatRenderOptions());
-      if (!rendered.ok()) return absl::InvalidArgumentError(at + rendered.status().ToString());
-      t.prompt = tokenizer.Encode(*rendered, /*add_special=*/false, /*parse_special=*/true);
-    } else {
-      t.prompt = tokenizer.Encode(prompt, /*add_special=*/true, /*parse_special=*/false);
-    }
-    t.answer = tokenizer.Encode(t.answer_text, /*add_special=*/false, /*parse_special=*/false);
-    if (t.prompt.empty()) return absl::InvalidArgumentError(at + "\"prompt\" tokenizes to nothing");
-    if (t.answer.empty()) return absl::InvalidArgumentError(at + "\"answer\" tokenizes to nothing");
-    tasks.push_back(std::move(t));
+    texts.push_back({j["prompt"].get<std::string>(), j["answer"].get<std::string>(), number});
   }
-  if (tasks.empty()) return absl::InvalidArgumentError(path + ": no tasks");
+  if (texts.empty()) return absl::InvalidArgumentError(path + ": no tasks");
+  return texts;
+}
+
+absl::StatusOr<Task> TaskFromText(const std::string& prompt, const std::string& answer,
+                                  const Tokenizer& tokenizer, const ChatTemplate* chat) {
+  Task t;
+  t.answer_text = answer;
+  if (chat != nullptr) {
+    auto rendered = chat->Render({{.role = "user", .content = prompt}}, ChatRenderOptions());
+    if (!rendered.ok()) return absl::InvalidArgumentError(rendered.status().ToString());
+    t.prompt = tokenizer.Encode(*rendered, /*add_special=*/false, /*parse_special=*/true);
+  } else {
+    t.prompt = tokenizer.Encode(prompt, /*add_special=*/true, /*parse_special=*/false);
+  }
+  t.answer = tokenizer.Encode(answer, /*add_special=*/false, /*parse_special=*/false);
+  if (t.prompt.empty()) return absl::InvalidArgumentError("\"prompt\" tokenizes to nothing");
+  if (t.answer.empty()) return absl::InvalidArgumentError("\"answer\" tokenizes to nothing");
+  return t;
+}
+
+absl::StatusOr<std::vector<Task>> LoadTasks(const std::string& path, const Tokenizer& tokenizer,
+                                            const ChatTemplate* chat) {
+  auto texts = ReadTaskTexts(path);
+  if (!texts.ok()) return texts.status();
+  std::vector<Task> tasks;
+  for (const TaskText& text : *texts) {
+    auto task = TaskFromText(text.prompt, text.answer, tokenizer, chat);
+    if (!task.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", text.line, ": ", task.status().message()));
+    }
+    tasks.push_back(*std::move(task));
+  }
   return tasks;
 }
 

@@ -32,8 +32,20 @@ struct Task {
   std::string answer_text;      // the answer as written in the file (acc compares it)
 };
 
-// Errors name the file, the line and the field (bad JSON, a missing or non-string field, an
-// answer that tokenizes to nothing); nothing is returned for a file with an error.
+// A task as written in the file.
+struct TaskText {
+  std::string prompt, answer;
+  int64_t line = 0;  // 1-based, for errors
+};
+
+// The lines of a task file. Errors name the file, the line and the field (bad JSON, a missing
+// or non-string field); nothing is returned for a file with an error.
+absl::StatusOr<std::vector<TaskText>> ReadTaskTexts(const std::string& path);
+// One task tokenized (the prompt rendered as a user turn with `chat` unless it is null).
+// INVALID_ARGUMENT naming the field that tokenizes to nothing.
+absl::StatusOr<Task> TaskFromText(const std::string& prompt, const std::string& answer,
+                                  const Tokenizer& tokenizer, const ChatTemplate* chat);
+// ReadTaskTexts then TaskFromText; errors name the file, the line and the field.
 absl::StatusOr<std::vector<Task>> LoadTasks(const std::string& path, const Tokenizer& tokenizer,
                                             const ChatTemplate* chat);
 

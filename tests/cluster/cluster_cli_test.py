@@ -50,7 +50,7 @@ NO_SMOLLM2 = "FUCINA_DEFAULT_MODEL (the SmolLM2 GGUF) not set or missing"
 NO_TOKENIZER = "FUCINA_QWEN3_TOKENIZER not set: random-weight fixtures need its tokenizer.json"
 
 # Filled by setUpModule: the generated message and stub modules, the join token and its file.
-pb = pb_grpc = wire = wire_grpc = None
+pb = pb_grpc = wire = wire_grpc = tpb = tpb_grpc = None
 TMP = None
 TOKEN = TOKEN_FILE = None
 
@@ -67,7 +67,7 @@ FRONT_ADDRESSES = ("--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--htt
 
 
 def setUpModule():
-    global pb, pb_grpc, wire, wire_grpc, TMP, TOKEN, TOKEN_FILE
+    global pb, pb_grpc, wire, wire_grpc, tpb, tpb_grpc, TMP, TOKEN, TOKEN_FILE
     if not BIN:
         raise unittest.SkipTest("FUCINA_BIN not set")
     if grpc is None:
@@ -80,6 +80,7 @@ def setUpModule():
     subprocess.run([PROTOC, "-I", os.path.join(ROOT, "proto"), f"--python_out={stubs}",
                     f"--grpc_out={stubs}", f"--plugin=protoc-gen-grpc={GRPC_PLUGIN}",
                     os.path.join(ROOT, "proto/fucina/v1/generate.proto"),
+                    os.path.join(ROOT, "proto/fucina/v1/train.proto"),
                     os.path.join(ROOT, "proto/fucina/cluster/v1/worker.proto")],
                    check=True, capture_output=True, timeout=60)
     sys.path.insert(0, stubs)  # fucina/ and fucina/*/v1/ import as namespace packages
@@ -87,7 +88,10 @@ def setUpModule():
     import fucina.v1.generate_pb2_grpc as pb_grpc_
     import fucina.cluster.v1.worker_pb2 as wire_
     import fucina.cluster.v1.worker_pb2_grpc as wire_grpc_
+    import fucina.v1.train_pb2 as tpb_
+    import fucina.v1.train_pb2_grpc as tpb_grpc_
     pb, pb_grpc, wire, wire_grpc = pb_, pb_grpc_, wire_, wire_grpc_
+    tpb, tpb_grpc = tpb_, tpb_grpc_
     TOKEN = secrets.token_hex(32)
     TOKEN_FILE = os.path.join(TMP.name, "cluster-token")
     with open(os.open(TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:

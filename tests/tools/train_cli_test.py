@@ -1,6 +1,7 @@
 """End-to-end tests of `fucina train es` on a tiny random-weight fixture: the reward rises, the
-written model carries the trained tensors (as f32, read back with ggml's own GGUF reader) and
-scores what training printed, and bad inputs fail naming what is wrong.
+checkpoint folder carries the trained tensors (as f32, read back with ggml's own GGUF reader)
+or the adapters, a run resumed from a checkpoint ends like an uninterrupted one, and bad inputs
+fail naming what is wrong.
 
 Environment: FUCINA_BIN (the fucina binary).
 """
@@ -46,51 +47,72 @@ class TrainEsTest(unittest.TestCase):
 
     def train(self, *extra, tensors=r"token_embd\.weight|blk\.[0-9]+\.ffn_down\.weight",
               population=16, check=True):
-        return run("train", "es", self.model, "--data", self.data, "--raw", "--tensors", tensors,
-                   "--population", population, "--sigma", "0.05", "--lr", "0.1", "--iterations",
+        return run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "full",
+                   "--tensors", tensors, "--population", population, "--sigma", "0.05", "--lr", "0.1", "--iterations",
                    "8", "--seed", "3", "--threads", "2", *extra, check=check)
 
-    def test_reward_rises_and_the_written_model_holds_the_trained_tensors(self):
-        out = os.path.join(self.dir, "trained.gguf")
+    def test_reward_rises_and_the_checkpoint_holds_the_trained_tensors(self):
+        out = os.path.join(self.dir, "trained")
         proc = self.train("--out", out)
-        rewards = [float(x) for x in re.findall(r"^generation \d+: reward (-?[\d.]+)",
-                                                proc.stdout, re.M)]
-        self.assertEqual(len(rewards), 9, proc.stdout)
-        self.assertGreater(rewards[-1] - rewards[0], 0.5, proc.stdout)
+        first = float(re.search(r"^generation 0: reward (-?[\d.]+)", proc.stdout, re.M).group(1))
+        final = float(re.search(r"^final, generation 8: reward (-?[\d.]+)", proc.stdout,
+                                re.M).group(1))
+        self.assertEqual(len(re.findall(r"^generation \d+/8: members mean", proc.stdout, re.M)),
+                         8, proc.stdout)
+        self.assertGreater(final - first, 0.5, proc.stdout)
         checksum = re.search(r"checksum ([0-9a-f]{16})", proc.stdout).group(1)
-        # Same job, same parameters (fixed seed).
-        again = self.train()
+        # Same job, same parameters (fixed seed), also with two workers sharing the members.
+        again = self.train("--workers", "2")
         self.assertIn(f"checksum {checksum}", again.stdout)
 
-        r = GGUFReader(out)
+        r = GGUFReader(os.path.join(out, "tensors.gguf"))
+        self.assertEqual(bytes(r.fields["general.type"].parts[-1]).decode(), "tensors")
         tensors = {t.name: t for t in r.tensors}
         base = {t.name: t for t in GGUFReader(self.model).tensors}
-        self.assertEqual(set(tensors), set(base))
+        self.assertEqual(set(tensors), {"token_embd.weight", "blk.0.ffn_down.weight",
+                                        "blk.1.ffn_down.weight"})
         self.assertEqual(tensors["blk.0.ffn_down.weight"].tensor_type, Q.F32)
+        self.assertEqual(list(tensors["blk.0.ffn_down.weight"].shape),
+                         list(base["blk.0.ffn_down.weight"].shape))
         self.assertFalse((tensors["blk.0.ffn_down.weight"].data ==
                           base["blk.0.ffn_down.weight"].data).all())
-        self.assertTrue((tensors["blk.0.attn_q.weight"].data ==
-                         base["blk.0.attn_q.weight"].data).all())
-        # Training the written model for 0 generations scores what the run ended with.
-        scored = run("train", "es", out, "--data", self.data, "--raw", "--tensors",
-                     r"token_embd\.weight", "--iterations", "0")
-        final = float(re.search(r"generation 0: reward (-?[\d.]+)", scored.stdout).group(1))
-        self.assertAlmostEqual(final, rewards[-1], places=4)
+        with open(os.path.join(out, "state.json")) as f:
+            state = json.load(f)
+        self.assertEqual(state["generation"], 8)
+        self.assertEqual(state["checksum"], checksum)
+
+    def test_a_resumed_run_ends_like_an_uninterrupted_one(self):
+        reference = re.search(r"checksum ([0-9a-f]{16})", self.train().stdout).group(1)
+        out = os.path.join(self.dir, "half")
+        half = run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "full",
+                   "--tensors", r"token_embd\.weight|blk\.[0-9]+\.ffn_down\.weight",
+                   "--population", "16", "--sigma", "0.05", "--lr", "0.1", "--iterations", "3",
+                   "--seed", "3", "--threads", "2", "--out", out, "--checkpoint-every", "2")
+        self.assertNotIn(f"checksum {reference}", half.stdout)
+        rest = run("train", "es", self.model, "--resume", out, "--iterations", "8", "--out", out)
+        self.assertIn("generation 4/8", rest.stdout)
+        self.assertNotIn("generation 3/8", rest.stdout)
+        self.assertIn(f"checksum {reference}", rest.stdout)
+        # A damaged state is refused, naming the file.
+        with open(os.path.join(out, "state.json"), "w") as f:
+            f.write("{}")
+        bad = run("train", "es", self.model, "--resume", out, "--iterations", "9", check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("state.json", bad.stderr)
 
     def test_lora_mode_writes_an_adapter_file(self):
-        out = os.path.join(self.dir, "adapters.gguf")
-        proc = run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "lora",
-                   "--targets", "q,v,down", "--rank", "4", "--alpha", "8", "--population", "16",
-                   "--sigma", "0.05", "--lr", "0.2", "--iterations", "4", "--seed", "3",
-                   "--out", out)
-        self.assertIn("training 12 tensors", proc.stdout)  # 2 layers x 3 targets x (A, B)
+        out = os.path.join(self.dir, "lora", "adapters.gguf")
+        run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "lora",
+            "--targets", "q,v,down", "--rank", "4", "--alpha", "8", "--population", "16",
+            "--sigma", "0.05", "--lr", "0.2", "--iterations", "4", "--seed", "3",
+            "--out", os.path.dirname(out))
         r = GGUFReader(out)
         meta = {f.name: f for f in r.fields.values()}
         self.assertIn("adapter.lora.alpha", meta)
         self.assertEqual(bytes(r.fields["general.type"].parts[-1]).decode(), "adapter")
         self.assertEqual(bytes(r.fields["adapter.type"].parts[-1]).decode(), "lora")
         tensors = {t.name: t for t in r.tensors}
-        self.assertEqual(len(tensors), 12)
+        self.assertEqual(len(tensors), 12)  # 2 layers x 3 targets x (A, B)
         a = tensors["blk.1.attn_q.weight.lora_a"]
         b = tensors["blk.1.attn_q.weight.lora_b"]
         self.assertEqual(list(a.shape), [32, 4])   # [in, rank]
@@ -107,7 +129,7 @@ class TrainEsTest(unittest.TestCase):
         proc = run("train", "es", self.model, "--data", self.data, "--raw", "--mode", "lora",
                    "--targets", "q,x", check=False)
         self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("--targets", proc.stderr)
+        self.assertIn("targets", proc.stderr)
 
     def test_bad_inputs_name_what_is_wrong(self):
         bad = os.path.join(self.dir, "bad.jsonl")
@@ -122,11 +144,14 @@ class TrainEsTest(unittest.TestCase):
         self.assertIn("no trainable tensors", proc.stderr)
         proc = self.train(tensors="([", check=False)
         self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("--tensors", proc.stderr)
+        self.assertIn("tensors", proc.stderr)
         proc = self.train(population=5, check=False)
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("population", proc.stderr)
-        proc = self.train("--reward", "acc", check=False)
+        proc = self.train("--reward", "rule", check=False)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("rule", proc.stderr)
+        proc = self.train("--reward", "nope", check=False)
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("--reward", proc.stderr)
 

@@ -1,0 +1,444 @@
+#include "coordinator/es_driver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "models/train/es.h"
+
+namespace fucina {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+constexpr int kStateVersion = 1;
+
+// Writes `bytes` to `path` through a temporary file renamed into place: a reader sees the old
+// file or the new one, never half of one.
+absl::Status WriteAtomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat(tmp, ": cannot write"));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ",
+                                                  ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+EsDriver::EsDriver(EsDriverOptions options, EsWorkerSource workers, EsJobMetrics* metrics)
+    : options_(std::move(options)), workers_(std::move(workers)), metrics_(metrics) {}
+
+EsDriver::~EsDriver() {
+  // Replicas hold a whole model each: free them on the workers still reachable.
+  wire::EsReleaseRequest release;
+  release.set_job_id(options_.job.job_id());
+  for (auto& [id, replica] : replicas_) (void)replica.client->EsRelease(release);
+}
+
+std::vector<std::string> EsDriver::replica_workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, r] : replicas_) ids.push_back(id);
+  return ids;
+}
+
+void EsDriver::Count(int64_t sent, int64_t received) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sent_ += sent;
+  received_ += received;
+  if (metrics_ != nullptr) metrics_->OnBytesSent(sent);
+}
+
+void EsDriver::Drop(const std::string& id, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (replicas_.erase(id) > 0) {
+    std::fprintf(stderr, "train job %s: worker %s left the job: %s\n",
+                 options_.job.job_id().c_str(), id.c_str(), why.ToString().c_str());
+  }
+}
+
+absl::Status EsDriver::JoinOne(const EsWorker& worker) {
+  auto state = worker.client->EsLoad(options_.job);
+  if (!state.ok()) return state.status();
+  const int64_t num_values = state->num_values();
+  // Replay: the same updates in the same order give the same values, bit for bit.
+  for (size_t g = 0; g < log_.size(); ++g) {
+    wire::EsUpdateRequest update;
+    update.set_job_id(options_.job.job_id());
+    update.set_generation(static_cast<int64_t>(g));
+    update.mutable_shaped()->Add(log_[g].begin(), log_[g].end());
+    state = worker.client->EsUpdate(update);
+    if (!state.ok()) return state.status();
+    if (checksums_[g] != 0 && state->checksum() != checksums_[g]) {
+      return absl::DataLossError(absl::StrFormat(
+          "replaying generation %d gave checksum %016x, the job's is %016x", g + 1,
+          state->checksum(), checksums_[g]));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  num_values_ = num_values;
+  if (log_.empty()) checksum_ = state->checksum();
+  replicas_[worker.id] = Replica{worker.client};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver::Join() {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.wait_for_workers_ms);
+  absl::Status last_error;
+  for (;;) {
+    std::vector<EsWorker> available = workers_();
+    std::vector<EsWorker> fresh;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // A worker that registered again has a new client: its old replica is gone with it.
+      for (auto it = replicas_.begin(); it != replicas_.end();) {
+        auto found = std::find_if(available.begin(), available.end(),
+                                  [&](const EsWorker& w) { return w.id == it->first; });
+        it = found == available.end() || found->client != it->second.client
+                 ? replicas_.erase(it)
+                 : std::next(it);
+      }
+      for (const EsWorker& w : available) {
+        if (!replicas_.contains(w.id)) fresh.push_back(w);
+      }
+    }
+    // Loads run in parallel: each maps and copies a whole model.
+    std::vector<absl::Status> results(fresh.size());
+    std::vector<std::thread> loads;
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      loads.emplace_back([&, i] { results[i] = JoinOne(fresh[i]); });
+    }
+    for (std::thread& t : loads) t.join();
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      if (!results[i].ok()) {
+        // A worker refusing the job itself (bad job) is the job's error, not the worker's.
+        if (!IsWorkerFailure(results[i]) || absl::IsDataLoss(results[i])) return results[i];
+        last_error = results[i];
+        std::fprintf(stderr, "train job %s: worker %s cannot take the job: %s\n",
+                     options_.job.job_id().c_str(), fresh[i].id.c_str(),
+                     results[i].ToString().c_str());
+      }
+    }
+    std::vector<std::pair<std::string, Replica>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready.assign(replicas_.begin(), replicas_.end());
+    }
+    if (!ready.empty()) return ready;
+    if (stop_) return absl::CancelledError("the job was stopped");
+    if (Clock::now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "no worker could take the job within ", options_.wait_for_workers_ms, " ms",
+          last_error.ok() ? "" : absl::StrCat(" (last error: ", last_error.ToString(), ")")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+absl::StatusOr<float> EsDriver::EvaluateCenter(bool holdout) {
+  for (;;) {
+    auto ready = Join();
+    if (!ready.ok()) return ready.status();
+    wire::EsEvaluateRequest request;
+    request.set_job_id(options_.job.job_id());
+    request.set_generation(generation());
+    request.add_members(train::EsTrainer::kCenter);
+    request.set_holdout(holdout);
+    auto reply = ready->front().second.client->EsEvaluate(request);
+    if (reply.ok()) return reply->fitness(0);
+    if (!IsWorkerFailure(reply.status())) return reply.status();
+    Drop(ready->front().first, reply.status());
+  }
+}
+
+absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& on_generation) {
+  const wire::EsJob& job = options_.job;
+  const int population = job.population();
+  while (generation() < options_.iterations) {
+    if (stop_) return absl::CancelledError("the job was stopped");
+    const auto start = Clock::now();
+    const int64_t g = generation();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sent_ = received_ = 0;
+    }
+    EsGenerationEvent event;
+    event.generation = g + 1;
+
+    // ---- Members: one queue, every replica takes the next member when free. ----
+    std::vector<float> fitness(population, 0.0f);
+    std::vector<int> attempts(population, 0);
+    std::deque<int> queue;
+    for (int m = 0; m < population; ++m) queue.push_back(m);
+    int done = 0, retried = 0, replicas_used = 0;
+    absl::Status job_error;
+    double overhead = 0;  // summed over replicas: call time not spent on the worker
+    while (done < population) {
+      auto ready = Join();
+      if (!ready.ok()) return ready.status();
+      replicas_used = std::max<int>(replicas_used, static_cast<int>(ready->size()));
+      std::mutex qmu;
+      std::vector<std::thread> threads;
+      for (const auto& [id, replica] : *ready) {
+        threads.emplace_back([&, id = id, client = replica.client] {
+          for (;;) {
+            int member;
+            {
+              std::lock_guard<std::mutex> lock(qmu);
+              if (queue.empty() || !job_error.ok()) return;
+              member = queue.front();
+              queue.pop_front();
+              ++attempts[member];
+            }
+            wire::EsEvaluateRequest request;
+            request.set_job_id(job.job_id());
+            request.set_generation(g);
+            request.add_members(member);
+            const auto call = Clock::now();
+            auto reply = client->EsEvaluate(request);
+            const double wall = Since(call);
+            if (reply.ok() && reply->fitness_size() != 1) {
+              reply = absl::InternalError(absl::StrCat(reply->fitness_size(),
+                                                       " fitness values for one member"));
+            }
+            Count(static_cast<int64_t>(request.ByteSizeLong()),
+                  reply.ok() ? static_cast<int64_t>(reply->ByteSizeLong()) : 0);
+            std::lock_guard<std::mutex> lock(qmu);
+            if (reply.ok()) {
+              fitness[member] = reply->fitness(0);
+              ++done;
+              overhead += std::max(0.0, wall - reply->seconds());
+              if (metrics_ != nullptr) metrics_->OnMember(reply->seconds());
+              continue;
+            }
+            if (!IsWorkerFailure(reply.status()) ||
+                attempts[member] >= options_.max_member_attempts) {
+              if (job_error.ok()) {
+                job_error = absl::Status(
+                    reply.status().code(),
+                    absl::StrCat("member ", member, " of generation ", g + 1, ": ",
+                                 reply.status().message()));
+              }
+              return;
+            }
+            // The worker is gone: the member runs again elsewhere, from its seed.
+            queue.push_front(member);
+            ++retried;
+            if (metrics_ != nullptr) metrics_->OnMemberRetried();
+            Drop(id, reply.status());
+            return;
+          }
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      if (!job_error.ok()) return job_error;
+      if (stop_ && done < population) return absl::CancelledError("the job was stopped");
+    }
+    event.evaluate_seconds = Since(start);
+
+    // ---- The update, on every replica; their checksums must agree. ----
+    const auto update_start = Clock::now();
+    const std::vector<float> shaped = train::EsTrainer::ShapeFitness(fitness);
+    wire::EsUpdateRequest update;
+    update.set_job_id(job.job_id());
+    update.set_generation(g);
+    update.mutable_shaped()->Add(shaped.begin(), shaped.end());
+    std::vector<std::pair<std::string, Replica>> targets;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      targets.assign(replicas_.begin(), replicas_.end());
+    }
+    std::vector<absl::StatusOr<wire::EsState>> states(targets.size(),
+                                                      absl::UnknownError("not run"));
+    std::vector<double> walls(targets.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      threads.emplace_back([&, i] {
+        const auto call = Clock::now();
+        states[i] = targets[i].second.client->EsUpdate(update);
+        walls[i] = Since(call);
+        Count(static_cast<int64_t>(update.ByteSizeLong()),
+              states[i].ok() ? static_cast<int64_t>(states[i]->ByteSizeLong()) : 0);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    uint64_t checksum = 0;
+    std::string first_id;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (!states[i].ok()) {
+        if (!IsWorkerFailure(states[i].status())) return states[i].status();
+        Drop(targets[i].first, states[i].status());
+        continue;
+      }
+      overhead += std::max(0.0, walls[i] - states[i]->seconds());
+      if (first_id.empty()) {
+        first_id = targets[i].first;
+        checksum = states[i]->checksum();
+      } else if (states[i]->checksum() != checksum) {
+        return absl::DataLossError(absl::StrFormat(
+            "after generation %d worker %s has checksum %016x, worker %s %016x: the replicas "
+            "diverged", g + 1, targets[i].first, states[i]->checksum(), first_id, checksum));
+      }
+    }
+    log_.push_back(shaped);
+    checksums_.push_back(checksum);  // 0 when every replica died: the next one replays
+    if (checksum != 0) checksum_ = checksum;
+    event.update_seconds = Since(update_start);
+
+    float lo = fitness[0], hi = fitness[0];
+    double sum = 0;
+    for (float f : fitness) lo = std::min(lo, f), hi = std::max(hi, f), sum += f;
+    event.reward_mean = static_cast<float>(sum / population);
+    event.reward_min = lo;
+    event.reward_max = hi;
+    // The generation's scheduled sigma, as the replicas compute it (es.h).
+    event.sigma = job.sigma();
+    if (job.sigma_decay() != 0.0f) {
+      for (int64_t i = 0; i < g; ++i) event.sigma *= job.sigma_decay();
+    }
+    event.members_done = done;
+    event.members_retried = retried;
+    event.workers = replicas_used;
+    event.communicate_seconds = replicas_used > 0 ? overhead / replicas_used : 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      event.bytes_sent = sent_;
+      event.bytes_received = received_;
+    }
+    event.checksum = checksum_;
+    if (metrics_ != nullptr) {
+      metrics_->OnGeneration(generation(), event.reward_mean, lo, hi);
+    }
+    const bool last = generation() == options_.iterations;
+    if (!options_.out_dir.empty() &&
+        (last || stop_ ||
+         (options_.checkpoint_every > 0 && generation() % options_.checkpoint_every == 0))) {
+      if (absl::Status s = WriteCheckpoint(); !s.ok()) return s;
+    }
+    event.seconds = Since(start);
+    if (on_generation) on_generation(event);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EsDriver::WriteCheckpoint() {
+  if (options_.out_dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(options_.out_dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(options_.out_dir, ": cannot create: ", ec.message()));
+  }
+  // The values first: state.json, written last, names a generation whose file is in place.
+  wire::EsSnapshotRequest request;
+  request.set_job_id(options_.job.job_id());
+  absl::StatusOr<wire::EsSnapshotChunk> snapshot = absl::UnavailableError("no replica");
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto ready = Join();
+    if (!ready.ok()) return ready.status();
+    snapshot = ready->front().second.client->EsSnapshot(request);
+    if (snapshot.ok() || !IsWorkerFailure(snapshot.status())) break;
+    Drop(ready->front().first, snapshot.status());
+  }
+  if (!snapshot.ok()) return snapshot.status();
+  if (snapshot->generation() != generation()) {
+    return absl::InternalError(absl::StrCat("the snapshot is of generation ",
+                                            snapshot->generation(), ", the job at ",
+                                            generation()));
+  }
+  const std::string dir = options_.out_dir;
+  if (absl::Status s = WriteAtomically(dir + "/" + snapshot->file_name(), snapshot->data());
+      !s.ok()) {
+    return s;
+  }
+  nlohmann::json state;
+  state["version"] = kStateVersion;
+  state["job"] = absl::Base64Escape(options_.job.SerializeAsString());
+  state["generation"] = generation();
+  state["checksum"] = absl::StrFormat("%016x", checksum_);
+  state["values"] = snapshot->file_name();
+  nlohmann::json log = nlohmann::json::array();
+  for (const std::vector<float>& shaped : log_) log.push_back(shaped);
+  state["shaped"] = std::move(log);
+  nlohmann::json sums = nlohmann::json::array();
+  for (uint64_t c : checksums_) sums.push_back(absl::StrFormat("%016x", c));
+  state["checksums"] = std::move(sums);
+  return WriteAtomically(dir + "/state.json", state.dump(1) + "\n");
+}
+
+absl::Status EsDriver::Resume(const std::string& dir) {
+  const std::string path = dir + "/state.json";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the job's state"));
+  const nlohmann::json state = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (state.is_discarded() || !state.is_object()) return bad("not a JSON object");
+  if (!state.contains("version") || state["version"] != kStateVersion) {
+    return bad(absl::StrCat("\"version\" is not ", kStateVersion));
+  }
+  std::string job_bytes;
+  wire::EsJob job;
+  if (!state.contains("job") || !state["job"].is_string() ||
+      !absl::Base64Unescape(state["job"].get<std::string>(), &job_bytes) ||
+      !job.ParseFromString(job_bytes)) {
+    return bad("\"job\" is not a base64 EsJob");
+  }
+  if (!state.contains("shaped") || !state["shaped"].is_array() || !state.contains("checksums") ||
+      !state["checksums"].is_array() || state["checksums"].size() != state["shaped"].size()) {
+    return bad("\"shaped\" and \"checksums\" must be arrays of one entry per generation");
+  }
+  std::vector<std::vector<float>> log;
+  std::vector<uint64_t> sums;
+  for (size_t g = 0; g < state["shaped"].size(); ++g) {
+    const nlohmann::json& row = state["shaped"][g];
+    if (!row.is_array() || static_cast<int>(row.size()) != job.population()) {
+      return bad(absl::StrCat("\"shaped\"[", g, "] must hold ", job.population(), " numbers"));
+    }
+    std::vector<float> shaped;
+    for (const nlohmann::json& v : row) {
+      if (!v.is_number()) return bad(absl::StrCat("\"shaped\"[", g, "] holds a non-number"));
+      shaped.push_back(v.get<float>());
+    }
+    log.push_back(std::move(shaped));
+    const nlohmann::json& c = state["checksums"][g];
+    uint64_t sum = 0;
+    char* end = nullptr;
+    const std::string text = c.is_string() ? c.get<std::string>() : "";
+    if (text.size() == 16) sum = std::strtoull(text.c_str(), &end, 16);
+    if (end != text.c_str() + 16) {
+      return bad(absl::StrCat("\"checksums\"[", g, "] is not a hex checksum"));
+    }
+    sums.push_back(sum);
+  }
+  job.set_job_id(options_.job.job_id());  // the id is the running job's, not the math's
+  options_.job = std::move(job);
+  log_ = std::move(log);
+  checksums_ = std::move(sums);
+  checksum_ = checksums_.empty() ? 0 : checksums_.back();
+  return absl::OkStatus();
+}
+
+}  // namespace fucina

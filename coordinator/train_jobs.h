@@ -1,0 +1,86 @@
+// Evolution-strategies train jobs of one coordinator (the fucina.v1.Train service's state):
+// each job runs an EsDriver (coordinator/es_driver.h) on its own thread over the workers the
+// source lists, and keeps its events for watchers. The embedded `fucina train es` runs the
+// same jobs over in-process workers.
+//
+// Policy with serving: a job's replicas live on the serving workers beside their shards, and
+// each worker runs one member evaluation at a time between its forward steps (time-sliced on
+// the worker's executor): generate requests keep flowing while a job runs, each step waiting
+// at most one member's evaluation.
+#ifndef FUCINA_COORDINATOR_TRAIN_JOBS_H_
+#define FUCINA_COORDINATOR_TRAIN_JOBS_H_
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/es_driver.h"
+#include "coordinator/metrics.h"
+#include "fucina/v1/train.pb.h"
+#include "models/chat/chat_template.h"
+#include "models/tokenizer/tokenizer.h"
+
+namespace fucina {
+
+// The worker-side job for a public request: defaults applied, tasks tokenized (rendered as a
+// user turn with `chat` unless the request is raw; `chat` may be null: raw). Errors are
+// INVALID_ARGUMENT naming the field (tasks[i].answer, population, ...).
+absl::StatusOr<wire::EsJob> EsJobFromRequest(const ::fucina::v1::StartJobRequest& request,
+                                             const std::string& model_path,
+                                             const Tokenizer& tokenizer,
+                                             const ChatTemplate* chat);
+
+// Runs a driver to its end: scores the unperturbed parameters first (training tasks, and the
+// holdout ones when the job has some), then the generations, then the scores again. Every
+// event goes to `on_event`, the last with the final state. Returns the job's status.
+absl::Status RunEsJob(EsDriver& driver,
+                      const std::function<void(const ::fucina::v1::JobEvent&)>& on_event);
+
+class TrainJobs {
+ public:
+  // Borrows the tokenizer and template (they outlive this); `metrics` may be null.
+  TrainJobs(std::string model_path, const Tokenizer& tokenizer, const ChatTemplate& chat,
+            EsWorkerSource workers, EsMetrics* metrics);
+  ~TrainJobs();  // stops the jobs and waits for them
+
+  absl::StatusOr<::fucina::v1::Job> Start(const ::fucina::v1::StartJobRequest& request);
+  absl::StatusOr<::fucina::v1::Job> Get(const std::string& job_id) const;
+  absl::StatusOr<::fucina::v1::Job> Stop(const std::string& job_id);
+  std::vector<::fucina::v1::Job> List() const;
+  // Passes the job's events to `write`, the past ones then each new one, until the job ends
+  // (OK), `write` returns false or `cancelled` returns true (CANCELLED).
+  absl::Status Watch(const std::string& job_id,
+                     const std::function<bool(const ::fucina::v1::JobEvent&)>& write,
+                     const std::function<bool()>& cancelled) const;
+
+ private:
+  struct Job {
+    ::fucina::v1::Job info;
+    std::vector<::fucina::v1::JobEvent> events;
+    std::unique_ptr<EsJobMetrics> metrics;
+    std::unique_ptr<EsDriver> driver;
+    std::thread thread;
+  };
+  absl::StatusOr<::fucina::v1::Job> Info(const std::string& job_id) const;  // under mu_
+
+  const std::string model_path_;
+  const Tokenizer& tokenizer_;
+  const ChatTemplate& chat_;
+  EsWorkerSource workers_;
+  EsMetrics* metrics_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;  // an event or a state change
+  std::map<std::string, std::unique_ptr<Job>> jobs_;
+  int next_id_ = 1;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_COORDINATOR_TRAIN_JOBS_H_

@@ -1,0 +1,356 @@
+// The ES driver over in-process worker actors (coordinator/es_driver.h): a job on two
+// replicas ends bit-identical to one process running the trainer directly; traffic per
+// generation does not grow with the parameter count; a worker dying mid-generation, a worker
+// joining late and a resume from a checkpoint all end with the parameters of an uninterrupted
+// run; diverging replicas and bad jobs fail naming what is wrong.
+#include "coordinator/es_driver.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "models/engine/fixture.h"
+#include "models/engine/model.h"
+#include "models/tokenizer/tokenizer.h"
+#include "models/train/es.h"
+#include "models/train/tasks.h"
+#include "worker/worker_actor.h"
+
+namespace fucina {
+namespace {
+
+constexpr char kSmallTensors[] = "blk\\.1\\.ffn_down\\.weight";
+constexpr char kLargeTensors[] = "token_embd\\.weight|blk\\.[0-9]+\\.ffn_(down|up|gate)\\.weight";
+
+std::string TempPath(const std::string& name) {
+  return testing::TempDir() + "/es_driver_test_" + std::to_string(getpid()) + "_" + name;
+}
+
+// Byte-vocabulary prompts whose answer is always token 65 ('A').
+void AddTasks(wire::EsJob& job) {
+  for (int i = 0; i < 4; ++i) {
+    wire::EsTask* t = job.add_tasks();
+    for (int j = 0; j < 5; ++j) t->add_prompt((i * 31 + j * 17 + 3) % 200 + 20);
+    t->add_answer(65);
+    t->set_answer_text("A");
+  }
+}
+
+// A client that forwards to a real actor until it "dies": from the `die_at`-th EsEvaluate on
+// (1-based) every call fails UNAVAILABLE, as a killed worker's would. Its death can be
+// announced to another client (`death`) that waits for it before evaluating (`start_after`),
+// which orders the two workers' calls.
+class DyingClient : public WorkerClient {
+ public:
+  DyingClient(std::shared_ptr<WorkerActor> actor, int die_at) : actor_(actor), die_at_(die_at) {}
+  std::shared_future<void> death() { return death_.get_future().share(); }
+  void StartAfter(std::shared_future<void> f) { start_after_ = f; }
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
+    return actor_->LoadShard(r);
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
+    return actor_->Forward(r);
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& r) override {
+    return actor_->ExpertForward(r);
+  }
+  absl::StatusOr<wire::SessionReply> TruncateSession(
+      const wire::TruncateSessionRequest& r) override {
+    return actor_->TruncateSession(r);
+  }
+  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest& r) override {
+    return actor_->CopyPrefix(r);
+  }
+  absl::StatusOr<wire::SessionReply> ReleaseSession(
+      const wire::ReleaseSessionRequest& r) override {
+    return actor_->ReleaseSession(r);
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override { return actor_->GetStats(); }
+  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
+    if (dead()) return Gone();
+    return actor_->EsLoad(job);
+  }
+  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
+      const wire::EsEvaluateRequest& r) override {
+    if (start_after_.valid()) start_after_.wait();
+    if (++evaluations_ == die_at_) death_.set_value();
+    if (evaluations_ >= die_at_) return Gone();
+    return actor_->EsEvaluate(r);
+  }
+  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& r) override {
+    if (dead()) return Gone();
+    auto state = actor_->EsUpdate(r);
+    if (state.ok() && corrupt_checksum_) state->set_checksum(state->checksum() ^ 1);
+    return state;
+  }
+  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(const wire::EsSnapshotRequest& r) override {
+    if (dead()) return Gone();
+    return actor_->EsSnapshot(r);
+  }
+  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& r) override {
+    return actor_->EsRelease(r);
+  }
+  void CorruptChecksums() { corrupt_checksum_ = true; }
+
+ private:
+  bool dead() const { return evaluations_ >= die_at_; }
+  static absl::Status Gone() { return absl::UnavailableError("connection reset (test)"); }
+  std::shared_ptr<WorkerActor> actor_;
+  const int die_at_;
+  std::atomic<int> evaluations_{0};
+  std::atomic<bool> corrupt_checksum_{false};
+  std::promise<void> death_;
+  std::shared_future<void> start_after_;
+};
+
+class EsDriverTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ThreadPool pool(2);
+    FixtureOptions o;
+    o.arch = "qwen3";
+    o.num_layers = 2;
+    o.hidden = 32;
+    o.ffn = 64;
+    o.num_heads = 2;
+    o.num_heads_kv = 1;
+    o.head_dim = 16;
+    o.init_std = 0.1;
+    o.seed = 5;
+    ASSERT_TRUE(MakeFixture(o, Path(), pool).ok());
+  }
+  static void TearDownTestSuite() { std::remove(Path().c_str()); }
+  static std::string Path() { return TempPath("model.gguf"); }
+
+  static wire::EsJob Job(const std::string& tensors = kSmallTensors) {
+    wire::EsJob job;
+    job.set_job_id("t");
+    job.set_model_path(Path());
+    job.set_mode("full");
+    job.set_tensors(tensors);
+    job.set_population(8);
+    job.set_sigma(0.05f);
+    job.set_lr(0.1f);
+    job.set_seed(11);
+    job.mutable_reward()->set_kind("nll");
+    job.set_threads(1);
+    AddTasks(job);
+    return job;
+  }
+
+  static std::shared_ptr<WorkerActor> Actor(int threads = 1) {
+    WorkerOptions o;
+    o.threads = threads;
+    return std::make_shared<WorkerActor>(o);
+  }
+
+  // The job run in this process by the trainer itself, no driver, no workers: the reference.
+  static uint64_t OneProcessChecksum(const wire::EsJob& job, int generations) {
+    ThreadPool pool(3);
+    LoadOptions load;
+    const std::regex pattern(job.tensors());
+    load.f32_tensors = [&](std::string_view n) {
+      return std::regex_match(n.begin(), n.end(), pattern);
+    };
+    auto model = Model::Load(Path(), load, pool);
+    EXPECT_TRUE(model.ok()) << model.status();
+    auto tokenizer = Tokenizer::FromGguf((*model)->file());
+    EXPECT_TRUE(tokenizer.ok());
+    train::EsOptions o;
+    o.population = job.population();
+    o.sigma = job.sigma();
+    o.lr = job.lr();
+    o.seed = job.seed();
+    auto trainer = train::EsTrainer::Create(**model, o, pool);
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    std::vector<train::Task> tasks;
+    for (const wire::EsTask& t : job.tasks()) {
+      tasks.push_back({{t.prompt().begin(), t.prompt().end()},
+                       {t.answer().begin(), t.answer().end()},
+                       t.answer_text()});
+    }
+    auto spec = train::MakeRewardSpec("nll", "", 0);
+    for (int g = 0; g < generations; ++g) {
+      EXPECT_TRUE((*trainer)
+                      ->Step(g, [&](Model& m) {
+                        return train::ScoreTasks(m, **tokenizer, tasks, *spec);
+                      })
+                      .ok());
+    }
+    return (*trainer)->Checksum();
+  }
+
+  static EsDriverOptions Options(const wire::EsJob& job, int iterations) {
+    EsDriverOptions o;
+    o.job = job;
+    o.iterations = iterations;
+    o.wait_for_workers_ms = 2000;
+    return o;
+  }
+};
+
+TEST_F(EsDriverTest, TwoReplicasMatchOneProcessBitForBit) {
+  const wire::EsJob job = Job();
+  std::vector<EsWorker> workers = {{"a", Actor(1)}, {"b", Actor(2)}};
+  EsDriver driver(Options(job, 3), [&] { return workers; });
+  std::vector<EsGenerationEvent> events;
+  ASSERT_TRUE(driver.Run([&](const EsGenerationEvent& e) { events.push_back(e); }).ok());
+  ASSERT_EQ(events.size(), 3u);
+  for (const EsGenerationEvent& e : events) {
+    EXPECT_EQ(e.members_done, 8);
+    EXPECT_EQ(e.members_retried, 0);
+    EXPECT_EQ(e.workers, 2);
+    EXPECT_LE(e.reward_min, e.reward_mean);
+    EXPECT_LE(e.reward_mean, e.reward_max);
+  }
+  EXPECT_EQ(driver.checksum(), OneProcessChecksum(job, 3));
+  EXPECT_EQ(driver.generation(), 3);
+  // Training moved the parameters.
+  EsDriver untrained(Options(job, 0), [&] { return workers; });
+  ASSERT_TRUE(untrained.Run(nullptr).ok());
+  ASSERT_TRUE(untrained.EvaluateCenter(false).ok());
+  EXPECT_NE(untrained.checksum(), driver.checksum());
+}
+
+TEST_F(EsDriverTest, TrafficPerGenerationDoesNotGrowWithTheParameters) {
+  auto bytes_of = [&](const char* tensors, int64_t* values) {
+    std::vector<EsWorker> workers = {{"a", Actor()}, {"b", Actor()}};
+    EsDriver driver(Options(Job(tensors), 2), [&] { return workers; });
+    std::vector<EsGenerationEvent> events;
+    EXPECT_TRUE(driver.Run([&](const EsGenerationEvent& e) { events.push_back(e); }).ok());
+    *values = driver.num_values();
+    return events.back().bytes_sent + events.back().bytes_received;
+  };
+  int64_t small_values = 0, large_values = 0;
+  const int64_t small = bytes_of(kSmallTensors, &small_values);
+  const int64_t large = bytes_of(kLargeTensors, &large_values);
+  ASSERT_GT(large_values, 10 * small_values);
+  // Only replies' value counts (a varint) differ with the parameter count.
+  EXPECT_LE(std::abs(large - small), 8);
+  // O(population): ids out and a float back per member, the shaped floats to each replica.
+  EXPECT_LT(small, 8 * 64 + 2 * 8 * 8 + 512);
+  EXPECT_LT(small, small_values * 4 / 10);  // far below sending one copy of the values
+}
+
+TEST_F(EsDriverTest, MembersLostWithADyingWorkerRunAgainElsewhere) {
+  const wire::EsJob job = Job();
+  // b evaluates two members of generation 1 and dies at its third; a starts once it has.
+  auto dying = std::make_shared<DyingClient>(Actor(), 3);
+  auto survivor = std::make_shared<DyingClient>(Actor(), 1 << 30);
+  survivor->StartAfter(dying->death());
+  std::vector<EsWorker> workers = {{"a", survivor}, {"b", dying}};
+  EsDriver driver(Options(job, 3), [&] { return workers; });
+  int retried = 0;
+  ASSERT_TRUE(driver.Run([&](const EsGenerationEvent& e) { retried += e.members_retried; }).ok());
+  EXPECT_GE(retried, 1);
+  EXPECT_EQ(driver.checksum(), OneProcessChecksum(job, 3));
+  EXPECT_EQ(driver.replica_workers(), std::vector<std::string>{"a"});
+}
+
+TEST_F(EsDriverTest, ALateWorkerReplaysTheLogAndJoins) {
+  const wire::EsJob job = Job();
+  std::vector<EsWorker> workers = {{"a", Actor()}};
+  EsDriver driver(Options(job, 4), [&] { return workers; });
+  int joined_at = -1;
+  ASSERT_TRUE(driver
+                  .Run([&](const EsGenerationEvent& e) {
+                    if (e.generation == 2) workers.push_back({"b", Actor(2)});
+                    if (e.workers == 2 && joined_at < 0) joined_at = e.generation;
+                  })
+                  .ok());
+  EXPECT_EQ(joined_at, 3);
+  EXPECT_EQ(driver.replica_workers().size(), 2u);
+  EXPECT_EQ(driver.checksum(), OneProcessChecksum(job, 4));
+}
+
+TEST_F(EsDriverTest, ResumeFromACheckpointEndsLikeAnUninterruptedRun) {
+  const wire::EsJob job = Job();
+  const std::string dir = TempPath("ckpt");
+  std::filesystem::remove_all(dir);
+  {
+    std::vector<EsWorker> workers = {{"a", Actor()}};
+    EsDriverOptions o = Options(job, 2);
+    o.out_dir = dir;
+    EsDriver driver(o, [&] { return workers; });
+    ASSERT_TRUE(driver.Run(nullptr).ok());
+  }
+  ASSERT_TRUE(std::filesystem::exists(dir + "/state.json"));
+  ASSERT_TRUE(std::filesystem::exists(dir + "/tensors.gguf"));
+  // The trained tensor file holds the f32 values.
+  auto tensors = gguf::File::Open(dir + "/tensors.gguf");
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_NE((*tensors)->FindTensor("blk.1.ffn_down.weight"), nullptr);
+
+  std::vector<EsWorker> workers = {{"b", Actor(2)}};
+  EsDriverOptions o = Options(wire::EsJob(), 4);
+  o.job.set_job_id("resumed");
+  EsDriver resumed(o, [&] { return workers; });
+  ASSERT_TRUE(resumed.Resume(dir).ok());
+  EXPECT_EQ(resumed.generation(), 2);
+  ASSERT_TRUE(resumed.Run(nullptr).ok());
+  EXPECT_EQ(resumed.checksum(), OneProcessChecksum(job, 4));
+
+  // A damaged state names the file and the field; nothing is resumed.
+  {
+    std::ofstream(dir + "/state.json") << "{\"version\": 1, \"job\": \"@@\"}";
+  }
+  EsDriver bad(o, [&] { return workers; });
+  absl::Status s = bad.Resume(dir);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("state.json"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("\"job\""), std::string::npos) << s;
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(EsDriverTest, DivergingReplicasFailTheJob) {
+  auto liar = std::make_shared<DyingClient>(Actor(), 1 << 30);
+  liar->CorruptChecksums();
+  std::vector<EsWorker> workers = {{"a", Actor()}, {"b", liar}};
+  EsDriver driver(Options(Job(), 2), [&] { return workers; });
+  absl::Status s = driver.Run(nullptr);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("diverged"), std::string::npos) << s;
+}
+
+TEST_F(EsDriverTest, BadJobsNameTheField) {
+  std::vector<EsWorker> workers = {{"a", Actor()}};
+  wire::EsJob job = Job();
+  job.set_population(5);
+  EsDriver odd(Options(job, 1), [&] { return workers; });
+  absl::Status s = odd.Run(nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("population"), std::string::npos) << s;
+
+  job = Job();
+  job.mutable_tasks(1)->add_answer(1 << 20);
+  EsDriver vocab(Options(job, 1), [&] { return workers; });
+  s = vocab.Run(nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("tasks[1]"), std::string::npos) << s;
+
+  job = Job("no_such_tensor");
+  EsDriver none(Options(job, 1), [&] { return workers; });
+  s = none.Run(nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("tensors"), std::string::npos) << s;
+
+  // No worker at all: UNAVAILABLE after the wait, not a hang.
+  EsDriverOptions o = Options(Job(), 1);
+  o.wait_for_workers_ms = 50;
+  EsDriver alone(o, [] { return std::vector<EsWorker>(); });
+  s = alone.Run(nullptr);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+}
+
+}  // namespace
+}  // namespace fucina

@@ -1,0 +1,223 @@
+#include "worker/es_replica.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "models/engine/lora.h"
+
+namespace fucina {
+namespace {
+
+constexpr int kMaxPopulation = 1 << 16;
+constexpr int kMaxLoraRank = 4096;
+
+absl::Status CheckTokens(const wire::EsTask& task, int64_t vocab_size, const std::string& at) {
+  if (task.prompt().empty()) return absl::InvalidArgumentError(at + ".prompt is empty");
+  if (task.answer().empty()) return absl::InvalidArgumentError(at + ".answer is empty");
+  if (vocab_size <= 0) return absl::OkStatus();
+  for (const auto* ids : {&task.prompt(), &task.answer()}) {
+    for (int32_t id : *ids) {
+      if (id < 0 || id >= vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ": token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+train::EsOptions OptionsOf(const wire::EsJob& job) {
+  train::EsOptions o;
+  o.population = job.population();
+  o.sigma = job.sigma();
+  o.lr = job.lr();
+  o.weight_decay = job.weight_decay();
+  o.seed = job.seed();
+  o.sigma_decay = job.sigma_decay() == 0.0f ? 1.0f : job.sigma_decay();
+  o.lr_decay = job.lr_decay() == 0.0f ? 1.0f : job.lr_decay();
+  return o;
+}
+
+std::vector<train::Task> TasksOf(const google::protobuf::RepeatedPtrField<wire::EsTask>& in) {
+  std::vector<train::Task> out;
+  out.reserve(in.size());
+  for (const wire::EsTask& t : in) {
+    train::Task task;
+    task.prompt.assign(t.prompt().begin(), t.prompt().end());
+    task.answer.assign(t.answer().begin(), t.answer().end());
+    task.answer_text = t.answer_text();
+    out.push_back(std::move(task));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size) {
+  if (job.job_id().empty() || job.job_id().size() > 128) {
+    return absl::InvalidArgumentError("job_id must have 1 to 128 characters");
+  }
+  if (job.model_path().empty()) return absl::InvalidArgumentError("model_path is empty");
+  if (job.mode() != "full" && job.mode() != "lora") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode '", job.mode(), "' is not one of full, lora"));
+  }
+  if (job.mode() == "full") {
+    try {
+      std::regex re(job.tensors());
+    } catch (const std::regex_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("tensors: ", e.what()));
+    }
+  } else {
+    if (job.lora_rank() < 1 || job.lora_rank() > kMaxLoraRank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lora_rank (", job.lora_rank(), ") must be in [1, ", kMaxLoraRank, "]"));
+    }
+    if (!(job.lora_alpha() > 0.0f)) return absl::InvalidArgumentError("lora_alpha must be > 0");
+    auto targets = ParseLoraTargets(absl::StrJoin(job.lora_targets(), ","));
+    if (!targets.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lora_targets: ", targets.status().message()));
+    }
+  }
+  if (job.population() > kMaxPopulation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("population (", job.population(), ") exceeds ", kMaxPopulation));
+  }
+  if (absl::Status s = OptionsOf(job).Validate(); !s.ok()) return s;
+  auto reward = train::MakeRewardSpec(job.reward().kind(), job.reward().rule(),
+                                      job.reward().max_tokens());
+  if (!reward.ok()) return reward.status();
+  if (job.tasks().empty()) return absl::InvalidArgumentError("tasks is empty");
+  for (int i = 0; i < job.tasks_size(); ++i) {
+    if (absl::Status s = CheckTokens(job.tasks(i), vocab_size, absl::StrCat("tasks[", i, "]"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (int i = 0; i < job.holdout_size(); ++i) {
+    if (absl::Status s =
+            CheckTokens(job.holdout(i), vocab_size, absl::StrCat("holdout[", i, "]"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (job.threads() < 0) return absl::InvalidArgumentError("threads must not be negative");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& job,
+                                                             const std::string& model_path,
+                                                             int max_threads) {
+  if (absl::Status s = ValidateEsJob(job); !s.ok()) return s;
+  std::unique_ptr<EsReplica> r(new EsReplica());
+  r->job_ = job;
+  const int threads =
+      job.threads() > 0 ? std::min(job.threads(), max_threads) : std::max(1, max_threads);
+  r->pool_ = std::make_unique<ThreadPool>(threads);
+  LoadOptions load;
+  const bool lora = job.mode() == "lora";
+  if (!lora) {
+    auto pattern = std::make_shared<std::regex>(job.tensors());
+    load.f32_tensors = [pattern](std::string_view name) {
+      return std::regex_match(name.begin(), name.end(), *pattern);
+    };
+  }
+  auto model = Model::Load(model_path, load, *r->pool_);
+  if (!model.ok()) return model.status();
+  r->model_ = *std::move(model);
+  if (!r->model_->is_full()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(model_path, ": training needs every tensor of the model"));
+  }
+  if (absl::Status s = ValidateEsJob(job, r->model_->config().vocab_size); !s.ok()) return s;
+  if (lora) {
+    auto targets = ParseLoraTargets(absl::StrJoin(job.lora_targets(), ","));
+    if (!targets.ok()) return targets.status();
+    if (absl::Status s = r->model_->AddLora(*targets, job.lora_rank(), job.lora_alpha(),
+                                            job.seed());
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("lora_rank: ", s.message()));
+    }
+  }
+  auto tokenizer = Tokenizer::FromGguf(r->model_->file());
+  if (!tokenizer.ok()) return tokenizer.status();
+  r->tokenizer_ = *std::move(tokenizer);
+  auto reward = train::MakeRewardSpec(job.reward().kind(), job.reward().rule(),
+                                      job.reward().max_tokens());
+  if (!reward.ok()) return reward.status();
+  r->reward_ = *reward;
+  r->tasks_ = TasksOf(job.tasks());
+  r->holdout_ = TasksOf(job.holdout());
+  auto trainer = train::EsTrainer::Create(*r->model_, OptionsOf(job), *r->pool_);
+  if (!trainer.ok()) {
+    return absl::Status(trainer.status().code(),
+                        absl::StrCat(lora ? "lora_targets: " : "tensors: ",
+                                     trainer.status().message()));
+  }
+  r->trainer_ = *std::move(trainer);
+  return r;
+}
+
+wire::EsState EsReplica::State() const {
+  wire::EsState state;
+  state.set_job_id(job_.job_id());
+  state.set_generation(generation_);
+  state.set_checksum(trainer_->Checksum());
+  state.set_num_values(trainer_->num_values());
+  state.set_num_tensors(static_cast<int32_t>(trainer_->tensor_names().size()));
+  return state;
+}
+
+absl::StatusOr<float> EsReplica::Evaluate(int member, bool holdout) {
+  const std::vector<train::Task>& tasks = holdout ? holdout_ : tasks_;
+  if (tasks.empty()) return absl::InvalidArgumentError("the job has no holdout tasks");
+  return trainer_->Evaluate(generation_, member, [&](Model& model) {
+    return train::ScoreTasks(model, *tokenizer_, tasks, reward_);
+  });
+}
+
+absl::Status EsReplica::Update(const wire::EsUpdateRequest& request) {
+  if (request.generation() != generation_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("update of generation ", request.generation(), " for a replica at ",
+                     generation_));
+  }
+  if (absl::Status s = trainer_->ApplyUpdate(
+          generation_, {request.shaped().data(), static_cast<size_t>(request.shaped_size())});
+      !s.ok()) {
+    return s;
+  }
+  ++generation_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<wire::EsSnapshotChunk> EsReplica::Snapshot() const {
+  const bool lora = job_.mode() == "lora";
+  const std::string name = lora ? "adapters.gguf" : "tensors.gguf";
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       absl::StrCat("fucina-es-", getpid(), "-", reinterpret_cast<uintptr_t>(this), "-", name))
+          .string();
+  absl::Status s = lora ? model_->SaveLora(path) : trainer_->SaveTensors(path);
+  if (!s.ok()) return s;
+  std::ifstream in(path, std::ios::binary);
+  wire::EsSnapshotChunk chunk;
+  chunk.set_file_name(name);
+  chunk.set_generation(generation_);
+  chunk.mutable_data()->assign(std::istreambuf_iterator<char>(in), {});
+  const bool read = static_cast<bool>(in) || in.eof();
+  std::remove(path.c_str());
+  if (!read) return absl::InternalError(absl::StrCat(path, ": cannot read the snapshot back"));
+  return chunk;
+}
+
+}  // namespace fucina

@@ -1,0 +1,69 @@
+// One evolution-strategies train job's replica on a worker: the whole model with the job's
+// trainable parameters (full-mode tensors held as f32 copies, or LoRA adapters), its tasks and
+// reward, and the EsTrainer that perturbs, scores and updates them (models/train/es.h).
+//
+// Replicas of a job agree bit for bit: each is built from the same EsJob and advanced by the
+// same sequence of (generation, shaped fitness) updates, and the noise is regenerated from the
+// job's seed. A replica never sends or receives parameter values, except as a snapshot file
+// for checkpoints. Not thread-safe: the worker actor calls it from its executor.
+#ifndef FUCINA_WORKER_ES_REPLICA_H_
+#define FUCINA_WORKER_ES_REPLICA_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fucina/cluster/v1/worker.pb.h"
+#include "kernels/cpu/thread_pool.h"
+#include "models/engine/model.h"
+#include "models/tokenizer/tokenizer.h"
+#include "models/train/es.h"
+#include "models/train/tasks.h"
+
+namespace fucina {
+
+namespace wire = ::fucina::cluster::v1;
+
+// Checks a job's fields that need no model (INVALID_ARGUMENT naming the field): the id, mode,
+// options, reward, tasks and their token ids against `vocab_size` when it is > 0.
+absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size = 0);
+
+class EsReplica {
+ public:
+  // Loads the model at `model_path` (a local file with every tensor) for `job`, with at most
+  // `max_threads` threads.
+  static absl::StatusOr<std::unique_ptr<EsReplica>> Create(const wire::EsJob& job,
+                                                           const std::string& model_path,
+                                                           int max_threads);
+
+  const wire::EsJob& job() const { return job_; }
+  int64_t generation() const { return generation_; }
+  wire::EsState State() const;
+
+  // The fitness of one member of the current generation (EsTrainer::kCenter: the parameters
+  // themselves), on the training tasks or the holdout ones.
+  absl::StatusOr<float> Evaluate(int member, bool holdout);
+  // The current generation's update; the generation advances. The request's generation must
+  // be the current one (FAILED_PRECONDITION otherwise, nothing changed).
+  absl::Status Update(const wire::EsUpdateRequest& request);
+  // The trainable values as a GGUF file (adapters.gguf or tensors.gguf), whole in one chunk.
+  absl::StatusOr<wire::EsSnapshotChunk> Snapshot() const;
+
+ private:
+  EsReplica() = default;
+
+  wire::EsJob job_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<train::EsTrainer> trainer_;
+  train::RewardSpec reward_;
+  std::vector<train::Task> tasks_, holdout_;
+  int64_t generation_ = 0;
+};
+
+}  // namespace fucina
+
+#endif  // FUCINA_WORKER_ES_REPLICA_H_
