@@ -12,6 +12,6 @@ data="$FUCINA_ROOT/tests/data/train"
 threads=()
 [ -n "${THREADS:-}" ] && threads=(--threads "$THREADS")
 "$FUCINA_ROOT/build/tools/fucina" train es "$FUCINA_DEFAULT_MODEL" --data "$data/digits.jsonl" \
-  --holdout "$data/digits_heldout.jsonl" --tensors 'blk\.[0-9]+\.attn_v\.weight' \
+  --holdout "$data/digits_heldout.jsonl" --mode full --tensors 'blk\.[0-9]+\.attn_v\.weight' \
   --population "${POPULATION:-16}" --sigma "${SIGMA:-2e-3}" --lr "${LR:-2e-3}" \
   --iterations "${ITERATIONS:-20}" --seed 1 "${threads[@]}"
