@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace fucina {
@@ -109,6 +110,25 @@ absl::StatusOr<LoraSet> ReadLoraFile(const gguf::File& f, std::string_view arch)
   }
   if (loaded.empty()) return err("no adapters in the file");
   return loaded;
+}
+
+absl::Status CheckLoraFits(const LoraSet& set, std::string_view adapter_path,
+                           const gguf::File& model) {
+  absl::Status status;
+  set.ForEach([&](int64_t layer, LoraTarget t, const LoraAdapter& ad) {
+    if (!status.ok()) return;
+    const std::string name = LoraTensorName(layer, t);
+    const gguf::TensorInfo* w = model.FindTensor(name);
+    const std::vector<int64_t> dims = {ad.in, ad.out};
+    if (w != nullptr && w->dims == dims) return;
+    const std::string why =
+        w == nullptr ? absl::StrCat(model.path(), " has no tensor ", name)
+                     : absl::StrCat("[", ad.in, ", ", ad.out, "] but ", name, " is [",
+                                    absl::StrJoin(w->dims, ", "), "] in ", model.path());
+    status = absl::InvalidArgumentError(
+        absl::StrCat(std::string(adapter_path), ": ", name, ".lora_a: ", why));
+  });
+  return status;
 }
 
 }  // namespace fucina

@@ -75,6 +75,12 @@ class LoraSet {
 // no adapters at all.
 absl::StatusOr<LoraSet> ReadLoraFile(const gguf::File& f, std::string_view arch);
 
+// Whether every adapter of `set` (read from `adapter_path`) sits on a 2-D tensor of `model`
+// with dims [in, out]. INVALID_ARGUMENT naming the adapter file, the tensor and, when it
+// exists, both shapes.
+absl::Status CheckLoraFits(const LoraSet& set, std::string_view adapter_path,
+                           const gguf::File& model);
+
 }  // namespace fucina
 
 #endif  // FUCINA_MODELS_ENGINE_LORA_H_

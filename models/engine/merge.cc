@@ -89,37 +89,27 @@ absl::Status MergeModel(const std::string& base_path, std::span<const std::strin
     auto err = [&](const std::string& why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
     };
-    // The base tensor `name` must exist with `dims`.
-    auto check_base = [&](const std::string& what, const std::string& name,
-                          const std::vector<int64_t>& dims) -> absl::Status {
-      const gguf::TensorInfo* w = base.FindTensor(name);
-      if (w == nullptr) return err(absl::StrCat(what, ": ", base_path, " has no tensor ", name));
-      if (w->dims != dims) {
-        return err(absl::StrCat(what, ": ", Dims(dims), " but ", name, " is ", Dims(w->dims),
-                                " in ", base_path));
-      }
-      return absl::OkStatus();
-    };
     const std::string type = StringKey(f, "general.type");
     if (type == "adapter") {
       auto set = ReadLoraFile(f, arch);
       if (!set.ok()) return set.status();
+      if (absl::Status s = CheckLoraFits(*set, path, base); !s.ok()) return s;
       lora_sets.push_back(*std::move(set));
-      absl::Status status;
       lora_sets.back().ForEach([&](int64_t layer, LoraTarget t, const LoraAdapter& ad) {
-        if (!status.ok()) return;
-        const std::string name = LoraTensorName(layer, t);
-        status = check_base(name + ".lora_a", name, {ad.in, ad.out});
-        if (status.ok()) edits[name].adapters.push_back(&ad);
+        edits[LoraTensorName(layer, t)].adapters.push_back(&ad);
       });
-      if (!status.ok()) return status;
     } else if (type == kTensorsFileType) {
       const std::string file_arch = StringKey(f, gguf::kKeyArchitecture);
       if (!file_arch.empty() && file_arch != arch) {
         return err(absl::StrCat("tensors for '", file_arch, "', the base is '", arch, "'"));
       }
       for (const gguf::TensorInfo& t : f.tensors()) {
-        if (absl::Status s = check_base(t.name, t.name, t.dims); !s.ok()) return s;
+        const gguf::TensorInfo* w = base.FindTensor(t.name);
+        if (w == nullptr) return err(absl::StrCat(t.name, ": ", base_path, " has no tensor"));
+        if (w->dims != t.dims) {
+          return err(absl::StrCat(t.name, ": ", Dims(t.dims), " but ", Dims(w->dims), " in ",
+                                  base_path));
+        }
         if (t.type != GgmlType::kF32) {
           return err(absl::StrCat(t.name, ": type ", std::string(TypeName(t.type)),
                                   ", expected f32"));
@@ -132,7 +122,8 @@ absl::Status MergeModel(const std::string& base_path, std::span<const std::strin
         e.replaced_by = path;
       }
     } else {
-      return err(absl::StrCat("general.type is '", type, "'; expected \"adapter\" (LoRA) or \"",
+      return err(absl::StrCat("general.type is ", type.empty() ? "missing" : "'" + type + "'",
+                              "; expected \"adapter\" (LoRA) or \"",
                               std::string(kTensorsFileType), "\" (trained tensors)"));
     }
     files.push_back(*std::move(file));

@@ -198,20 +198,12 @@ absl::Status Model::LoadLora(const std::string& path) {
   if (!read.ok()) return read.status();
   // Every adapter must fit the model, also those on another stage's layers, so each stage of a
   // pipeline refuses a wrong file alike; only this shard's layers keep theirs.
+  if (absl::Status s = CheckLoraFits(*read, path, *file_); !s.ok()) return s;
   LoraSet loaded;
   absl::Status status;
   read->ForEach([&](int64_t layer, LoraTarget t, LoraAdapter& ad) {
-    if (!status.ok()) return;
+    if (!status.ok() || layer < first_ || layer >= last_) return;
     const std::string name = LoraTensorName(layer, t);
-    const gguf::TensorInfo* w = file_->FindTensor(name);
-    if (w == nullptr || w->dims.size() != 2 || w->dims[0] != ad.in || w->dims[1] != ad.out) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          path, ": ", name, ".lora_a: ",
-          w == nullptr ? "the model has no tensor " + name
-                       : absl::StrCat("[", ad.in, ", ", ad.out, "] does not fit ", name)));
-      return;
-    }
-    if (layer < first_ || layer >= last_) return;
     const bool bound = std::any_of(parameters_.begin(), parameters_.end(),
                                    [&](const Parameter& p) { return p.name == name; });
     if (!bound) {
