@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/request_fields.h"
 #include "models/engine/kv_cache.h"
+#include "models/engine/lora.h"
 #include "models/engine/model_size.h"
 #include "models/engine/registry.h"
 #include "worker/activations.h"
@@ -38,6 +39,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (!config.ok()) return config.status();
   c->config_ = *std::move(config);
   c->size_ = MeasureModel(*c->file_, c->config_);
+  if (!options.adapter_path.empty()) {
+    // A wrong adapter is refused here, before any worker loads a shard and fails with it.
+    auto adapter = gguf::File::Open(options.adapter_path);
+    if (!adapter.ok()) return adapter.status();
+    auto set = ReadLoraFile(**adapter, c->config_.arch);
+    if (!set.ok()) return set.status();
+    if (absl::Status s = CheckLoraFits(*set, options.adapter_path, *c->file_); !s.ok()) return s;
+  }
   if (options.context > kMaxContext) {
     return absl::InvalidArgumentError(absl::StrCat("--ctx must be at most ", kMaxContext,
                                                    " positions, got ", options.context));
@@ -307,6 +316,7 @@ Pipeline Coordinator::BuildPipeline() {
       const StagePlan& s = plan.stages[i];
       wire::LoadShardRequest load;
       load.set_model_path(options_.model_path);
+      load.set_adapter_path(options_.adapter_path);
       load.set_stage(static_cast<int32_t>(i));
       load.set_first_layer(s.first_layer);
       load.set_last_layer(s.last_layer);

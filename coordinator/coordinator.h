@@ -37,6 +37,9 @@ namespace fucina {
 
 struct CoordinatorOptions {
   std::string model_path;
+  // A LoRA adapter GGUF every pipeline stage applies to its layers (LoadShardRequest
+  // adapter_path); checked against the model at Create. Empty: none.
+  std::string adapter_path;
   std::string served_name;  // empty: the model file's stem (general.name is an alias)
   // Chat requests without a system message get this one ('' keeps the template's own default,
   // which for small models can be long and derail them). The same default as `fucina run`.

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -105,6 +106,9 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--system", o.system_prompt,
                   "System prompt for chat requests that have none ('' = the template's default)")
       ->capture_default_str();
+  cmd->add_option("--adapter", o.adapter_path,
+                  "LoRA adapter GGUF every stage applies, unmerged (fucina train es --mode "
+                  "lora); each worker reads it at this path");
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();
   cmd->add_option("--cache-type", o.cache_type, "KV cache type: f32 | f16 | q8_0")
@@ -205,6 +209,12 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   auto path = ResolveModel(a.model, isatty(STDERR_FILENO));
   if (!path.ok()) return Fail(path.status());
   a.options.model_path = *path;
+  if (!a.options.adapter_path.empty()) {
+    // Workers started elsewhere read it at the path the coordinator sends them.
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(a.options.adapter_path, ec);
+    if (!ec) a.options.adapter_path = absolute.string();
+  }
   auto budget = ParseBytes(a.memory_budget, "--memory-budget");
   if (!budget.ok()) return Fail(budget.status());
   auto max_request = ParseBytes(a.max_request_bytes, "--max-request-bytes");

@@ -1,9 +1,10 @@
-// `fucina gguf info|make-fixture|quantize`.
+// `fucina gguf info|make-fixture|quantize|export`.
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/fixture.h"
+#include "models/engine/merge.h"
 #include "models/engine/model.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/quantize.h"
@@ -96,6 +98,34 @@ int RunQuantize(const QuantizeArgs& args) {
   return 0;
 }
 
+struct ExportArgs {
+  std::string base, out, type;
+  std::vector<std::string> adapters;
+  int threads = 0;
+};
+
+int RunExport(const ExportArgs& args) {
+  MergeOptions options;
+  if (!args.type.empty()) {
+    auto target = gguf::ParseQuantTarget(args.type);
+    if (!target.ok()) return Fail(target.status());
+    options.type = *std::move(target);
+  }
+  std::vector<std::string> trained;
+  for (const std::string& path : args.adapters) {
+    auto files = TrainedFilesAt(path);
+    if (!files.ok()) return Fail(files.status());
+    trained.insert(trained.end(), files->begin(), files->end());
+  }
+  options.log = stderr;
+  ThreadPool pool(args.threads > 0 ? args.threads : ThreadPool::Default().num_threads());
+  if (absl::Status s = MergeModel(args.base, trained, args.out, options, pool); !s.ok()) {
+    return Fail(s);
+  }
+  std::printf("wrote %s (%s merged)\n", args.out.c_str(), absl::StrJoin(trained, ", ").c_str());
+  return 0;
+}
+
 int RunMakeFixture(const FixtureOptions& options, const std::string& out, int threads) {
   ThreadPool pool(threads > 0 ? threads : ThreadPool::Default().num_threads());
   absl::Status s = MakeFixture(options, out, pool);
@@ -107,7 +137,8 @@ int RunMakeFixture(const FixtureOptions& options, const std::string& out, int th
 }  // namespace
 
 void RegisterGgufCommands(CLI::App& app, int* exit_code) {
-  CLI::App* gguf = app.add_subcommand("gguf", "Inspect, create and quantize GGUF files");
+  CLI::App* gguf =
+      app.add_subcommand("gguf", "Inspect, create, quantize and export GGUF files");
   gguf->require_subcommand(1);
 
   auto info_args = std::make_shared<InfoArgs>();
@@ -127,6 +158,25 @@ void RegisterGgufCommands(CLI::App& app, int* exit_code) {
   quantize->add_flag("--pure", q_args->pure, "Same type for every matrix (no llama.cpp mix)");
   quantize->add_option("--threads", q_args->threads, "Threads (default: all)");
   quantize->callback([q_args, exit_code] { *exit_code = RunQuantize(*q_args); });
+
+  auto e_args = std::make_shared<ExportArgs>();
+  CLI::App* exp = gguf->add_subcommand(
+      "export", "Merge trained LoRA adapters and/or tensors into a dense GGUF");
+  exp->add_option("BASE", e_args->base, "The base model GGUF the training started from")
+      ->required();
+  exp->add_option("--adapters", e_args->adapters,
+                  "An adapter GGUF (general.type adapter: LoRA, W + alpha/rank * B A), a "
+                  "tensors GGUF (general.type tensors: replacements), or a training output "
+                  "directory holding adapters.gguf and/or tensors.gguf (repeatable)")
+      ->required()
+      ->allow_extra_args(false);  // one path per flag: BASE may follow
+  exp->add_option("--out", e_args->out, "Output GGUF")->required();
+  exp->add_option("--type", e_args->type,
+                  "Write every tensor as gguf quantize --type would (default: merged tensors "
+                  "re-quantized to their own type, the rest copied)");
+  exp->add_option("--threads", e_args->threads, "Threads (default: all)")
+      ->check(CLI::Range(0, kMaxThreads));
+  exp->callback([e_args, exit_code] { *exit_code = RunExport(*e_args); });
 
   auto f = std::make_shared<FixtureOptions>();
   auto f_out = std::make_shared<std::string>();

@@ -405,6 +405,15 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
   if (threads != pool_->num_threads()) pool_ = std::make_unique<ThreadPool>(threads);
   auto model = Model::FromFile(*std::move(file), options, *pool_);
   if (!model.ok()) return model.status();
+  if (!request.adapter_path().empty() && !options.experts_only) {
+    // Not fetched from the coordinator like the model: a worker without the file says so.
+    if (absl::Status s = (*model)->LoadLora(request.adapter_path()); !s.ok()) {
+      return absl::Status(s.code() == absl::StatusCode::kNotFound
+                              ? absl::StatusCode::kFailedPrecondition
+                              : s.code(),
+                          absl::StrCat("adapter: ", s.message()));
+    }
+  }
   const ModelConfig& c = (*model)->config();
   if (!options.experts_only) {
     if (absl::Status s = (*model)->CheckKvType(*cache_type); !s.ok()) return s;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/gguf/gguf.h"
 
 namespace fucina {
 
@@ -35,6 +36,9 @@ struct LoraAdapter {
   std::vector<float> a;  // [rank, in]
   std::vector<float> b;  // [out, rank]
 };
+
+// The base tensor an adapter sits on: "blk.<layer>.<target>.weight".
+std::string LoraTensorName(int64_t layer, LoraTarget t);
 
 // Adapters by (absolute layer, target).
 class LoraSet {
@@ -60,6 +64,22 @@ class LoraSet {
  private:
   std::map<std::pair<int64_t, int>, LoraAdapter> adapters_;
 };
+
+// Reads the adapters of a LoRA GGUF (general.type "adapter", adapter.type "lora",
+// adapter.lora.alpha; f32 "<base>.lora_a" [in, rank] / "<base>.lora_b" [rank, out] pairs, as
+// Model::SaveLora and llama.cpp write them; scale = alpha / rank), for `arch`. The adapters
+// own copies of A and B. Checks the file alone, not a model: whether each base tensor exists
+// with dims [in, out] is the caller's (Model::LoadLora, MergeModel). INVALID_ARGUMENT naming
+// the file and the key or tensor: another type or architecture, no alpha, a tensor without its
+// pair, not f32 2-D, a name that is not "blk.<L>.<target>.weight.lora_*",
+// no adapters at all.
+absl::StatusOr<LoraSet> ReadLoraFile(const gguf::File& f, std::string_view arch);
+
+// Whether every adapter of `set` (read from `adapter_path`) sits on a 2-D tensor of `model`
+// with dims [in, out]. INVALID_ARGUMENT naming the adapter file, the tensor and, when it
+// exists, both shapes.
+absl::Status CheckLoraFits(const LoraSet& set, std::string_view adapter_path,
+                           const gguf::File& model);
 
 }  // namespace fucina
 

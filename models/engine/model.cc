@@ -5,7 +5,6 @@
 #include <cstring>
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/norm.h"
 #include "kernels/type_traits.h"
@@ -181,8 +180,7 @@ const ExpertStacks* Model::LocalExperts(int64_t layer) const {
 void Model::VisitParameters(const ParameterVisitor& visit) const {
   for (const Parameter& p : parameters_) visit(p);
   lora_.ForEach([&](int64_t layer, LoraTarget t, const LoraAdapter& ad) {
-    const std::string base = absl::StrCat("blk.", layer, ".", std::string(LoraTargetName(t)),
-                                          ".weight");
+    const std::string base = LoraTensorName(layer, t);
     // GGUF order: lora_a is [in, rank] (rows of `in` values), lora_b [rank, out].
     visit({base + ".lora_a", {ad.in, ad.rank},
            {{WeightView::Dense(ad.a.data(), GgmlType::kF32, ad.rank, ad.in), true}}});
@@ -192,72 +190,30 @@ void Model::VisitParameters(const ParameterVisitor& visit) const {
 }
 
 absl::Status Model::LoadLora(const std::string& path) {
-  auto err = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
-  };
   if (!lora_.empty()) return absl::FailedPreconditionError("the model has adapters already");
+  if (experts_only_) return absl::FailedPreconditionError("an experts-only shard has no layers");
   auto file = gguf::File::Open(path);
   if (!file.ok()) return file.status();
-  const gguf::File& f = **file;
-  auto str = [&](const char* key) -> std::string {
-    const gguf::Value* v = f.Find(key);
-    return v != nullptr && v->AsString() != nullptr ? *v->AsString() : std::string();
-  };
-  if (str("general.type") != "adapter" || str("adapter.type") != "lora") {
-    return err("not a LoRA adapter file (general.type \"adapter\", adapter.type \"lora\")");
-  }
-  if (str("general.architecture") != config_.arch) {
-    return err(absl::StrCat("adapters for '", str("general.architecture"), "', the model is '",
-                            config_.arch, "'"));
-  }
-  const gguf::Value* alpha_v = f.Find("adapter.lora.alpha");
-  std::optional<double> alpha;
-  if (alpha_v != nullptr) alpha = alpha_v->AsFloat();
-  if (!alpha) return err("adapter.lora.alpha is missing or not a number");
+  auto read = ReadLoraFile(**file, config_.arch);
+  if (!read.ok()) return read.status();
+  // Every adapter must fit the model, also those on another stage's layers, so each stage of a
+  // pipeline refuses a wrong file alike; only this shard's layers keep theirs.
+  if (absl::Status s = CheckLoraFits(*read, path, *file_); !s.ok()) return s;
   LoraSet loaded;
-  for (const gguf::TensorInfo& t : f.tensors()) {
-    if (!t.name.ends_with(".weight.lora_a")) {
-      if (!t.name.ends_with(".weight.lora_b")) return err("unexpected tensor " + t.name);
-      continue;
+  absl::Status status;
+  read->ForEach([&](int64_t layer, LoraTarget t, LoraAdapter& ad) {
+    if (!status.ok() || layer < first_ || layer >= last_) return;
+    const std::string name = LoraTensorName(layer, t);
+    const bool bound = std::any_of(parameters_.begin(), parameters_.end(),
+                                   [&](const Parameter& p) { return p.name == name; });
+    if (!bound) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", name, ".lora_a: ", name, " is not a projection this model runs"));
+      return;
     }
-    const std::string base = t.name.substr(0, t.name.size() - 7);  // "...weight"
-    const gguf::TensorInfo* b = f.FindTensor(base + ".lora_b");
-    if (b == nullptr) return err(t.name + " has no " + base + ".lora_b");
-    if (t.type != GgmlType::kF32 || b->type != GgmlType::kF32 || t.dims.size() != 2 ||
-        b->dims.size() != 2 || t.dims[1] != b->dims[0]) {
-      return err(t.name + " / lora_b: expected f32 [in, rank] and [rank, out]");
-    }
-    // "blk.<layer>.<target>.weight"
-    const size_t dot = base.find('.', 4);
-    int64_t layer = -1;
-    if (!base.starts_with("blk.") || dot == std::string::npos ||
-        !absl::SimpleAtoi(base.substr(4, dot - 4), &layer)) {
-      return err(t.name + ": not a layer tensor");
-    }
-    const std::string target = base.substr(dot + 1, base.size() - dot - 1 - 7);
-    std::optional<LoraTarget> which;
-    for (int i = 0; i < kNumLoraTargets; ++i) {
-      if (LoraTargetName(static_cast<LoraTarget>(i)) == target) which = static_cast<LoraTarget>(i);
-    }
-    if (!which) return err(t.name + ": no adapter target '" + target + "'");
-    if (layer < first_ || layer >= last_) continue;  // another stage's layer
-    auto weight = std::find_if(parameters_.begin(), parameters_.end(),
-                               [&](const Parameter& p) { return p.name == base; });
-    if (weight == parameters_.end() || weight->dims.size() != 2 ||
-        weight->dims[0] != t.dims[0] || weight->dims[1] != b->dims[1]) {
-      return err(t.name + ": shape does not fit " + base);
-    }
-    LoraAdapter& ad = loaded.Add(layer, *which);
-    ad.in = t.dims[0];
-    ad.rank = t.dims[1];
-    ad.out = b->dims[1];
-    ad.scale = static_cast<float>(*alpha) / static_cast<float>(ad.rank);
-    const float* a_data = reinterpret_cast<const float*>(t.data);
-    const float* b_data = reinterpret_cast<const float*>(b->data);
-    ad.a.assign(a_data, a_data + ad.rank * ad.in);
-    ad.b.assign(b_data, b_data + ad.out * ad.rank);
-  }
-  if (loaded.empty()) return err("no adapters for this model's layers");
+    loaded.Add(layer, t) = std::move(ad);
+  });
+  if (!status.ok()) return status;
   lora_ = std::move(loaded);
   return absl::OkStatus();
 }

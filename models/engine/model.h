@@ -141,11 +141,13 @@ class Model {
   // dense FFN in a MoE-only layer) get none. Error: rank < 1, or adapters already present.
   absl::Status AddLora(std::span<const LoraTarget> targets, int64_t rank, float alpha,
                        uint64_t seed);
-  // Reads an adapter GGUF (general.type "adapter", adapter.type "lora", adapter.lora.alpha,
-  // f32 "blk.<L>.<target>.weight.lora_a" [in, rank] / ".lora_b" [rank, out] pairs, as
-  // `fucina train es --mode lora` and llama.cpp write them) onto this model's layers. Errors
-  // name the file and the tensor or key: another architecture, a shape that does not fit, a
-  // tensor without its pair, adapters already present.
+  // Reads an adapter GGUF (ReadLoraFile in lora.h: general.type "adapter", adapter.type
+  // "lora", f32 "blk.<L>.<target>.weight.lora_a" [in, rank] / ".lora_b" [rank, out] pairs, as
+  // `fucina train es --mode lora` and llama.cpp write them) onto this model's layers. A shard
+  // keeps the adapters of its own layers only (possibly none); those of other layers are
+  // still checked against the file's tensors, so every stage refuses a wrong file alike.
+  // Errors name the file and the tensor or key: another architecture, a tensor the model
+  // lacks, a shape that does not fit, a tensor without its pair; FAILED_PRECONDITION: adapters already present, an experts-only shard.
   absl::Status LoadLora(const std::string& path);
   // Writes this model's adapters in that format (alpha = scale * rank, one per file).
   absl::Status SaveLora(const std::string& path) const;

@@ -131,6 +131,47 @@ absl::Status ConvertRow(GgmlType src_type, const void* src, GgmlType dst_type, v
   return absl::OkStatus();
 }
 
+absl::Status AddConvertedTensor(Writer& writer, const TensorInfo& src, GgmlType dst_type,
+                                ThreadPool& pool, std::FILE* log, RowEdit edit) {
+  if (dst_type == src.type && !edit) {
+    return writer.AddTensorBytes(src.name, src.dims, src.type, {src.data, src.nbytes});
+  }
+  const int64_t row = src.dims[0];
+  const int64_t rows = src.num_elements() / row;
+  return writer.AddTensor(
+      src.name, src.dims, dst_type,
+      [&src, dst_type, row, rows, &pool, log, edit = std::move(edit)](std::span<uint8_t> out) {
+        const CpuTypeTraits* from = GetCpuTraits(src.type);
+        const CpuTypeTraits* to = GetCpuTraits(dst_type);
+        if (from == nullptr || from->to_float == nullptr) {
+          return absl::UnimplementedError(absl::StrCat(
+              src.name, ": no dequantizer for type ", std::string(TypeName(src.type))));
+        }
+        if (to == nullptr || to->from_float == nullptr) {
+          return absl::UnimplementedError(absl::StrCat(
+              src.name, ": no quantizer for type ", std::string(TypeName(dst_type))));
+        }
+        const size_t src_row_bytes = static_cast<size_t>(RowBytes(src.type, row));
+        const size_t dst_row_bytes = static_cast<size_t>(RowBytes(dst_type, row));
+        std::vector<std::vector<float>> scratch(pool.num_threads(), std::vector<float>(row));
+        pool.ParallelFor(rows, 16, [&](int64_t r0, int64_t r1, int thread) {
+          float* values = scratch[thread].data();
+          for (int64_t r = r0; r < r1; ++r) {
+            from->to_float(src.data + r * src_row_bytes, values, row);
+            if (edit) edit(r, values);
+            to->from_float(values, out.data() + r * dst_row_bytes, row);
+          }
+        });
+        if (log != nullptr) {
+          std::fprintf(log, "%-40s %-6s -> %-6s %lld x %lld%s\n", src.name.c_str(),
+                       std::string(TypeName(src.type)).c_str(),
+                       std::string(TypeName(dst_type)).c_str(), static_cast<long long>(rows),
+                       static_cast<long long>(row), edit ? " (merged)" : "");
+        }
+        return absl::OkStatus();
+      });
+}
+
 absl::Status QuantizeModel(const File& in, const std::string& out_path, const QuantTarget& target,
                            const QuantizeOptions& options, ThreadPool& pool, std::FILE* log) {
   auto writer_or = Writer::Create(out_path, static_cast<uint32_t>(in.alignment()));
@@ -160,39 +201,7 @@ absl::Status QuantizeModel(const File& in, const std::string& out_path, const Qu
   for (const TensorInfo& t : in.tensors()) {
     const GgmlType dst_type = ChooseTensorType(target, options, t.name, t.dims, t.type,
                                                has_output, num_layers, num_experts);
-    const int64_t row = t.dims[0];
-    const int64_t rows = t.num_elements() / row;
-    if (dst_type == t.type) {
-      absl::Status s = writer.AddTensorBytes(t.name, t.dims, t.type, {t.data, t.nbytes});
-      if (!s.ok()) return s;
-      continue;
-    }
-    const TensorInfo* src = &t;
-    absl::Status s = writer.AddTensor(
-        t.name, t.dims, dst_type, [src, dst_type, row, rows, &pool, log](std::span<uint8_t> out) {
-          const size_t src_row_bytes = static_cast<size_t>(RowBytes(src->type, row));
-          const size_t dst_row_bytes = static_cast<size_t>(RowBytes(dst_type, row));
-          std::vector<std::vector<float>> scratch(pool.num_threads(), std::vector<float>(row));
-          std::vector<absl::Status> errors(pool.num_threads());
-          pool.ParallelFor(rows, 16, [&](int64_t r0, int64_t r1, int thread) {
-            for (int64_t r = r0; r < r1 && errors[thread].ok(); ++r) {
-              errors[thread] = ConvertRow(src->type, src->data + r * src_row_bytes, dst_type,
-                                          out.data() + r * dst_row_bytes, row,
-                                          scratch[thread].data());
-            }
-          });
-          for (const absl::Status& e : errors) {
-            if (!e.ok()) return absl::Status(e.code(), absl::StrCat(src->name, ": ", e.message()));
-          }
-          if (log != nullptr) {
-            std::fprintf(log, "%-40s %-6s -> %-6s %lld x %lld\n", src->name.c_str(),
-                         std::string(TypeName(src->type)).c_str(),
-                         std::string(TypeName(dst_type)).c_str(),
-                         static_cast<long long>(rows), static_cast<long long>(row));
-          }
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return s;
+    if (absl::Status s = AddConvertedTensor(writer, t, dst_type, pool, log); !s.ok()) return s;
   }
   return writer.Finish();
 }

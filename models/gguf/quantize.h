@@ -16,6 +16,7 @@
 #define FUCINA_MODELS_GGUF_QUANTIZE_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ggml_type.h"
 #include "models/gguf/gguf.h"
+#include "models/gguf/writer.h"
 
 namespace fucina::gguf {
 
@@ -58,6 +60,19 @@ GgmlType ChooseTensorType(const QuantTarget& target, const QuantizeOptions& opti
 // `n` elements, a multiple of both block sizes.
 absl::Status ConvertRow(GgmlType src_type, const void* src, GgmlType dst_type, void* dst,
                         int64_t n, float* scratch);
+
+// Edits one dequantized row in place: values[row length] of row `row` (concurrent calls get
+// distinct rows).
+using RowEdit = std::function<void(int64_t row, float* values)>;
+
+// Declares `src` (named src.name, with its dims) on `writer` as `dst_type`: the bytes as they
+// are when the type is kept and there is no edit; otherwise, during Finish, each row
+// dequantized, passed through `edit` (if set) and quantized, rows spread over `pool`. `src` (the
+// TensorInfo and its data) must stay valid until Finish. Errors: those of AddTensor now; during Finish,
+// a type without a (de)quantizer, naming the tensor. A line per converted tensor goes to `log`.
+absl::Status AddConvertedTensor(Writer& writer, const TensorInfo& src, GgmlType dst_type,
+                                ThreadPool& pool, std::FILE* log = nullptr,
+                                RowEdit edit = nullptr);
 
 // Reads `in`, writes the quantized model to `out_path`. Progress lines go to `log` if set.
 absl::Status QuantizeModel(const File& in, const std::string& out_path, const QuantTarget& target,

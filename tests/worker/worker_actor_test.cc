@@ -4,11 +4,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "models/engine/lora.h"
+#include "models/engine/model.h"
 #include "tests/worker/fixture_model.h"
 #include "worker/activations.h"
 #include "worker/sampling_wire.h"
@@ -269,6 +275,65 @@ TEST_F(WorkerActorTest, ContextOverflowIsOutOfRange) {
   wire::ForwardRequest f;
   *f.add_segments() = Seg(1, 0, std::vector<int32_t>(33, 3));
   EXPECT_TRUE(absl::IsOutOfRange(w.Forward(f).status()));
+}
+
+TEST_F(WorkerActorTest, AnAdapterAppliesToEachStagesLayers) {
+  // Adapters on every layer, saved; the reference is the engine with them loaded.
+  const std::string adapter = *path_ + ".adapter.gguf";
+  ThreadPool pool(1);
+  auto model = Model::Load(*path_, LoadOptions{}, pool);
+  ASSERT_TRUE(model.ok());
+  ASSERT_TRUE((*model)->AddLora({{LoraTarget::kQ, LoraTarget::kV, LoraTarget::kDown}}, 4, 8.0f, 3)
+                  .ok());
+  int i = 0;
+  (*model)->mutable_lora().ForEach([&](int64_t, LoraTarget, LoraAdapter& ad) {
+    for (float& v : ad.b) v = 0.5f * static_cast<float>(std::sin(0.37 * ++i));
+  });
+  ASSERT_TRUE((*model)->SaveLora(adapter).ok());
+  const std::vector<int32_t> ids = {5, 17, 99, 3};
+  auto kv = (*model)->NewKvCache(8, GgmlType::kF32);
+  ASSERT_TRUE(kv.ok());
+  auto logits = (*model)->ForwardStep(**kv, ids, 0);
+  ASSERT_TRUE(logits.ok());
+  const int32_t want = static_cast<int32_t>(
+      std::max_element(logits->begin(), logits->end()) - logits->begin());
+  double sum = 0;
+  for (float l : *logits) sum += std::exp(static_cast<double>(l) - (*logits)[want]);
+  const double want_logprob = -std::log(sum);
+
+  WorkerActor plain({.threads = 1}), whole({.threads = 1}), s0({.threads = 1}),
+      s1({.threads = 1});
+  auto with_adapter = [&](wire::LoadShardRequest r) {
+    r.set_adapter_path(adapter);
+    return r;
+  };
+  ASSERT_TRUE(plain.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  ASSERT_TRUE(whole.LoadShard(with_adapter(Shard(0, 0, 4, true, true))).ok());
+  ASSERT_TRUE(s0.LoadShard(with_adapter(Shard(0, 0, 2, true, false))).ok());
+  ASSERT_TRUE(s1.LoadShard(with_adapter(Shard(1, 2, 4, false, true))).ok());
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(7, 0, ids);
+  auto p = plain.Forward(f);
+  auto a = whole.Forward(f);
+  auto mid = s0.Forward(f);
+  ASSERT_TRUE(p.ok() && a.ok() && mid.ok());
+  f.set_stage(1);
+  *f.mutable_activations() = mid->activations();
+  auto b = s1.Forward(f);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->results(0).token(), want);
+  EXPECT_NEAR(a->results(0).logprob(), want_logprob, 1e-5);
+  EXPECT_EQ(b->results(0).token(), want);
+  EXPECT_FLOAT_EQ(b->results(0).logprob(), a->results(0).logprob());
+  EXPECT_GT(std::abs(p->results(0).logprob() - a->results(0).logprob()), 1e-3);  // it mattered
+
+  // A worker without the file refuses the shard naming the path.
+  wire::LoadShardRequest missing = Shard(0, 0, 4, true, true);
+  missing.set_adapter_path(*path_ + ".missing.gguf");
+  const absl::Status s = whole.LoadShard(missing).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find(*path_ + ".missing.gguf"), std::string::npos) << s;
+  std::remove(adapter.c_str());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "models/engine/fixture.h"
 #include "models/engine/model.h"
+#include "models/gguf/writer.h"
 #include "tests/models/engine/fixture_files.h"
 
 namespace fucina {
@@ -173,6 +174,88 @@ TEST_P(LoraTest, SavedAdaptersLoadBackAndGiveTheSameLogits) {
   EXPECT_NE(wrong.message().find("adapters for"), std::string::npos) << wrong;
   const absl::Status not_adapter = (*other)->LoadLora(path());
   EXPECT_NE(not_adapter.message().find("not a LoRA adapter"), std::string::npos) << not_adapter;
+  std::remove(file.c_str());
+}
+
+TEST_P(LoraTest, ShardsTakeTheAdaptersOfTheirOwnLayers) {
+  // Two stages with one adapter file compute what the whole model with it computes; a stage
+  // whose layers have no adapters in the file (written by a first-stage-only model) loads it
+  // as none, and a file that does not fit the model is refused by every stage.
+  auto full = Model::Load(path(), LoadOptions{}, *pool_);
+  ASSERT_TRUE(full.ok());
+  const ModelConfig& c = (*full)->config();
+  int64_t split = -1;
+  for (int64_t l = 1; l < c.num_layers && split < 0; ++l) {
+    if (c.CanSplitAt(l)) split = l;
+  }
+  ASSERT_GT(split, 0);
+  const std::vector<LoraTarget> targets = {LoraTarget::kQ, LoraTarget::kV, LoraTarget::kUp};
+  ASSERT_TRUE((*full)->AddLora(targets, 2, 4.0f, 5).ok());
+  int i = 0;
+  (*full)->mutable_lora().ForEach([&](int64_t, LoraTarget, LoraAdapter& ad) {
+    for (float& v : ad.b) v = 0.05f * static_cast<float>(std::cos(0.3 * ++i));
+  });
+  const std::string file = FixtureTempPath("lora_shard", Variants()[GetParam()].name);
+  ASSERT_TRUE((*full)->SaveLora(file).ok());
+  auto a = Model::Load(path(), LoadOptions{0, split, true, false}, *pool_);
+  auto b = Model::Load(path(), LoadOptions{split, -1, false, true}, *pool_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->LoadLora(file).ok());
+  ASSERT_TRUE((*b)->LoadLora(file).ok());
+  (*a)->lora().ForEach([&](int64_t layer, LoraTarget, const LoraAdapter&) {
+    EXPECT_LT(layer, split);
+  });
+  (*b)->lora().ForEach([&](int64_t layer, LoraTarget, const LoraAdapter&) {
+    EXPECT_GE(layer, split);
+  });
+  EXPECT_FALSE((*b)->lora().empty());
+  auto kv_a = (*a)->NewKvCache(16, GgmlType::kF32);
+  auto kv_b = (*b)->NewKvCache(16, GgmlType::kF32);
+  ASSERT_TRUE(kv_a.ok() && kv_b.ok());
+  const int64_t n = static_cast<int64_t>(kPrompt.size());
+  std::vector<float> x(n * c.hidden), logits(n * c.vocab_size);
+  ASSERT_TRUE((*a)->Embed(kPrompt, x.data()).ok());
+  const Model::Segment seg_a[] = {{kv_a->get(), 0, n}};
+  ASSERT_TRUE((*a)->ForwardLayers(x.data(), n, seg_a).ok());
+  const Model::Segment seg_b[] = {{kv_b->get(), 0, n}};
+  ASSERT_TRUE((*b)->ForwardLayers(x.data(), n, seg_b).ok());
+  ASSERT_TRUE((*b)->Head(x.data(), n, logits.data()).ok());
+  EXPECT_EQ(logits, Logits(**full));
+
+  // Adapters on the first stage's layers only: the second stage has none of them.
+  auto first_only = Model::Load(path(), LoadOptions{0, split, true, false}, *pool_);
+  ASSERT_TRUE(first_only.ok());
+  ASSERT_TRUE((*first_only)->AddLora(targets, 2, 4.0f, 5).ok());
+  ASSERT_TRUE((*first_only)->SaveLora(file).ok());
+  auto b2 = Model::Load(path(), LoadOptions{split, -1, false, true}, *pool_);
+  ASSERT_TRUE(b2.ok());
+  const absl::Status none = (*b2)->LoadLora(file);
+  EXPECT_TRUE(none.ok()) << none;
+  EXPECT_TRUE((*b2)->lora().empty());
+
+  // An adapter on layer 0 that fits no tensor: refused by the stage without layer 0 too.
+  {
+    auto w = gguf::Writer::Create(file);
+    ASSERT_TRUE(w.ok());
+    (*w)->SetValue("general.architecture", gguf::Value::Str(c.arch));
+    (*w)->SetValue("general.type", gguf::Value::Str("adapter"));
+    (*w)->SetValue("adapter.type", gguf::Value::Str("lora"));
+    (*w)->SetValue("adapter.lora.alpha", gguf::Value::F32(4.0f));
+    const int64_t in = c.hidden + 8, out = c.layers[0].q_dim();
+    const std::vector<float> zeros((in + out) * 2, 0.0f);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(zeros.data());
+    ASSERT_TRUE((*w)->AddTensorBytes("blk.0.attn_q.weight.lora_a", {in, 2}, GgmlType::kF32,
+                                     {bytes, static_cast<size_t>(in * 2 * 4)}).ok());
+    ASSERT_TRUE((*w)->AddTensorBytes("blk.0.attn_q.weight.lora_b", {2, out}, GgmlType::kF32,
+                                     {bytes, static_cast<size_t>(out * 2 * 4)}).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  auto b3 = Model::Load(path(), LoadOptions{split, -1, false, true}, *pool_);
+  ASSERT_TRUE(b3.ok());
+  const absl::Status misfit = (*b3)->LoadLora(file);
+  EXPECT_EQ(misfit.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(misfit.message().find("blk.0.attn_q.weight.lora_a: ["), std::string::npos)
+      << misfit;
   std::remove(file.c_str());
 }
 
