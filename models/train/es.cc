@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
     const ParameterLocation& first = p.locations.front();
     const float* src = static_cast<const float*>(first.view.data);
     param.name = p.name;
+    param.id = ParameterId(p.name);
     param.theta.assign(src, src + first.view.rows * first.view.cols);
     if (options.weight_decay > 0.0f) param.base = param.theta;
     t->params_.push_back(std::move(param));
@@ -97,7 +98,7 @@ void EsTrainer::FillNoise(int64_t generation, int64_t pair, size_t param) {
   const int64_t n = static_cast<int64_t>(params_[param].theta.size());
   noise_.resize(n);
   FillNormal({options_.seed, static_cast<uint64_t>(generation), static_cast<uint64_t>(pair),
-              static_cast<uint64_t>(param)},
+              params_[param].id},
              0, n, noise_.data(), pool_);
 }
 
@@ -196,19 +197,39 @@ absl::StatusOr<std::vector<float>> EsTrainer::Step(int64_t generation, const Fit
   return values;
 }
 
+namespace {
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+
+uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= kFnvPrime;
+  }
+  return h;
+}
+
+}  // namespace
+
+uint64_t ParameterId(std::string_view name) { return Fnv1a(kFnvOffset, name.data(), name.size()); }
+
 uint64_t EsTrainer::Checksum() const {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t sum = 0;
   for (const Param& p : params_) {
+    // The values' bits as little-endian bytes, whatever the host.
+    uint64_t h = Fnv1a(kFnvOffset, p.name.data(), p.name.size());
     for (float v : p.theta) {
       uint32_t bits;
       std::memcpy(&bits, &v, sizeof(bits));
-      for (int b = 0; b < 4; ++b) {
-        h ^= (bits >> (8 * b)) & 0xFF;
-        h *= 1099511628211ull;
-      }
+      const uint8_t le[4] = {static_cast<uint8_t>(bits), static_cast<uint8_t>(bits >> 8),
+                             static_cast<uint8_t>(bits >> 16), static_cast<uint8_t>(bits >> 24)};
+      h = Fnv1a(h, le, sizeof(le));
     }
+    sum += h;  // wraps: a sum, so shards' checksums add up to the whole model's
   }
-  return h;
+  return sum;
 }
 
 }  // namespace fucina::train

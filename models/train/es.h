@@ -3,7 +3,8 @@
 //
 // Population: `population` members in antithetic pairs; member m perturbs the parameters by
 // s * sigma * eps_p with p = m / 2 and s = +1 for even m, -1 for odd m, where eps_p is the
-// noise of NoiseKey{seed, generation, p, parameter index} (noise.h): regenerated wherever it is
+// noise of NoiseKey{seed, generation, p, ParameterId(tensor name)} (noise.h): keyed by name, so
+// a tensor gets the same noise in a whole model and in any shard holding it; regenerated wherever it is
 // needed, never stored or sent. Fitness is shaped by centered ranks scaled to unit variance
 // (ShapeFitness: robust to outliers, on the scale of the z-scores of Qiu et al. 2025, whose
 // sigma 1e-3 / lr 5e-4 are the defaults), and, as in that paper (1/sigma folded into lr),
@@ -23,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +52,10 @@ struct EsOptions {
 // A member's fitness (higher is better) given the model holding its perturbed parameters.
 using FitnessFn = std::function<absl::StatusOr<float>(Model& model)>;
 
+// The noise key's parameter of a tensor: FNV-1a 64 of its name (a LoRA factor's name is
+// "<tensor>.lora_a" / ".lora_b").
+uint64_t ParameterId(std::string_view name);
+
 class EsTrainer {
  public:
   // Trains the owned f32 tensors of `model` (at least one). `model` and `pool` must outlive it.
@@ -62,7 +68,7 @@ class EsTrainer {
   // The scheduled values of `generation`.
   float SigmaAt(int64_t generation) const;
   float LrAt(int64_t generation) const;
-  // Trainable values and tensors, in VisitParameters order (the parameter index of the noise).
+  // Trainable values and tensors, in VisitParameters order.
   int64_t num_values() const;
   std::vector<std::string> tensor_names() const;
 
@@ -78,7 +84,9 @@ class EsTrainer {
   // Every member of a generation, then the update; returns the raw fitness values.
   absl::StatusOr<std::vector<float>> Step(int64_t generation, const FitnessFn& fitness);
 
-  // FNV-1a over the bits of every trainable value, in order: replicas agree iff this does.
+  // The sum (mod 2^64) over trainable tensors of FNV-1a over the tensor's name and its values'
+  // bits: replicas agree iff this does (up to hash collisions), and the checksums of shards
+  // holding disjoint tensors add up to the whole model's.
   uint64_t Checksum() const;
   // The current values of tensor `i` (tensor_names() order), row-major f32.
   std::span<const float> values(size_t i) const { return params_[i].theta; }
@@ -89,12 +97,13 @@ class EsTrainer {
  private:
   struct Param {
     std::string name;
+    uint64_t id = 0;  // ParameterId(name): the noise key's parameter
     std::vector<float> theta, base;  // base: only with weight decay
     std::vector<float*> copies;      // the model's owned f32 locations, [rows * cols] each
   };
   EsTrainer(Model& model, const EsOptions& options, ThreadPool& pool)
       : model_(model), options_(options), pool_(pool) {}
-  // noise_ = eps of (generation, pair) for parameter `param` (its index, the noise key's).
+  // noise_ = eps of (generation, pair) for parameter `param` (an index into params_).
   void FillNoise(int64_t generation, int64_t pair, size_t param);
   // Writes theta (+ s * sigma * eps_pair when sign != 0) into every copy.
   void Write(int64_t generation, int64_t pair, float sign);

@@ -19,7 +19,8 @@ BIN = os.environ.get("FUCINA_BIN", "")
 
 
 def run(*args, check=True):
-    proc = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True,
+                          errors="replace", timeout=120)
     if check and proc.returncode != 0:
         raise AssertionError(f"fucina {' '.join(map(str, args))} failed:\n{proc.stderr}")
     return proc
