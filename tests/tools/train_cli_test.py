@@ -81,6 +81,13 @@ class TrainEsTest(unittest.TestCase):
             state = json.load(f)
         self.assertEqual(state["generation"], 8)
         self.assertEqual(state["checksum"], checksum)
+        # Merged into the base, the trained tensors score what the run ended with.
+        merged = os.path.join(self.dir, "merged.gguf")
+        run("gguf", "export", self.model, "--adapters", out, "--out", merged)
+        scored = run("train", "es", merged, "--data", self.data, "--raw", "--mode", "full",
+                     "--tensors", r"token_embd\.weight", "--iterations", "0")
+        again = float(re.search(r"generation 0: reward (-?[\d.]+)", scored.stdout).group(1))
+        self.assertAlmostEqual(again, final, places=4)
 
     def test_a_resumed_run_ends_like_an_uninterrupted_one(self):
         reference = re.search(r"checksum ([0-9a-f]{16})", self.train().stdout).group(1)
