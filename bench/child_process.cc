@@ -16,6 +16,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
+extern char** environ;
+
 namespace fucina::cli {
 namespace {
 
@@ -130,6 +132,15 @@ absl::StatusOr<std::string> Child::WaitForLine(const std::string& prefix,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+std::vector<std::string> EnvironmentWithCache(const std::string& cache) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!absl::StartsWith(*e, "FUCINA_CACHE=")) env.push_back(*e);
+  }
+  env.push_back("FUCINA_CACHE=" + cache);
+  return env;
 }
 
 absl::StatusOr<Endpoints> WaitListening(Child& c, Child::Clock::time_point deadline) {

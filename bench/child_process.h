@@ -37,6 +37,9 @@ class Child {
   // Reaps it if it has exited, within `wait`; true once reaped.
   bool WaitExit(std::chrono::milliseconds wait);
 
+  // The exit code (128 + signal when killed) once reaped; -1 before.
+  int exit_status() const { return exit_status_; }
+
   std::string Stdout() const;
   // The last lines of its stderr, for error messages.
   std::string StderrTail() const;
@@ -50,6 +53,10 @@ class Child {
   pid_t pid_ = 0;
   int exit_status_ = -1;
 };
+
+// This process's environment with FUCINA_CACHE=`cache` in place of its own: children started
+// with it share the join token made there, and leave the user's cache alone.
+std::vector<std::string> EnvironmentWithCache(const std::string& cache);
 
 // A server's `listening grpc=HOST:PORT metrics=HOST:PORT ...` line, parsed.
 struct Endpoints {

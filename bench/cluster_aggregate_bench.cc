@@ -68,8 +68,6 @@
 #include "tools/commands.h"
 #include "worker/grpc_util.h"
 
-extern char** environ;
-
 namespace fucina::cli {
 namespace {
 
@@ -278,13 +276,11 @@ double DecodeTps(const std::vector<Trace>& traces) {
 class Bench {
  public:
   Bench(const AggregateArgs& a, std::string model, std::string dir, std::vector<int32_t> text)
-      : a_(a), model_(std::move(model)), dir_(std::move(dir)), text_(std::move(text)) {
-    // The children's environment: ours, with FUCINA_CACHE in the bench's temporary folder.
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!absl::StartsWith(*e, "FUCINA_CACHE=")) env_.push_back(*e);
-    }
-    env_.push_back("FUCINA_CACHE=" + dir_ + "/cache");
-  }
+      : a_(a),
+        model_(std::move(model)),
+        dir_(std::move(dir)),
+        text_(std::move(text)),
+        env_(EnvironmentWithCache(dir_ + "/cache")) {}
 
   // `streams` prompts of mixed lengths in [P/4, 7P/4), cut at different offsets of the text so
   // no two share a prefix (no KV reuse between them); `salt` gives each repeat its own.

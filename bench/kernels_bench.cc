@@ -242,6 +242,7 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code) {
   kernels->callback([args, exit_code] { *exit_code = RunKernels(*args); });
   RegisterClusterBench(*bench, exit_code);
   RegisterClusterAggregateBench(*bench, exit_code);
+  RegisterEsBench(*bench, exit_code);
 }
 
 }  // namespace fucina::cli

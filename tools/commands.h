@@ -23,6 +23,9 @@ void RegisterClusterBench(CLI::App& bench, int* exit_code);
 // `fucina bench cluster-aggregate` (bench/cluster_aggregate_bench.cc): real processes, many
 // streams, against two single-thread `fucina run` at once.
 void RegisterClusterAggregateBench(CLI::App& bench, int* exit_code);
+// `fucina bench es` (bench/es_bench.cc): ES member evaluations/s on worker processes against
+// two single-thread `train es` at once, and bytes per generation against the parameter count.
+void RegisterEsBench(CLI::App& bench, int* exit_code);
 
 }  // namespace fucina::cli
 
