@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -172,6 +173,16 @@ int FailRpc(const grpc::Status& status) {
                            status.error_message()));
 }
 
+// Runs `call` with a Train stub and a context carrying the API key; its exit code.
+int CallTrain(const ConnectArgs& c,
+              const std::function<int(api::Train::Stub&, grpc::ClientContext&)>& call) {
+  auto stub = TrainStub(c);
+  if (!stub.ok()) return FailUsage(stub.status());
+  grpc::ClientContext ctx;
+  AddApiKey(&ctx, c.api_key);
+  return call(**stub, ctx);
+}
+
 int Watch(api::Train::Stub& stub, const ConnectArgs& c, const std::string& job_id,
           int iterations) {
   grpc::ClientContext ctx;
@@ -194,16 +205,14 @@ int RunStart(const JobArgs& a, const ConnectArgs& c, bool watch) {
   auto request = RequestFromArgs(a);
   if (!request.ok()) return Fail(request.status());
   request->set_model(a.model);
-  auto stub = TrainStub(c);
-  if (!stub.ok()) return FailUsage(stub.status());
-  grpc::ClientContext ctx;
-  AddApiKey(&ctx, c.api_key);
-  api::Job job;
-  grpc::Status status = (*stub)->StartJob(&ctx, *request, &job);
-  if (!status.ok()) return FailRpc(status);
-  std::printf("job %s started\n", job.job_id().c_str());
-  std::fflush(stdout);
-  return watch ? Watch(**stub, c, job.job_id(), job.iterations()) : 0;
+  return CallTrain(c, [&](api::Train::Stub& stub, grpc::ClientContext& ctx) {
+    api::Job job;
+    grpc::Status status = stub.StartJob(&ctx, *request, &job);
+    if (!status.ok()) return FailRpc(status);
+    std::printf("job %s started\n", job.job_id().c_str());
+    std::fflush(stdout);
+    return watch ? Watch(stub, c, job.job_id(), job.iterations()) : 0;
+  });
 }
 
 void PrintJob(const api::Job& j) {
@@ -383,61 +392,40 @@ void RegisterTrainCommands(CLI::App& app, int* exit_code) {
   w->add_option("JOB", *id, "Job id")->required();
   AddConnectFlags(w, conn.get(), true);
   w->callback([=] {
-    auto stub = TrainStub(*conn);
-    if (!stub.ok()) {
-      *exit_code = FailUsage(stub.status());
-      return;
-    }
-    grpc::ClientContext ctx;
-    AddApiKey(&ctx, conn->api_key);
-    api::GetJobRequest req;
-    req.set_job_id(*id);
-    api::Job j;
-    grpc::Status s = (*stub)->GetJob(&ctx, req, &j);
-    *exit_code = s.ok() ? Watch(**stub, *conn, *id, j.iterations()) : FailRpc(s);
+    *exit_code = CallTrain(*conn, [&](api::Train::Stub& stub, grpc::ClientContext& ctx) {
+      api::GetJobRequest req;
+      req.set_job_id(*id);
+      api::Job j;
+      grpc::Status s = stub.GetJob(&ctx, req, &j);
+      return s.ok() ? Watch(stub, *conn, *id, j.iterations()) : FailRpc(s);
+    });
   });
 
   CLI::App* stop = ct->add_subcommand("stop", "Stop a job after its generation in flight");
   stop->add_option("JOB", *id, "Job id")->required();
   AddConnectFlags(stop, conn.get(), true);
   stop->callback([=] {
-    auto stub = TrainStub(*conn);
-    if (!stub.ok()) {
-      *exit_code = FailUsage(stub.status());
-      return;
-    }
-    grpc::ClientContext ctx;
-    AddApiKey(&ctx, conn->api_key);
-    api::StopJobRequest req;
-    req.set_job_id(*id);
-    api::Job j;
-    grpc::Status s = (*stub)->StopJob(&ctx, req, &j);
-    if (!s.ok()) {
-      *exit_code = FailRpc(s);
-      return;
-    }
-    PrintJob(j);
-    *exit_code = 0;
+    *exit_code = CallTrain(*conn, [&](api::Train::Stub& stub, grpc::ClientContext& ctx) {
+      api::StopJobRequest req;
+      req.set_job_id(*id);
+      api::Job j;
+      grpc::Status s = stub.StopJob(&ctx, req, &j);
+      if (!s.ok()) return FailRpc(s);
+      PrintJob(j);
+      return 0;
+    });
   });
 
   CLI::App* list = ct->add_subcommand("list", "List the coordinator's jobs");
   AddConnectFlags(list, conn.get(), true);
   list->callback([=] {
-    auto stub = TrainStub(*conn);
-    if (!stub.ok()) {
-      *exit_code = FailUsage(stub.status());
-      return;
-    }
-    grpc::ClientContext ctx;
-    AddApiKey(&ctx, conn->api_key);
-    api::ListJobsResponse jobs;
-    grpc::Status s = (*stub)->ListJobs(&ctx, api::ListJobsRequest(), &jobs);
-    if (!s.ok()) {
-      *exit_code = FailRpc(s);
-      return;
-    }
-    for (const api::Job& j : jobs.jobs()) PrintJob(j);
-    *exit_code = 0;
+    *exit_code = CallTrain(*conn, [&](api::Train::Stub& stub, grpc::ClientContext& ctx) {
+      api::ListJobsResponse jobs;
+      grpc::Status s = stub.ListJobs(&ctx, api::ListJobsRequest(), &jobs);
+      if (!s.ok()) return FailRpc(s);
+      for (const api::Job& j : jobs.jobs()) PrintJob(j);
+      return 0;
+    });
   });
 }
 

@@ -23,6 +23,7 @@
 #include "models/tokenizer/tokenizer.h"
 #include "models/train/es.h"
 #include "models/train/tasks.h"
+#include "tests/models/train/train_fixture.h"
 #include "worker/worker_actor.h"
 
 namespace fucina {
@@ -117,17 +118,7 @@ class EsDriverTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     ThreadPool pool(2);
-    FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 2;
-    o.hidden = 32;
-    o.ffn = 64;
-    o.num_heads = 2;
-    o.num_heads_kv = 1;
-    o.head_dim = 16;
-    o.init_std = 0.1;
-    o.seed = 5;
-    ASSERT_TRUE(MakeFixture(o, Path(), pool).ok());
+    ASSERT_TRUE(MakeFixture(SmallTrainFixture(), Path(), pool).ok());
   }
   static void TearDownTestSuite() { std::remove(Path().c_str()); }
   static std::string Path() { return TempPath("model.gguf"); }

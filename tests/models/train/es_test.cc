@@ -16,6 +16,7 @@
 #include "models/engine/lora.h"
 #include "models/engine/model.h"
 #include "models/train/tasks.h"
+#include "tests/models/train/train_fixture.h"
 
 namespace fucina::train {
 namespace {
@@ -46,17 +47,7 @@ class EsTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     ThreadPool pool(2);
-    FixtureOptions o;
-    o.arch = "qwen3";
-    o.num_layers = 2;
-    o.hidden = 32;
-    o.ffn = 64;
-    o.num_heads = 2;
-    o.num_heads_kv = 1;
-    o.head_dim = 16;
-    o.init_std = 0.1;  // branches that move the residual, so adapters inside them can matter
-    o.seed = 5;
-    ASSERT_TRUE(MakeFixture(o, Path(), pool).ok());
+    ASSERT_TRUE(MakeFixture(SmallTrainFixture(), Path(), pool).ok());
   }
   static void TearDownTestSuite() { std::remove(Path().c_str()); }
   static std::string Path() { return TempPath("model.gguf"); }
