@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->es_metrics_ = std::make_unique<EsMetrics>(*registry);
   Coordinator* self = c.get();
   c->train_jobs_ = std::make_unique<TrainJobs>(
-      options.model_path, *c->tokenizer_, c->chat_template_,
+      options.model_path, options.train_dir, *c->tokenizer_, c->chat_template_,
       [self] {
         std::vector<EsWorker> alive;
         for (const WorkerRecord& w : self->Workers()) {

@@ -40,6 +40,8 @@ struct CoordinatorOptions {
   // A LoRA adapter GGUF every pipeline stage applies to its layers (LoadShardRequest
   // adapter_path); checked against the model at Create. Empty: none.
   std::string adapter_path;
+  // Train jobs' checkpoints live under this folder (TrainJobs); empty: jobs take no out_dir.
+  std::string train_dir;
   std::string served_name;  // empty: the model file's stem (general.name is an alias)
   // Chat requests without a system message get this one ('' keeps the template's own default,
   // which for small models can be long and derail them). The same default as `fucina run`.

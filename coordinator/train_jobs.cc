@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "models/train/tasks.h"
 #include "worker/es_replica.h"
 
@@ -81,8 +82,8 @@ absl::StatusOr<wire::EsJob> EsJobFromRequest(const v1::StartJobRequest& request,
                       ? "blk\\.[0-9]+\\.(attn_q|attn_v|ffn_down)\\.weight"
                       : request.tensors());
   if (request.lora_targets().empty()) {
-    job.add_lora_targets("q");
-    job.add_lora_targets("v");
+    static const std::string kDefaultTargets[] = {"q", "v"};
+    for (const std::string& t : kDefaultTargets) *job.add_lora_targets() = t;
   } else {
     *job.mutable_lora_targets() = request.lora_targets();
   }
@@ -162,9 +163,10 @@ absl::Status RunEsJob(EsDriver& driver,
   return finish(driver.Run([&](const EsGenerationEvent& e) { on_event(ToEvent(id, e)); }));
 }
 
-TrainJobs::TrainJobs(std::string model_path, const Tokenizer& tokenizer,
+TrainJobs::TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
                      const ChatTemplate& chat, EsWorkerSource workers, EsMetrics* metrics)
     : model_path_(std::move(model_path)),
+      train_dir_(std::move(train_dir)),
       tokenizer_(tokenizer),
       chat_(chat),
       workers_(std::move(workers)),
@@ -182,6 +184,23 @@ TrainJobs::~TrainJobs() {
   for (Job* job : jobs) {
     if (job->thread.joinable()) job->thread.join();
   }
+}
+
+absl::StatusOr<std::string> TrainJobs::JobDir(const std::string& name, const char* field) const {
+  if (train_dir_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": this coordinator keeps no checkpoints (start it with --train-dir)"));
+  }
+  bool ok = !name.empty() && name.size() <= 200 && name.front() != '/';
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    ok = ok && part != "." && part != ".." && ValidJobId(std::string(part.data(), part.size()));
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " must be a relative folder name of [A-Za-z0-9._-] parts (under the "
+        "coordinator's --train-dir), without '..'"));
+  }
+  return absl::StrCat(train_dir_, "/", name);
 }
 
 absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
@@ -205,7 +224,17 @@ absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
   }
   EsDriverOptions options;
   options.iterations = request.iterations() == 0 ? 10 : request.iterations();
-  options.out_dir = request.out_dir();
+  if (!request.out_dir().empty()) {
+    auto dir = JobDir(request.out_dir(), "out_dir");
+    if (!dir.ok()) return dir.status();
+    options.out_dir = *dir;
+  }
+  std::string resume_dir;
+  if (!request.resume_from().empty()) {
+    auto dir = JobDir(request.resume_from(), "resume_from");
+    if (!dir.ok()) return dir.status();
+    resume_dir = *dir;
+  }
   options.checkpoint_every = request.checkpoint_every();
   if (request.resume_from().empty()) {
     v1::StartJobRequest named = request;
@@ -223,7 +252,7 @@ absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
   if (metrics_ != nullptr) record->metrics = metrics_->ForJob(id);
   record->driver = std::make_unique<EsDriver>(std::move(options), workers_, record->metrics.get());
   if (!request.resume_from().empty()) {
-    if (absl::Status s = record->driver->Resume(request.resume_from()); !s.ok()) return s;
+    if (absl::Status s = record->driver->Resume(resume_dir); !s.ok()) return s;
   }
   record->info.set_job_id(id);
   record->info.set_state(v1::JOB_STATE_RUNNING);

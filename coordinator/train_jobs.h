@@ -45,9 +45,12 @@ absl::Status RunEsJob(EsDriver& driver,
 
 class TrainJobs {
  public:
-  // Borrows the tokenizer and template (they outlive this); `metrics` may be null.
-  TrainJobs(std::string model_path, const Tokenizer& tokenizer, const ChatTemplate& chat,
-            EsWorkerSource workers, EsMetrics* metrics);
+  // Borrows the tokenizer and template (they outlive this); `metrics` may be null. A request's
+  // out_dir and resume_from name folders under `train_dir` (relative, no "..": a client of the
+  // API writes and reads nothing else on this machine); with an empty train_dir they are
+  // refused.
+  TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
+            const ChatTemplate& chat, EsWorkerSource workers, EsMetrics* metrics);
   ~TrainJobs();  // stops the jobs and waits for them
 
   absl::StatusOr<::fucina::v1::Job> Start(const ::fucina::v1::StartJobRequest& request);
@@ -70,7 +73,12 @@ class TrainJobs {
   };
   absl::StatusOr<::fucina::v1::Job> Info(const std::string& job_id) const;  // under mu_
 
+  // `name` (a request's out_dir or resume_from, non-empty) as a folder under train_dir_;
+  // INVALID_ARGUMENT / FAILED_PRECONDITION naming `field` otherwise.
+  absl::StatusOr<std::string> JobDir(const std::string& name, const char* field) const;
+
   const std::string model_path_;
+  const std::string train_dir_;
   const Tokenizer& tokenizer_;
   const ChatTemplate& chat_;
   EsWorkerSource workers_;

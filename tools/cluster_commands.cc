@@ -109,6 +109,10 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--adapter", o.adapter_path,
                   "LoRA adapter GGUF every stage applies, unmerged (fucina train es --mode "
                   "lora); each worker reads it at this path");
+  cmd->add_option("--train-dir", o.train_dir,
+                  "Folder under which train jobs (fucina.v1.Train) write checkpoints and resume "
+                  "from them; their out_dir / resume_from name a folder in it (none: no "
+                  "checkpoints)");
   cmd->add_option("--ctx", o.context, "Context (KV cache) length per session")
       ->capture_default_str();
   cmd->add_option("--cache-type", o.cache_type, "KV cache type: f32 | f16 | q8_0")

@@ -54,6 +54,7 @@ class TrainClusterTest(cc.ClusterTestCase):
     def setUpClass(cls):
         cls.model = cc.fixture("dense")
         cls.tasks = write_tasks(os.path.join(cc.TMP.name, "train-tasks.jsonl"), 6)
+        cls.train_dir = os.path.join(cc.TMP.name, "train-jobs")
 
     def embedded(self, iterations, *extra):
         args = [cc.BIN, "train", "es", self.model, "--data", self.tasks, "--raw", "--mode",
@@ -77,7 +78,7 @@ class TrainClusterTest(cc.ClusterTestCase):
 
     def processes(self, workers=2, *extra):
         c = self.cluster()
-        c.coordinator(self.model, *extra)
+        c.coordinator(self.model, "--train-dir", self.train_dir, *extra)
         procs = [c.worker() for _ in range(workers)]
         self.wait_ready(c, len(procs))
         return c, procs
@@ -143,9 +144,9 @@ class TrainClusterTest(cc.ClusterTestCase):
 
     def test_stop_then_resume_matches_an_uninterrupted_run(self):
         reference = checksum_of(self.embedded(5, "--workers", "1", "--threads", "1"))
-        out = os.path.join(cc.TMP.name, "stopped-job")
+        out = os.path.join(self.train_dir, "stopped", "job")
         c, _ = self.processes(1)
-        stub, job = self.start(c, 1000, out_dir=out, job_id="stop-me")
+        stub, job = self.start(c, 1000, out_dir="stopped/job", job_id="stop-me")
         for event in stub.WatchJob(cc.tpb.WatchJobRequest(job_id=job.job_id), timeout=cc.RPC_S):
             if event.generation >= 2 and not event.HasField("train_reward"):
                 stub.StopJob(cc.tpb.StopJobRequest(job_id=job.job_id), timeout=10)
@@ -157,8 +158,8 @@ class TrainClusterTest(cc.ClusterTestCase):
         self.assertLess(stopped_at, 5)
         self.assertTrue(os.path.exists(os.path.join(out, "adapters.gguf")))
         # Resumed (by a new job) to 5 generations: the uninterrupted run's parameters.
-        resumed = stub.StartJob(cc.tpb.StartJobRequest(resume_from=out, iterations=5, out_dir=out),
-                                timeout=60)
+        resumed = stub.StartJob(cc.tpb.StartJobRequest(resume_from="stopped/job", iterations=5,
+                                                       out_dir="stopped/job"), timeout=60)
         events = self.watch(stub, resumed.job_id)
         self.assertEqual(events[-1].state, cc.tpb.JOB_STATE_SUCCEEDED, events[-1])
         self.assertEqual(events[-1].generation, 5)
@@ -198,15 +199,20 @@ class TrainClusterTest(cc.ClusterTestCase):
             (cc.tpb.StartJobRequest(tasks=good, mode="half"), "mode"),
             (cc.tpb.StartJobRequest(tasks=good, reward="rule", rule="(["), "rule"),
             (cc.tpb.StartJobRequest(tasks=good, job_id="bad id!"), "job_id"),
-            (cc.tpb.StartJobRequest(resume_from="/nonexistent"), "state.json"),
+            # Checkpoint folders stay under the coordinator's --train-dir.
+            (cc.tpb.StartJobRequest(tasks=good, out_dir="/etc/cron.d"), "out_dir"),
+            (cc.tpb.StartJobRequest(tasks=good, out_dir="a/../../x"), "out_dir"),
+            (cc.tpb.StartJobRequest(resume_from="../elsewhere"), "resume_from"),
         ]
         for request, field in cases:
             with self.subTest(field=field):
-                details = self.assert_rpc_error(
-                    cc.grpc.StatusCode.INVALID_ARGUMENT
-                    if field != "state.json" else cc.grpc.StatusCode.NOT_FOUND,
-                    stub.StartJob, request, timeout=30)
+                details = self.assert_rpc_error(cc.grpc.StatusCode.INVALID_ARGUMENT,
+                                                stub.StartJob, request, timeout=30)
                 self.assertIn(field, details)
+        details = self.assert_rpc_error(cc.grpc.StatusCode.NOT_FOUND, stub.StartJob,
+                                        cc.tpb.StartJobRequest(resume_from="missing"), timeout=30)
+        self.assertIn("state.json", details)
+        self.assertFalse(os.path.exists("/etc/cron.d/state.json.tmp"))
         self.assert_rpc_error(cc.grpc.StatusCode.NOT_FOUND, stub.GetJob,
                               cc.tpb.GetJobRequest(job_id="nope"), timeout=10)
         self.assertEqual(list(stub.ListJobs(cc.tpb.ListJobsRequest(), timeout=10).jobs), [])
