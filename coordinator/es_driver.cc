@@ -121,11 +121,15 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
                  : std::next(it);
       }
       for (const EsWorker& w : available) {
+        auto no_room = no_room_.find(w.id);
+        // One that had no room for a replica is not asked again (each try loads a model).
+        if (no_room != no_room_.end() && no_room->second == w.client) continue;
         if (!replicas_.contains(w.id)) fresh.push_back(w);
       }
     }
     // Loads run in parallel: each maps and copies a whole model.
     std::vector<absl::Status> results(fresh.size());
+    std::vector<absl::Status> refused;  // RESOURCE_EXHAUSTED: no room for a replica
     std::vector<std::thread> loads;
     for (size_t i = 0; i < fresh.size(); ++i) {
       loads.emplace_back([&, i] { results[i] = JoinOne(fresh[i]); });
@@ -133,8 +137,17 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
     for (std::thread& t : loads) t.join();
     for (size_t i = 0; i < fresh.size(); ++i) {
       if (!results[i].ok()) {
-        // A worker refusing the job itself (bad job) is the job's error, not the worker's.
-        if (!IsWorkerFailure(results[i]) || absl::IsDataLoss(results[i])) return results[i];
+        // A worker refusing the job itself (bad job) is the job's error, not the worker's;
+        // one without the memory for a replica just takes no part.
+        const bool no_room = absl::IsResourceExhausted(results[i]);
+        if ((!IsWorkerFailure(results[i]) && !no_room) || absl::IsDataLoss(results[i])) {
+          return results[i];
+        }
+        if (no_room) {
+          refused.push_back(results[i]);
+          std::lock_guard<std::mutex> lock(mu_);
+          no_room_[fresh[i].id] = fresh[i].client;
+        }
         last_error = results[i];
         std::fprintf(stderr, "train job %s: worker %s cannot take the job: %s\n",
                      options_.job.job_id().c_str(), fresh[i].id.c_str(),
@@ -147,6 +160,11 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
       ready.assign(replicas_.begin(), replicas_.end());
     }
     if (!ready.empty()) return ready;
+    // Every worker there is lacks the memory: waiting would not change that.
+    if (!available.empty() && fresh.size() == available.size() &&
+        refused.size() == available.size()) {
+      return refused.back();
+    }
     if (stop_) return absl::CancelledError("the job was stopped");
     if (Clock::now() >= deadline) {
       return absl::UnavailableError(absl::StrCat(

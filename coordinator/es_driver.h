@@ -122,6 +122,8 @@ class EsDriver {
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;  // replicas_, byte counters (members run on several threads)
   std::map<std::string, Replica> replicas_;
+  // Workers that refused a replica for lack of memory, with the client they had then.
+  std::map<std::string, std::shared_ptr<WorkerClient>> no_room_;
   std::vector<std::vector<float>> log_;  // shaped fitness of each generation done
   std::vector<uint64_t> checksums_;      // after each generation (0: no replica reported)
   uint64_t checksum_ = 0;                // after the last update (or of the base at start)

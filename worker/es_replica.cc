@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/engine/lora.h"
+#include "models/engine/model_size.h"
 
 namespace fucina {
 namespace {
@@ -164,6 +165,14 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
                                      trainer.status().message()));
   }
   r->trainer_ = *std::move(trainer);
+  r->model_->VisitParameters([&](const Parameter& p) {
+    for (const ParameterLocation& loc : p.locations) {
+      if (loc.owned) r->owned_bytes_ += RowBytes(loc.view.type, loc.view.cols) * loc.view.rows;
+    }
+  });
+  const ModelConfig& c = r->model_->config();
+  r->mapped_bytes_ =
+      MeasureModel(r->model_->file(), c).StageBytes(0, c.num_layers, c.num_experts, true, true);
   return r;
 }
 

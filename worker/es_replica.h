@@ -51,6 +51,11 @@ class EsReplica {
   // The trainable values as a GGUF file (adapters.gguf or tensors.gguf), whole in one chunk.
   absl::StatusOr<wire::EsSnapshotChunk> Snapshot() const;
 
+  // Bytes the replica owns (fused weights, trainable f32 copies, adapters: every owned
+  // location VisitParameters lists) and the bytes of the model's weights it maps.
+  int64_t owned_bytes() const { return owned_bytes_; }
+  int64_t mapped_bytes() const { return mapped_bytes_; }
+
  private:
   EsReplica() = default;
 
@@ -62,6 +67,8 @@ class EsReplica {
   train::RewardSpec reward_;
   std::vector<train::Task> tasks_, holdout_;
   int64_t generation_ = 0;
+  int64_t owned_bytes_ = 0;
+  int64_t mapped_bytes_ = 0;
 };
 
 }  // namespace fucina

@@ -274,6 +274,15 @@ absl::StatusOr<wire::EsState> WorkerActor::EsLoad(const wire::EsJob& job) {
     }
     auto replica = EsReplica::Create(job, path, max_threads_);
     if (!replica.ok()) return replica.status();
+    // Checked once the replica's size is known (its owned copies are made by the load); a
+    // refused replica is freed at once.
+    const int64_t need = ReplicaBytes(**replica);
+    if (options_.memory_budget > 0 && UsedBytes() + need > options_.memory_budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "train job '", job.job_id(), "' needs ", need, " bytes on this worker; ",
+          std::max<int64_t>(0, options_.memory_budget - UsedBytes()),
+          " of its memory budget are free"));
+    }
     wire::EsState state = (*replica)->State();
     es_jobs_[job.job_id()] = *std::move(replica);
     return state;
@@ -333,6 +342,18 @@ absl::StatusOr<wire::EsState> WorkerActor::EsRelease(const wire::EsReleaseReques
     es_jobs_.erase(request.job_id());  // idempotent, like ReleaseSession
     return state;
   });
+}
+
+int64_t WorkerActor::ReplicaBytes(const EsReplica& replica) const {
+  const bool shares_file = model_ != nullptr && shard_.model_path() == replica.job().model_path();
+  return replica.owned_bytes() +
+         std::max<int64_t>(0, replica.mapped_bytes() - (shares_file ? weight_bytes_ : 0));
+}
+
+int64_t WorkerActor::UsedBytes() const {
+  int64_t total = weight_bytes_ + KvBytes();
+  for (const auto& [id, replica] : es_jobs_) total += ReplicaBytes(*replica);
+  return total;
 }
 
 int64_t WorkerActor::KvBytes() const {
@@ -532,11 +553,10 @@ absl::Status WorkerActor::CheckSegment(const wire::Segment& seg, int64_t* new_kv
   }
   if (it == sessions_.end()) {
     *new_kv_bytes += kv_bytes_per_session_;
-    if (options_.memory_budget > 0 &&
-        weight_bytes_ + KvBytes() + *new_kv_bytes > options_.memory_budget) {
+    if (options_.memory_budget > 0 && UsedBytes() + *new_kv_bytes > options_.memory_budget) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "a new session needs ", kv_bytes_per_session_, " KV bytes; ",
-          options_.memory_budget - weight_bytes_ - KvBytes(), " of the budget are free"));
+          options_.memory_budget - UsedBytes(), " of the budget are free"));
     }
   }
   return absl::OkStatus();
@@ -798,7 +818,7 @@ absl::StatusOr<wire::SessionReply> WorkerActor::DoCopyPrefix(
                                                    " positions; cannot copy ", request.length()));
   }
   if (!sessions_.contains(request.to_session()) && options_.memory_budget > 0 &&
-      weight_bytes_ + KvBytes() + kv_bytes_per_session_ > options_.memory_budget) {
+      UsedBytes() + kv_bytes_per_session_ > options_.memory_budget) {
     return absl::ResourceExhaustedError("no memory budget left for another session");
   }
   auto to = SessionOrNew(request.to_session());

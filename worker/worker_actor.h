@@ -122,6 +122,11 @@ class WorkerActor : public WorkerClient {
   // The job's replica, or NOT_FOUND naming it.
   absl::StatusOr<EsReplica*> Replica(const std::string& job_id);
   int64_t KvBytes() const;
+  // What the shard, its sessions and the train replicas hold against the memory budget.
+  int64_t UsedBytes() const;
+  // A train replica's cost: its owned bytes, plus the weights it maps that the shard does not
+  // (same file: the pages are shared).
+  int64_t ReplicaBytes(const EsReplica& replica) const;
 
   WorkerOptions options_;
   PeerResolver resolver_;

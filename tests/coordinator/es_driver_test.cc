@@ -303,6 +303,24 @@ TEST_F(EsDriverTest, ResumeFromACheckpointEndsLikeAnUninterruptedRun) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(EsDriverTest, WorkersWithoutRoomForAReplicaTakeNoPart) {
+  WorkerOptions tiny;
+  tiny.threads = 1;
+  tiny.memory_budget = 4096;  // far below the fixture's weights
+  auto cramped = std::make_shared<WorkerActor>(tiny);
+  std::vector<EsWorker> workers = {{"cramped", cramped}};
+  EsDriver alone(Options(Job(), 2), [&] { return workers; });
+  absl::Status s = alone.Run(nullptr);  // at once, not after the wait for workers
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_NE(s.message().find("memory budget"), std::string::npos) << s;
+
+  workers.push_back({"roomy", Actor()});
+  EsDriver driver(Options(Job(), 2), [&] { return workers; });
+  ASSERT_TRUE(driver.Run(nullptr).ok());
+  EXPECT_EQ(driver.replica_workers(), std::vector<std::string>{"roomy"});
+  EXPECT_EQ(driver.checksum(), OneProcessChecksum(Job(), 2));
+}
+
 TEST_F(EsDriverTest, DivergingReplicasFailTheJob) {
   auto liar = std::make_shared<DyingClient>(Actor(), 1 << 30);
   liar->CorruptChecksums();
