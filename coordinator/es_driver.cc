@@ -195,7 +195,7 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
   const wire::EsJob& job = options_.job;
   const int population = job.population();
   while (generation() < options_.iterations) {
-    if (stop_) return absl::CancelledError("the job was stopped");
+    if (stop_) return Stopped();
     const auto start = Clock::now();
     const int64_t g = generation();
     {
@@ -272,7 +272,7 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
       }
       for (std::thread& t : threads) t.join();
       if (!job_error.ok()) return job_error;
-      if (stop_ && done < population) return absl::CancelledError("the job was stopped");
+      if (stop_ && done < population) return Stopped();
     }
     event.evaluate_seconds = Since(start);
 
@@ -361,6 +361,13 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
   return absl::OkStatus();
 }
 
+absl::Status EsDriver::Stopped() {
+  if (!options_.out_dir.empty() && checkpointed_ != generation()) {
+    if (absl::Status s = WriteCheckpoint(); !s.ok()) return s;
+  }
+  return absl::CancelledError("the job was stopped");
+}
+
 absl::Status EsDriver::WriteCheckpoint() {
   if (options_.out_dir.empty()) return absl::OkStatus();
   std::error_code ec;
@@ -402,7 +409,11 @@ absl::Status EsDriver::WriteCheckpoint() {
   nlohmann::json sums = nlohmann::json::array();
   for (uint64_t c : checksums_) sums.push_back(absl::StrFormat("%016x", c));
   state["checksums"] = std::move(sums);
-  return WriteAtomically(dir + "/state.json", state.dump(1) + "\n");
+  if (absl::Status s = WriteAtomically(dir + "/state.json", state.dump(1) + "\n"); !s.ok()) {
+    return s;
+  }
+  checkpointed_ = generation();
+  return absl::OkStatus();
 }
 
 absl::Status EsDriver::Resume(const std::string& dir) {

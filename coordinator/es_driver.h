@@ -115,6 +115,8 @@ class EsDriver {
   // Drops a replica whose worker failed; it may join again later.
   void Drop(const std::string& id, const absl::Status& why);
   void Count(int64_t sent, int64_t received);
+  // CANCELLED, after checkpointing the current generation if it is not yet.
+  absl::Status Stopped();
 
   EsDriverOptions options_;
   EsWorkerSource workers_;
@@ -128,6 +130,7 @@ class EsDriver {
   std::vector<uint64_t> checksums_;      // after each generation (0: no replica reported)
   uint64_t checksum_ = 0;                // after the last update (or of the base at start)
   int64_t num_values_ = 0;
+  int64_t checkpointed_ = -1;  // the generation of the last checkpoint written
   int64_t sent_ = 0, received_ = 0;      // the current generation's bytes
 };
 

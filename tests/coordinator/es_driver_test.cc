@@ -321,6 +321,26 @@ TEST_F(EsDriverTest, WorkersWithoutRoomForAReplicaTakeNoPart) {
   EXPECT_EQ(driver.checksum(), OneProcessChecksum(Job(), 2));
 }
 
+TEST_F(EsDriverTest, AStopBetweenGenerationsLeavesACheckpointOfTheLastOne) {
+  const std::string dir = TempPath("stopped");
+  std::filesystem::remove_all(dir);
+  std::vector<EsWorker> workers = {{"a", Actor()}};
+  EsDriverOptions o = Options(Job(), 10);
+  o.out_dir = dir;
+  EsDriver driver(o, [&] { return workers; });
+  // Stopped once generation 1 is done and past its checkpoint decision (none due).
+  absl::Status s = driver.Run([&](const EsGenerationEvent& e) {
+    if (e.generation == 1) driver.Stop();
+  });
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_EQ(driver.generation(), 1);
+  std::ifstream in(dir + "/state.json");
+  ASSERT_TRUE(in.good());
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("\"generation\": 1"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(EsDriverTest, DivergingReplicasFailTheJob) {
   auto liar = std::make_shared<DyingClient>(Actor(), 1 << 30);
   liar->CorruptChecksums();
