@@ -23,7 +23,7 @@
 #include "models/tokenizer/tokenizer.h"
 #include "models/train/es.h"
 #include "models/train/tasks.h"
-#include "tests/models/train/train_fixture.h"
+#include "tests/models/engine/fixture_files.h"
 #include "worker/worker_actor.h"
 
 namespace fucina {
@@ -118,7 +118,7 @@ class EsDriverTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     ThreadPool pool(2);
-    ASSERT_TRUE(MakeFixture(SmallTrainFixture(), Path(), pool).ok());
+    ASSERT_TRUE(MakeFixture(SmallQwen3Fixture(5), Path(), pool).ok());
   }
   static void TearDownTestSuite() { std::remove(Path().c_str()); }
   static std::string Path() { return TempPath("model.gguf"); }

@@ -9,24 +9,15 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_aggregate_cli_test import processes_with  # noqa: E402
+
 BIN = os.environ.get("FUCINA_BIN", "")
-
-
-def processes_with(marker):
-    """Pids whose environment holds `marker` (the bench's children inherit it)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:  # gone, or not ours to read
-            pass
-    return found
 
 
 @unittest.skipUnless(BIN, "FUCINA_BIN not set")

@@ -39,6 +39,22 @@ inline void MakeFixtureFiles(const std::string& prefix,
   }
 }
 
+// A 2-layer Qwen3 shape with a byte vocabulary, weights large enough (init_std 0.1) that the
+// branches move the residual, so perturbations and adapters inside them change the output.
+inline FixtureOptions SmallQwen3Fixture(uint64_t seed) {
+  FixtureOptions o;
+  o.arch = "qwen3";
+  o.num_layers = 2;
+  o.hidden = 32;
+  o.ffn = 64;
+  o.num_heads = 2;
+  o.num_heads_kv = 1;
+  o.head_dim = 16;
+  o.init_std = 0.1;
+  o.seed = seed;
+  return o;
+}
+
 inline void RemoveFixtureFiles(std::vector<std::string>* paths) {
   for (const std::string& p : *paths) std::remove(p.c_str());
   paths->clear();

@@ -20,15 +20,7 @@ namespace fucina {
 namespace {
 
 std::vector<FixtureVariant> Variants() {
-  FixtureOptions qwen3;
-  qwen3.arch = "qwen3";
-  qwen3.hidden = 32;
-  qwen3.ffn = 64;
-  qwen3.num_heads = 2;
-  qwen3.num_heads_kv = 1;
-  qwen3.head_dim = 16;
-  qwen3.init_std = 0.1;
-  qwen3.seed = 4;
+  FixtureOptions qwen3 = SmallQwen3Fixture(4);
   FixtureOptions gemma4 = qwen3;
   gemma4.arch = "gemma4";
   gemma4.num_layers = 6;

@@ -28,18 +28,7 @@ namespace {
 
 const std::vector<int32_t> kPrompt = {5, 80, 17, 200, 33, 9, 120, 64};
 
-FixtureOptions SmallQwen3() {
-  FixtureOptions o;
-  o.arch = "qwen3";
-  o.hidden = 32;
-  o.ffn = 64;
-  o.num_heads = 2;
-  o.num_heads_kv = 1;
-  o.head_dim = 16;
-  o.init_std = 0.1;
-  o.seed = 11;
-  return o;
-}
+FixtureOptions SmallQwen3() { return SmallQwen3Fixture(11); }
 
 // Deterministic values in [-scale, scale) (an LCG; the test needs no statistics).
 class Values {

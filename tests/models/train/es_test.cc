@@ -16,7 +16,7 @@
 #include "models/engine/lora.h"
 #include "models/engine/model.h"
 #include "models/train/tasks.h"
-#include "tests/models/train/train_fixture.h"
+#include "tests/models/engine/fixture_files.h"
 
 namespace fucina::train {
 namespace {
@@ -47,7 +47,7 @@ class EsTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     ThreadPool pool(2);
-    ASSERT_TRUE(MakeFixture(SmallTrainFixture(), Path(), pool).ok());
+    ASSERT_TRUE(MakeFixture(SmallQwen3Fixture(5), Path(), pool).ok());
   }
   static void TearDownTestSuite() { std::remove(Path().c_str()); }
   static std::string Path() { return TempPath("model.gguf"); }
