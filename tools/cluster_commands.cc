@@ -41,6 +41,7 @@
 #include "coordinator/model_source.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
+#include "models/engine/merge.h"
 #include "models/hub/pull.h"
 #include "tools/commands.h"
 #include "tools/server_common.h"
@@ -107,8 +108,8 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
                   "System prompt for chat requests that have none ('' = the template's default)")
       ->capture_default_str();
   cmd->add_option("--adapter", o.adapter_path,
-                  "LoRA adapter GGUF every stage applies, unmerged (fucina train es --mode "
-                  "lora); each worker reads it at this path");
+                  "LoRA adapter GGUF every stage applies, unmerged, or a train run's --out "
+                  "folder (its adapters.gguf); each worker reads it at this path");
   cmd->add_option("--train-dir", o.train_dir,
                   "Folder under which train jobs (fucina.v1.Train) write checkpoints and resume "
                   "from them; their out_dir / resume_from name a folder in it (none: no "
@@ -214,6 +215,9 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   if (!path.ok()) return Fail(path.status());
   a.options.model_path = *path;
   if (!a.options.adapter_path.empty()) {
+    auto file = AdapterFileAt(a.options.adapter_path);
+    if (!file.ok()) return Fail(file.status());
+    a.options.adapter_path = *file;
     // Workers started elsewhere read it at the path the coordinator sends them.
     std::error_code ec;
     const std::filesystem::path absolute = std::filesystem::absolute(a.options.adapter_path, ec);

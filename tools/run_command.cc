@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "models/chat/chat_template.h"
+#include "models/engine/merge.h"
 #include "models/engine/model.h"
 #include "models/engine/session.h"
 #include "models/hub/pull.h"
@@ -137,7 +138,9 @@ int RunModel(RunArgs args) {
   auto model = Model::Load(*model_path, {}, pool);
   if (!model.ok()) return Fail(model.status());
   if (!args.adapter.empty()) {
-    if (absl::Status s = (*model)->LoadLora(args.adapter); !s.ok()) return Fail(s);
+    auto file = AdapterFileAt(args.adapter);
+    if (!file.ok()) return Fail(file.status());
+    if (absl::Status s = (*model)->LoadLora(*file); !s.ok()) return Fail(s);
   }
   auto tokenizer = Tokenizer::FromGguf((*model)->file());
   if (!tokenizer.ok()) return Fail(tokenizer.status());
@@ -278,7 +281,8 @@ void RegisterRunCommand(CLI::App& app, int* exit_code) {
   run->add_option("--gen", a->gen, "Maximum new tokens")->capture_default_str();
   run->add_option("--ctx", a->ctx, "Context (KV cache) length")->capture_default_str();
   run->add_option("--adapter", a->adapter,
-                  "LoRA adapter GGUF applied without merging (fucina train es --mode lora)");
+                  "LoRA adapter GGUF applied without merging, or a train run's --out folder "
+                  "(its adapters.gguf)");
   run->add_option("--cache-type", a->cache_type, "KV cache type: f32 | f16 | q8_0")
       ->capture_default_str();
   run->add_option("--threads", a->threads, "Threads (default: all)");

@@ -68,6 +68,18 @@ absl::StatusOr<std::vector<std::string>> TrainedFilesAt(const std::string& path)
   return found;
 }
 
+absl::StatusOr<std::string> AdapterFileAt(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  const std::string file = (std::filesystem::path(path) / kAdaptersFileName).string();
+  if (std::filesystem::is_regular_file(file, ec)) return file;
+  return absl::NotFoundError(absl::StrCat(
+      path, ": a directory without ", std::string(kAdaptersFileName),
+      std::filesystem::exists(std::filesystem::path(path) / kTensorsFileName, ec)
+          ? " (its tensors.gguf is served once merged: fucina gguf export)"
+          : ""));
+}
+
 absl::Status MergeModel(const std::string& base_path, std::span<const std::string> trained,
                         const std::string& out_path, const MergeOptions& options,
                         ThreadPool& pool) {

@@ -45,6 +45,10 @@ struct MergeOptions {
 // The trained files `path` names: itself when it is a file; in a directory, adapters.gguf
 // and/or tensors.gguf. NOT_FOUND naming the path: nothing there, or a directory with neither.
 absl::StatusOr<std::vector<std::string>> TrainedFilesAt(const std::string& path);
+// The adapter file `path` names, for serving without a merge: itself when it is a file; in a
+// directory (a train run's --out), its adapters.gguf. NOT_FOUND naming the path otherwise (a
+// full-mode run's tensors.gguf is not an adapter: `fucina gguf export` merges it).
+absl::StatusOr<std::string> AdapterFileAt(const std::string& path);
 
 // Writes `base_path` with every file of `trained` merged into `out_path` (through
 // "<out_path>.tmp", so a failure leaves no output). Metadata is the base's, without split.*

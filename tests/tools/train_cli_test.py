@@ -131,6 +131,10 @@ class TrainEsTest(unittest.TestCase):
         gen = run("run", self.model, "65,66,67", "--adapter", out, "--gen", "4", "--temp", "0",
                   "--print-ids")
         self.assertRegex(gen.stdout, r"ids: \d+(,\d+){3}")
+        # The run's folder serves the same: its adapters.gguf.
+        by_dir = run("run", self.model, "65,66,67", "--adapter", os.path.dirname(out), "--gen",
+                     "4", "--temp", "0", "--print-ids")
+        self.assertEqual(by_dir.stdout, gen.stdout)
         bad = run("run", self.model, "65,66", "--adapter", self.model, "--gen", "1", check=False)
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("not a LoRA adapter", bad.stderr)
