@@ -346,6 +346,7 @@ absl::StatusOr<std::string> WorkerModelCache(const std::string& flag) {
 }
 
 std::string ShardName(const wire::LoadShardRequest& r) {
+  if (r.last_layer() < 0) return "whole model";  // a train job's replica
   return absl::StrCat(r.stage() < 0 ? "experts of layers [" : "layers [", r.first_layer(), ", ",
                       r.last_layer(), ")");
 }

@@ -180,6 +180,39 @@ class ModelFetchTest(cc.ClusterTestCase):
         self.assertLess(moved(line), 0.25 * size, line)
         self.assertEqual(list(self.generate(c, cc.greedy(cc.PROMPT, 16)).token_ids), ref)
 
+    def test_a_train_job_on_workers_without_the_file_fetches_the_rest_of_the_model(self):
+        # Two stages: each worker holds half the layers for serving; a train replica needs the
+        # whole model, so each fetches the other half, then trains like a worker with the file.
+        c = self.cluster()
+        c.coordinator(self.model, *SMALL_KV, "--train-dir", self.models)
+        workers = [self.worker(c, self.cache())]
+        cc.wait_for_log(self, workers[0], r"registered with")
+        workers.append(self.worker(c, self.cache()))
+        self.wait_ready(c, 2, timeout=FETCH_S)
+        data = os.path.join(cc.ROOT, "tests/data/train/digits.jsonl")
+        job = dict(population=4, iterations=2, seed=3, sigma=0.02, lr=0.02)
+        stub = cc.tpb_grpc.TrainStub(c.channel(c.front.grpc))
+        with open(data) as f:
+            tasks = [cc.tpb.TrainTask(**__import__("json").loads(line)) for line in f]
+        started = stub.StartJob(cc.tpb.StartJobRequest(tasks=tasks, **job), timeout=60)
+        events = list(stub.WatchJob(cc.tpb.WatchJobRequest(job_id=started.job_id),
+                                    timeout=FETCH_S))
+        self.assertEqual(events[-1].state, cc.tpb.JOB_STATE_SUCCEEDED, f"{events[-1]}\n{c.logs()}")
+        self.assertEqual(max(e.workers for e in events), 2)
+        size = os.path.getsize(self.model)
+        for w in workers:
+            self.assertRegex(self.load_lines(w)[-1], r"^shard whole model: model from the ")
+        # The second worker joined for the last layers: its replica fetched the first ones.
+        line = self.load_lines(workers[1])[-1]
+        self.assertIn("model from the network", line)
+        self.assertLess(moved(line), 0.8 * size, line)
+        # The same job where the file is at hand, in one process: the same parameters.
+        p = subprocess.run([cc.BIN, "train", "es", self.model, "--data", data, "--threads", "1",
+                            *[a for k, v in job.items() for a in (f"--{k}", str(v))]],
+                           capture_output=True, text=True, timeout=FETCH_S)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(f"checksum {events[-1].checksum:016x}", p.stdout)
+
     def test_a_transfer_killed_midway_resumes_with_what_was_verified(self):
         ref, _ = cc.reference(self.model, cc.PROMPT, 16)
         c = self.cluster()
