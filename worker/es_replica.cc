@@ -112,6 +112,10 @@ absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size) {
     }
   }
   if (job.threads() < 0) return absl::InvalidArgumentError("threads must not be negative");
+  if (job.has_shard() &&
+      (job.shard().first_layer() < 0 || job.shard().last_layer() <= job.shard().first_layer())) {
+    return absl::InvalidArgumentError("shard: layers must be [first, last) with 0 <= first < last");
+  }
   return absl::OkStatus();
 }
 
@@ -125,6 +129,12 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
       job.threads() > 0 ? std::min(job.threads(), max_threads) : std::max(1, max_threads);
   r->pool_ = std::make_unique<ThreadPool>(threads);
   LoadOptions load;
+  if (job.has_shard()) {
+    load.first_layer = job.shard().first_layer();
+    load.last_layer = job.shard().last_layer();
+    load.embeddings = job.shard().embeddings();
+    load.head = job.shard().head();
+  }
   const bool lora = job.mode() == "lora";
   if (!lora) {
     auto pattern = std::make_shared<std::regex>(job.tensors());
@@ -135,7 +145,7 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
   auto model = Model::Load(model_path, load, *r->pool_);
   if (!model.ok()) return model.status();
   r->model_ = *std::move(model);
-  if (!r->model_->is_full()) {
+  if (!job.has_shard() && !r->model_->is_full()) {
     return absl::FailedPreconditionError(
         absl::StrCat(model_path, ": training needs every tensor of the model"));
   }
@@ -171,8 +181,9 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
     }
   });
   const ModelConfig& c = r->model_->config();
-  r->mapped_bytes_ =
-      MeasureModel(r->model_->file(), c).StageBytes(0, c.num_layers, c.num_experts, true, true);
+  r->mapped_bytes_ = MeasureModel(r->model_->file(), c)
+                         .StageBytes(r->model_->first_layer(), r->model_->last_layer(),
+                                     c.num_experts, load.embeddings, load.head);
   return r;
 }
 
@@ -187,6 +198,10 @@ wire::EsState EsReplica::State() const {
 }
 
 absl::StatusOr<float> EsReplica::Evaluate(int member, bool holdout) {
+  if (job_.has_shard()) {
+    return absl::FailedPreconditionError(
+        "a shard replica scores members only as a stage of a pipeline (not built yet)");
+  }
   const std::vector<train::Task>& tasks = holdout ? holdout_ : tasks_;
   if (tasks.empty()) return absl::InvalidArgumentError("the job has no holdout tasks");
   return trainer_->Evaluate(generation_, member, [&](Model& model) {

@@ -262,12 +262,13 @@ absl::StatusOr<wire::EsState> WorkerActor::EsLoad(const wire::EsJob& job) {
     es_jobs_.erase(job.job_id());  // its memory goes before the new replica's is taken
     std::string path = job.model_path();
     if (options_.locate_model) {
-      // The whole model: a replica scores members end to end.
+      // The tensors the replica holds: the whole model, or its shard.
       wire::LoadShardRequest whole;
       whole.set_model_path(job.model_path());
-      whole.set_last_layer(-1);
-      whole.set_embeddings(true);
-      whole.set_head(true);
+      whole.set_last_layer(job.has_shard() ? job.shard().last_layer() : -1);
+      whole.set_first_layer(job.has_shard() ? job.shard().first_layer() : 0);
+      whole.set_embeddings(!job.has_shard() || job.shard().embeddings());
+      whole.set_head(!job.has_shard() || job.shard().head());
       auto located = options_.locate_model(whole);
       if (!located.ok()) return located.status();
       path = *std::move(located);

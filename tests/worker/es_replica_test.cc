@@ -1,0 +1,94 @@
+// Train replicas (worker/es_replica.h) that hold a shard: two stages' replicas, given the
+// same updates as a whole-model replica, hold the same values, their checksums adding up to
+// the whole model's (the noise is keyed by tensor name, the checksum a sum over tensors); a
+// shard replica refuses to score members alone.
+#include "worker/es_replica.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "models/train/es.h"
+#include "tests/models/engine/fixture_files.h"
+
+namespace fucina {
+namespace {
+
+class EsReplicaTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ThreadPool pool(2);
+    ASSERT_TRUE(MakeFixture(SmallQwen3Fixture(7), Path(), pool).ok());
+  }
+  static void TearDownTestSuite() { std::remove(Path().c_str()); }
+  static std::string Path() { return FixtureTempPath("es_replica_test", "model"); }
+
+  // Every layer's FFN down projection and attention output: tensors of one layer each, so the
+  // stages' sets are disjoint.
+  static wire::EsJob Job() {
+    wire::EsJob job;
+    job.set_job_id("shards");
+    job.set_model_path(Path());
+    job.set_mode("full");
+    job.set_tensors("blk\\.[0-9]+\\.(ffn_down|attn_output)\\.weight");
+    job.set_population(6);
+    job.set_sigma(0.05f);
+    job.set_lr(0.1f);
+    job.set_seed(9);
+    job.mutable_reward()->set_kind("nll");
+    wire::EsTask* t = job.add_tasks();
+    t->add_prompt(40);
+    t->add_answer(65);
+    return job;
+  }
+  static wire::EsJob Stage(int64_t first, int64_t last, bool embeddings, bool head) {
+    wire::EsJob job = Job();
+    job.mutable_shard()->set_first_layer(first);
+    job.mutable_shard()->set_last_layer(last);
+    job.mutable_shard()->set_embeddings(embeddings);
+    job.mutable_shard()->set_head(head);
+    return job;
+  }
+};
+
+TEST_F(EsReplicaTest, StageReplicasAddUpToTheWholeModel) {
+  auto whole = EsReplica::Create(Job(), Path(), 2);
+  auto first = EsReplica::Create(Stage(0, 1, true, false), Path(), 1);
+  auto second = EsReplica::Create(Stage(1, 2, false, true), Path(), 2);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*first)->State().num_tensors() + (*second)->State().num_tensors(),
+            (*whole)->State().num_tensors());
+  auto sum = [&] { return (*first)->State().checksum() + (*second)->State().checksum(); };
+  EXPECT_EQ(sum(), (*whole)->State().checksum());
+  const uint64_t base = (*whole)->State().checksum();
+  for (int64_t g = 0; g < 3; ++g) {
+    // Any fitness will do: the same shaped values go to every replica.
+    const std::vector<float> fitness = {0.3f, -1.0f, 2.5f, 0.1f * g, -0.7f, 1.2f};
+    wire::EsUpdateRequest update;
+    update.set_job_id("shards");
+    update.set_generation(g);
+    for (float v : train::EsTrainer::ShapeFitness(fitness)) update.add_shaped(v);
+    for (EsReplica* r : {whole->get(), first->get(), second->get()}) {
+      ASSERT_TRUE(r->Update(update).ok());
+    }
+    EXPECT_EQ(sum(), (*whole)->State().checksum()) << "generation " << g + 1;
+  }
+  EXPECT_NE((*whole)->State().checksum(), base);
+
+  // A stage alone has no reward to compute.
+  absl::StatusOr<float> f = (*first)->Evaluate(0, false);
+  EXPECT_TRUE(absl::IsFailedPrecondition(f.status())) << f.status();
+  // A wrong range names the field.
+  auto bad = EsReplica::Create(Stage(1, 1, false, true), Path(), 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("shard"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace fucina
