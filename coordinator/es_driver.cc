@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "models/train/es.h"
+#include "worker/es_replica.h"
 
 namespace fucina {
 namespace {
@@ -331,11 +332,7 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
     event.reward_mean = static_cast<float>(sum / population);
     event.reward_min = lo;
     event.reward_max = hi;
-    // The generation's scheduled sigma, as the replicas compute it (es.h).
-    event.sigma = job.sigma();
-    if (job.sigma_decay() != 0.0f) {
-      for (int64_t i = 0; i < g; ++i) event.sigma *= job.sigma_decay();
-    }
+    event.sigma = EsOptionsOf(job).SigmaAt(g);  // as the replicas compute it
     event.members_done = done;
     event.members_retried = retried;
     event.workers = replicas_used;

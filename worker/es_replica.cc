@@ -19,10 +19,18 @@ namespace {
 
 constexpr int kMaxPopulation = 1 << 16;
 constexpr int kMaxLoraRank = 4096;
+// Positions of one task (prompt + answer): a scored task holds a KV cache this long on every
+// replica, so a request's size alone must not decide a worker's memory.
+constexpr int64_t kMaxTaskTokens = 32768;
 
 absl::Status CheckTokens(const wire::EsTask& task, int64_t vocab_size, const std::string& at) {
   if (task.prompt().empty()) return absl::InvalidArgumentError(at + ".prompt is empty");
   if (task.answer().empty()) return absl::InvalidArgumentError(at + ".answer is empty");
+  if (task.prompt_size() + task.answer_size() > kMaxTaskTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(at, " has ", task.prompt_size() +
+                                                   task.answer_size(), " tokens, more than ",
+                                                   kMaxTaskTokens));
+  }
   if (vocab_size <= 0) return absl::OkStatus();
   for (const auto* ids : {&task.prompt(), &task.answer()}) {
     for (int32_t id : *ids) {
@@ -35,7 +43,9 @@ absl::Status CheckTokens(const wire::EsTask& task, int64_t vocab_size, const std
   return absl::OkStatus();
 }
 
-train::EsOptions OptionsOf(const wire::EsJob& job) {
+}  // namespace
+
+train::EsOptions EsOptionsOf(const wire::EsJob& job) {
   train::EsOptions o;
   o.population = job.population();
   o.sigma = job.sigma();
@@ -46,6 +56,8 @@ train::EsOptions OptionsOf(const wire::EsJob& job) {
   o.lr_decay = job.lr_decay() == 0.0f ? 1.0f : job.lr_decay();
   return o;
 }
+
+namespace {
 
 std::vector<train::Task> TasksOf(const google::protobuf::RepeatedPtrField<wire::EsTask>& in) {
   std::vector<train::Task> out;
@@ -93,7 +105,7 @@ absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("population (", job.population(), ") exceeds ", kMaxPopulation));
   }
-  if (absl::Status s = OptionsOf(job).Validate(); !s.ok()) return s;
+  if (absl::Status s = EsOptionsOf(job).Validate(); !s.ok()) return s;
   auto reward = train::MakeRewardSpec(job.reward().kind(), job.reward().rule(),
                                       job.reward().max_tokens());
   if (!reward.ok()) return reward.status();
@@ -168,7 +180,7 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
   r->reward_ = *reward;
   r->tasks_ = TasksOf(job.tasks());
   r->holdout_ = TasksOf(job.holdout());
-  auto trainer = train::EsTrainer::Create(*r->model_, OptionsOf(job), *r->pool_);
+  auto trainer = train::EsTrainer::Create(*r->model_, EsOptionsOf(job), *r->pool_);
   if (!trainer.ok()) {
     return absl::Status(trainer.status().code(),
                         absl::StrCat(lora ? "lora_targets: " : "tensors: ",

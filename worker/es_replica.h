@@ -30,6 +30,9 @@ namespace wire = ::fucina::cluster::v1;
 // options, reward, tasks and their token ids against `vocab_size` when it is > 0.
 absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size = 0);
 
+// The trainer's options a job asks for (a decay of 0 means none).
+train::EsOptions EsOptionsOf(const wire::EsJob& job);
+
 class EsReplica {
  public:
   // Loads the model at `model_path` (a local file with every tensor) for `job`, with at most

@@ -41,13 +41,11 @@ float Decayed(float value, float decay, int64_t generation) {
 
 }  // namespace
 
-float EsTrainer::SigmaAt(int64_t generation) const {
-  return Decayed(options_.sigma, options_.sigma_decay, generation);
+float EsOptions::SigmaAt(int64_t generation) const {
+  return Decayed(sigma, sigma_decay, generation);
 }
 
-float EsTrainer::LrAt(int64_t generation) const {
-  return Decayed(options_.lr, options_.lr_decay, generation);
-}
+float EsOptions::LrAt(int64_t generation) const { return Decayed(lr, lr_decay, generation); }
 
 absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
                                                              const EsOptions& options,
@@ -109,7 +107,7 @@ void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
     const float* src = p.theta.data();
     if (sign != 0.0f) {
       FillNoise(generation, pair, i);
-      const float scale = sign * SigmaAt(generation);
+      const float scale = sign * options_.SigmaAt(generation);
       for (int64_t j = 0; j < n; ++j) noise_[j] = p.theta[j] + scale * noise_[j];
       src = noise_.data();
     }
@@ -162,7 +160,7 @@ absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> s
                                                    "population of ", options_.population));
   }
   const int pairs = options_.population / 2;
-  const float lr = LrAt(generation);
+  const float lr = options_.LrAt(generation);
   const float step = lr / static_cast<float>(options_.population);
   std::vector<float> delta;
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -47,6 +47,9 @@ struct EsOptions {
 
   // Errors name the field.
   absl::Status Validate() const;
+  // The scheduled values of `generation`.
+  float SigmaAt(int64_t generation) const;
+  float LrAt(int64_t generation) const;
 };
 
 // A member's fitness (higher is better) given the model holding its perturbed parameters.
@@ -65,9 +68,6 @@ class EsTrainer {
   static constexpr int kCenter = -1;
 
   const EsOptions& options() const { return options_; }
-  // The scheduled values of `generation`.
-  float SigmaAt(int64_t generation) const;
-  float LrAt(int64_t generation) const;
   // Trainable values and tensors, in VisitParameters order.
   int64_t num_values() const;
   std::vector<std::string> tensor_names() const;

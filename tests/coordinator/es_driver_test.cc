@@ -24,6 +24,7 @@
 #include "models/train/es.h"
 #include "models/train/tasks.h"
 #include "tests/models/engine/fixture_files.h"
+#include "worker/es_replica.h"
 #include "worker/worker_actor.h"
 
 namespace fucina {
@@ -157,12 +158,7 @@ class EsDriverTest : public testing::Test {
     EXPECT_TRUE(model.ok()) << model.status();
     auto tokenizer = Tokenizer::FromGguf((*model)->file());
     EXPECT_TRUE(tokenizer.ok());
-    train::EsOptions o;
-    o.population = job.population();
-    o.sigma = job.sigma();
-    o.lr = job.lr();
-    o.seed = job.seed();
-    auto trainer = train::EsTrainer::Create(**model, o, pool);
+    auto trainer = train::EsTrainer::Create(**model, EsOptionsOf(job), pool);
     EXPECT_TRUE(trainer.ok()) << trainer.status();
     std::vector<train::Task> tasks;
     for (const wire::EsTask& t : job.tasks()) {
@@ -366,6 +362,13 @@ TEST_F(EsDriverTest, BadJobsNameTheField) {
   s = vocab.Run(nullptr);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("tasks[1]"), std::string::npos) << s;
+
+  job = Job();
+  job.mutable_tasks(2)->mutable_prompt()->Resize(40000, 30);  // an absurd task
+  EsDriver huge(Options(job, 1), [&] { return workers; });
+  s = huge.Run(nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("tasks[2] has 40001 tokens"), std::string::npos) << s;
 
   job = Job("no_such_tensor");
   EsDriver none(Options(job, 1), [&] { return workers; });

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "models/train/es.h"
+#include "worker/worker_actor.h"
 #include "tests/models/engine/fixture_files.h"
 
 namespace fucina {
@@ -88,6 +89,45 @@ TEST_F(EsReplicaTest, StageReplicasAddUpToTheWholeModel) {
   auto bad = EsReplica::Create(Stage(1, 1, false, true), Path(), 1);
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_NE(bad.status().message().find("shard"), std::string::npos) << bad.status();
+}
+
+TEST_F(EsReplicaTest, TheWorkerRefusesHostileTrainCallsNamingWhatIsWrong) {
+  WorkerActor worker(WorkerOptions{.threads = 1});
+  ASSERT_TRUE(worker.EsLoad(Job()).ok());
+  auto expect = [](absl::Status s, absl::StatusCode code, const std::string& text) {
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(text), std::string::npos) << s;
+  };
+  wire::EsEvaluateRequest eval;
+  eval.set_job_id("shards");
+  eval.add_members(99);
+  expect(worker.EsEvaluate(eval).status(), absl::StatusCode::kInvalidArgument, "member 99");
+  eval.set_members(0, -2);
+  expect(worker.EsEvaluate(eval).status(), absl::StatusCode::kInvalidArgument, "member -2");
+  eval.set_members(0, 0);
+  eval.set_generation(5);
+  expect(worker.EsEvaluate(eval).status(), absl::StatusCode::kFailedPrecondition,
+         "generation 5");
+  eval.set_job_id("nobody");
+  expect(worker.EsEvaluate(eval).status(), absl::StatusCode::kNotFound, "nobody");
+  wire::EsUpdateRequest update;
+  update.set_job_id("shards");
+  update.add_shaped(1.0f);  // one value for a population of 6
+  expect(worker.EsUpdate(update).status(), absl::StatusCode::kInvalidArgument, "population");
+  update.set_generation(-1);
+  expect(worker.EsUpdate(update).status(), absl::StatusCode::kFailedPrecondition,
+         "generation -1");
+  wire::EsJob bad = Job();
+  bad.set_population(1 << 20);
+  expect(worker.EsLoad(bad).status(), absl::StatusCode::kInvalidArgument, "population");
+  bad = Job();
+  bad.set_job_id("");
+  expect(worker.EsLoad(bad).status(), absl::StatusCode::kInvalidArgument, "job_id");
+  // Nothing refused changed the replica: it still evaluates and sits at generation 0.
+  wire::EsEvaluateRequest good;
+  good.set_job_id("shards");
+  good.add_members(1);
+  EXPECT_TRUE(worker.EsEvaluate(good).ok());
 }
 
 }  // namespace
