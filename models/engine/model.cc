@@ -251,7 +251,6 @@ absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, f
   if (!lora_.empty()) return absl::FailedPreconditionError("the model has adapters already");
   if (experts_only_) return absl::FailedPreconditionError("an experts-only shard has no layers");
   const ModelConfig& c = config_;
-  NormalStream normals(seed);
   for (int64_t l = first_; l < last_; ++l) {
     const LayerSpec& s = c.layers[l];
     for (LoraTarget t : targets) {
@@ -273,7 +272,11 @@ absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, f
       ad.scale = alpha / static_cast<float>(rank);
       ad.a.resize(rank * in);
       ad.b.assign(out * rank, 0.0f);
-      // std 1 / sqrt(in) keeps A x at the scale of x.
+      // std 1 / sqrt(in) keeps A x at the scale of x. Each adapter draws from its own stream,
+      // keyed by (layer, target): a shard holding some layers initializes them as the whole
+      // model does, so pipeline stages train what one process trains.
+      uint64_t key = seed ^ (static_cast<uint64_t>(l) << 8 | static_cast<uint64_t>(t));
+      NormalStream normals(SplitMix64Next(&key));
       const double std = 1.0 / std::sqrt(static_cast<double>(in));
       for (float& v : ad.a) v = static_cast<float>(std * normals.Normal());
     }
