@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "models/gguf/gguf.h"
 
@@ -235,6 +236,26 @@ absl::Status Writer::WriteAll() {
     t.fill = nullptr;  // Release whatever the callback captured.
   }
   return absl::OkStatus();
+}
+
+absl::Status ConcatenateTensors(std::span<const File* const> parts, const std::string& path) {
+  if (parts.empty()) return absl::InvalidArgumentError("no files to concatenate");
+  auto writer = Writer::Create(path);
+  if (!writer.ok()) return writer.status();
+  for (const auto& [key, value] : parts.front()->metadata()) {
+    if (key == kKeyAlignment || key.starts_with("split.")) continue;
+    (*writer)->SetValue(key, value);
+  }
+  for (const File* part : parts) {
+    for (const TensorInfo& t : part->tensors()) {
+      // AddTensorBytes refuses a name declared twice.
+      if (absl::Status s = (*writer)->AddTensorBytes(t.name, t.dims, t.type, {t.data, t.nbytes});
+          !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(part->path(), ": ", s.message()));
+      }
+    }
+  }
+  return (*writer)->Finish();
 }
 
 }  // namespace fucina::gguf

@@ -83,6 +83,14 @@ class Writer {
   uint64_t data_size_ = 0;
 };
 
+class File;
+
+// Writes one GGUF at `path` holding every tensor of `parts` in order (bytes, types and dims as
+// they are) under the metadata of the first part (its alignment and split keys aside): the
+// files of a pipeline's stages, each with its own layers' tensors, as one. Errors: no parts, a
+// tensor name in two parts, and the writer's.
+absl::Status ConcatenateTensors(std::span<const File* const> parts, const std::string& path);
+
 }  // namespace fucina::gguf
 
 #endif  // FUCINA_MODELS_GGUF_WRITER_H_

@@ -49,7 +49,8 @@ float EsOptions::LrAt(int64_t generation) const { return Decayed(lr, lr_decay, g
 
 absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
                                                              const EsOptions& options,
-                                                             ThreadPool& pool) {
+                                                             ThreadPool& pool,
+                                                             bool allow_none) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<EsTrainer> t(new EsTrainer(model, options, pool));
   model.VisitParameters([&](const Parameter& p) {
@@ -73,7 +74,7 @@ absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
     if (options.weight_decay > 0.0f) param.base = param.theta;
     t->params_.push_back(std::move(param));
   });
-  if (t->params_.empty()) {
+  if (t->params_.empty() && !allow_none) {
     return absl::InvalidArgumentError(
         "no trainable tensors: load the model with LoadOptions::f32_tensors selecting them");
   }
@@ -82,14 +83,20 @@ absl::StatusOr<std::unique_ptr<EsTrainer>> EsTrainer::Create(Model& model,
 
 int64_t EsTrainer::num_values() const {
   int64_t n = 0;
-  for (const Param& p : params_) n += static_cast<int64_t>(p.theta.size());
+  for (const Param& p : params_) n += p.reported ? static_cast<int64_t>(p.theta.size()) : 0;
   return n;
 }
 
 std::vector<std::string> EsTrainer::tensor_names() const {
   std::vector<std::string> names;
-  for (const Param& p : params_) names.push_back(p.name);
+  for (const Param& p : params_) {
+    if (p.reported) names.push_back(p.name);
+  }
   return names;
+}
+
+void EsTrainer::SetReported(const std::function<bool(std::string_view name)>& reported) {
+  for (Param& p : params_) p.reported = reported(p.name);
 }
 
 void EsTrainer::FillNoise(int64_t generation, int64_t pair, size_t param) {
@@ -115,16 +122,26 @@ void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
   }
 }
 
-absl::StatusOr<float> EsTrainer::Evaluate(int64_t generation, int member,
-                                          const FitnessFn& fitness) {
+absl::Status EsTrainer::Select(int64_t generation, int member) {
   if (member < kCenter || member >= options_.population) {
     return absl::InvalidArgumentError(absl::StrCat("member ", member, " is outside [0, ",
                                                    options_.population, ")"));
   }
-  if (member == kCenter) return fitness(model_);
-  Write(generation, member / 2, member % 2 == 0 ? 1.0f : -1.0f);
+  if (member == selected_member_ && (member == kCenter || generation == selected_generation_)) {
+    return absl::OkStatus();
+  }
+  Write(generation, member == kCenter ? 0 : member / 2,
+        member == kCenter ? 0.0f : (member % 2 == 0 ? 1.0f : -1.0f));
+  selected_generation_ = generation;
+  selected_member_ = member;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> EsTrainer::Evaluate(int64_t generation, int member,
+                                          const FitnessFn& fitness) {
+  if (absl::Status s = Select(generation, member); !s.ok()) return s;
   absl::StatusOr<float> f = fitness(model_);
-  Write(generation, 0, 0.0f);
+  (void)Select(generation, kCenter);
   if (f.ok() && !std::isfinite(*f)) {
     return absl::InternalError(absl::StrCat("member ", member, " of generation ", generation,
                                             " has a non-finite fitness"));
@@ -181,6 +198,7 @@ absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> s
     }
   }
   Write(generation, 0, 0.0f);
+  selected_member_ = kCenter;
   return absl::OkStatus();
 }
 
@@ -216,6 +234,7 @@ uint64_t ParameterId(std::string_view name) { return Fnv1a(kFnvOffset, name.data
 uint64_t EsTrainer::Checksum() const {
   uint64_t sum = 0;
   for (const Param& p : params_) {
+    if (!p.reported) continue;
     // The values' bits as little-endian bytes, whatever the host.
     uint64_t h = Fnv1a(kFnvOffset, p.name.data(), p.name.size());
     for (float v : p.theta) {
@@ -239,6 +258,7 @@ absl::Status EsTrainer::SaveTensors(const std::string& path) const {
   if (!writer.ok()) return writer.status();
   (*writer)->SetValue("general.type", gguf::Value::Str("tensors"));
   for (const Param& p : params_) {
+    if (!p.reported) continue;
     const gguf::TensorInfo* info = model_.file().FindTensor(p.name);
     if (info == nullptr) {
       return absl::InternalError(absl::StrCat(p.name, " is not a tensor of the model's file"));

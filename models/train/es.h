@@ -61,20 +61,30 @@ uint64_t ParameterId(std::string_view name);
 
 class EsTrainer {
  public:
-  // Trains the owned f32 tensors of `model` (at least one). `model` and `pool` must outlive it.
+  // Trains the owned f32 tensors of `model` (at least one, unless `allow_none`: a pipeline
+  // stage may hold none of a job's tensors). `model` and `pool` must outlive it.
   static absl::StatusOr<std::unique_ptr<EsTrainer>> Create(Model& model, const EsOptions& options,
-                                                           ThreadPool& pool);
+                                                           ThreadPool& pool,
+                                                           bool allow_none = false);
 
   static constexpr int kCenter = -1;
 
   const EsOptions& options() const { return options_; }
-  // Trainable values and tensors, in VisitParameters order.
+  // Trainable values and tensors, in VisitParameters order (the reported ones only: below).
   int64_t num_values() const;
   std::vector<std::string> tensor_names() const;
+  // Leaves the tensors `reported` rejects out of num_values, tensor_names, Checksum and
+  // SaveTensors, though they are still perturbed and updated: a pipeline's last stage holds
+  // the token embeddings as its tied head, and the first stage reports them.
+  void SetReported(const std::function<bool(std::string_view name)>& reported);
 
   // Member `member` of `generation`: the model holds theta + s * sigma * eps while `fitness`
   // runs, and theta again afterwards (also when it fails). Member kCenter scores theta itself.
   absl::StatusOr<float> Evaluate(int64_t generation, int member, const FitnessFn& fitness);
+  // Leaves the model holding member `member` of `generation` (kCenter: theta) until the next
+  // Select, Evaluate or ApplyUpdate: what a pipeline stage does, as one member's evaluation
+  // spans many calls there. Writes nothing when that member is selected already.
+  absl::Status Select(int64_t generation, int member);
   // Centered ranks r / (n - 1) - 1/2 divided by their standard deviation, so they sum to 0 and
   // have unit variance (ties: the lower member index ranks lower).
   static std::vector<float> ShapeFitness(std::span<const float> fitness);
@@ -88,7 +98,7 @@ class EsTrainer {
   // bits: replicas agree iff this does (up to hash collisions), and the checksums of shards
   // holding disjoint tensors add up to the whole model's.
   uint64_t Checksum() const;
-  // The current values of tensor `i` (tensor_names() order), row-major f32.
+  // The current values of trainable tensor `i` (VisitParameters order), row-major f32.
   std::span<const float> values(size_t i) const { return params_[i].theta; }
   // Writes the trained tensors as a GGUF holding just them (f32, their names and dims in the
   // model's file; general.type "tensors"): what `fucina gguf export` merges into the base.
@@ -100,6 +110,7 @@ class EsTrainer {
     uint64_t id = 0;  // ParameterId(name): the noise key's parameter
     std::vector<float> theta, base;  // base: only with weight decay
     std::vector<float*> copies;      // the model's owned f32 locations, [rows * cols] each
+    bool reported = true;            // SetReported
   };
   EsTrainer(Model& model, const EsOptions& options, ThreadPool& pool)
       : model_(model), options_(options), pool_(pool) {}
@@ -113,6 +124,9 @@ class EsTrainer {
   ThreadPool& pool_;
   std::vector<Param> params_;
   std::vector<float> noise_;  // scratch for one tensor's noise
+  // The member the model's copies hold (kCenter: theta).
+  int64_t selected_generation_ = 0;
+  int selected_member_ = kCenter;
 };
 
 }  // namespace fucina::train

@@ -18,91 +18,72 @@ namespace {
 // Rows of one batched pass (teacher forcing, prefill): bounds the activations and the forward
 // scratch whatever the number of tasks.
 constexpr int64_t kPassRows = 512;
-// Rows of one head call: bounds the logits held at once to kHeadRows x vocab floats (39 MB for
-// a 151k vocabulary).
-constexpr int64_t kHeadRows = 64;
 // Greedy decoding holds the caches of a group of tasks for the whole decode: at most this many
 // positions (a task longer alone is a group of its own) and this many lockstep streams.
 constexpr int64_t kDecodePositions = 4096;
 constexpr size_t kDecodeStreams = 64;
+static_assert(kPassRows <= kMaxPassRows && kDecodeStreams <= kMaxScoringStreams);
 
-// One sequence fed through the model, teacher-forced, into its own cache.
+// One sequence fed through the model, teacher-forced, into stream `index` of the group.
 struct Stream {
-  std::span<const int32_t> tokens;  // non-empty
-  KvCache* kv;                      // holds nothing yet; capacity >= tokens.size()
-  int64_t first_out;                // positions >= first_out need their logits
+  std::span<const int32_t> tokens;  // non-empty; its stream has room for all of them
+  int64_t first_out;                // positions >= first_out need a verdict
 };
 
-// (stream, position, logits[vocab]) of one row whose logits were asked for.
-using RowFn = std::function<void(size_t stream, int64_t pos, const float* logits)>;
+// (stream, position, verdict) of one row whose verdict was asked for.
+using RowFn = std::function<void(size_t stream, int64_t pos, const ScoringForward::Verdict&)>;
+// The target of (stream, position): -1 when only the argmax is wanted.
+using TargetFn = std::function<int32_t(size_t stream, int64_t pos)>;
 
-// Feeds every stream through `model`, rows of consecutive streams packed into passes of at
-// most kPassRows rows (a stream that does not fit continues in the next pass from where its
-// cache stands), and calls `row` for each wanted position, streams and positions ascending.
-// Only wanted rows go through the head. The pass shapes depend on the streams alone, not on
-// the pool, and the kernels split work without changing any row's arithmetic, so the results
-// do not depend on the thread count.
-absl::Status ForwardPacked(Model& model, std::span<const Stream> streams, const RowFn& row) {
-  const int64_t hidden = model.config().hidden;
-  const int64_t vocab = model.config().vocab_size;
-  std::vector<int32_t> tokens;
-  std::vector<Model::Segment> segments;
+// Starts one stream per entry of `streams` (with room for `room[i]` positions, or for its tokens
+// when `room` is empty) and feeds them through `forward`, rows of consecutive
+// streams packed into passes of at most kPassRows rows (a stream that does not fit continues
+// in the next pass from where its cache stands), and calls `row` for each wanted position,
+// streams and positions ascending. The pass shapes depend on the streams alone.
+absl::Status ForwardPacked(ScoringForward& forward, std::span<const Stream> streams,
+                           const TargetFn& target, const RowFn& row,
+                           std::span<const int64_t> room = {}) {
+  std::vector<int64_t> capacities;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (streams[i].tokens.empty()) return absl::InvalidArgumentError("empty token sequence");
+    capacities.push_back(room.empty() ? static_cast<int64_t>(streams[i].tokens.size()) : room[i]);
+  }
+  if (absl::Status s = forward.ResetStreams(capacities); !s.ok()) return s;
+  std::vector<ScoringForward::Segment> segments;
   std::vector<std::pair<size_t, int64_t>> wanted;  // (stream, position)
-  std::vector<int64_t> wanted_rows;                // their rows in the pass
-  std::vector<float> x, h, logits;
+  std::vector<ScoringForward::Row> rows;           // their rows in the pass
   size_t s = 0;
   int64_t done = 0;  // positions of stream s fed in earlier passes
   while (s < streams.size()) {
-    tokens.clear();
     segments.clear();
     wanted.clear();
-    wanted_rows.clear();
-    while (s < streams.size() && static_cast<int64_t>(tokens.size()) < kPassRows) {
+    rows.clear();
+    int64_t used = 0;
+    while (s < streams.size() && used < kPassRows) {
       const Stream& st = streams[s];
       const int64_t len = static_cast<int64_t>(st.tokens.size());
-      if (len == 0) return absl::InvalidArgumentError("empty token sequence");
-      const int64_t begin = static_cast<int64_t>(tokens.size());
-      const int64_t n = std::min(len - done, kPassRows - begin);
-      const std::span<const int32_t> part = st.tokens.subspan(done, n);
-      segments.push_back({st.kv, begin, n, part});
-      tokens.insert(tokens.end(), part.begin(), part.end());
+      const int64_t n = std::min(len - done, kPassRows - used);
+      segments.push_back({static_cast<int32_t>(s), st.tokens.subspan(done, n)});
       for (int64_t p = std::max(done, st.first_out); p < done + n; ++p) {
         wanted.emplace_back(s, p);
-        wanted_rows.push_back(begin + p - done);
+        rows.push_back({used + p - done, target(s, p)});
       }
+      used += n;
       done += n;
       if (done == len) {
         ++s;
         done = 0;
       }
     }
-    const int64_t rows = static_cast<int64_t>(tokens.size());
-    x.resize(rows * hidden);
-    if (absl::Status st = model.Embed(tokens, x.data()); !st.ok()) return st;
-    if (absl::Status st = model.ForwardLayers(x.data(), rows, segments); !st.ok()) return st;
-    for (size_t i0 = 0; i0 < wanted.size(); i0 += kHeadRows) {
-      const int64_t n = std::min<int64_t>(kHeadRows, static_cast<int64_t>(wanted.size() - i0));
-      h.resize(n * hidden);
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(&x[wanted_rows[i0 + i] * hidden], hidden, &h[i * hidden]);
-      }
-      logits.resize(n * vocab);
-      if (absl::Status st = model.Head(h.data(), n, logits.data()); !st.ok()) return st;
-      for (int64_t i = 0; i < n; ++i) {
-        row(wanted[i0 + i].first, wanted[i0 + i].second, &logits[i * vocab]);
-      }
+    auto verdicts = forward.Pass(segments, rows);
+    if (!verdicts.ok()) return verdicts.status();
+    if (verdicts->size() != rows.size()) {
+      return absl::InternalError(absl::StrCat(verdicts->size(), " verdicts for ", rows.size(),
+                                              " rows"));
     }
+    for (size_t i = 0; i < wanted.size(); ++i) row(wanted[i].first, wanted[i].second, (*verdicts)[i]);
   }
   return absl::OkStatus();
-}
-
-// log softmax(row)[id], in double.
-double LogProb(const float* row, int64_t vocab, int32_t id) {
-  double mx = row[0];
-  for (int64_t v = 1; v < vocab; ++v) mx = std::max<double>(mx, row[v]);
-  double z = 0;
-  for (int64_t v = 0; v < vocab; ++v) z += std::exp(row[v] - mx);
-  return row[id] - mx - std::log(z);
 }
 
 // `text` without ASCII whitespace at either end.
@@ -111,11 +92,6 @@ std::string_view TrimAscii(std::string_view text) {
   const size_t begin = text.find_first_not_of(kSpace);
   if (begin == std::string_view::npos) return {};
   return text.substr(begin, text.find_last_not_of(kSpace) - begin + 1);
-}
-
-// The first maximal id: ties go to the lowest.
-int32_t Argmax(const float* row, int64_t vocab) {
-  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
 }
 
 // The end of the group of tasks starting at `begin`: consecutive tasks whose `positions` sum to
@@ -132,19 +108,13 @@ size_t GroupEnd(std::span<const Task> tasks, size_t begin, int64_t limit, size_t
   return end;
 }
 
-absl::Status CheckFull(const Model& model) {
-  if (!model.is_full()) return absl::FailedPreconditionError("a reward needs the whole model");
-  return absl::OkStatus();
-}
-
 // Greedy completions of every task's prompt (argmax, ties to the lowest id), without the
 // end-of-generation token that stopped one, at most max_tokens (>= 1) tokens each. Tasks run
 // in groups: the prompts of a group are prefilled in packed passes, then every still-running
-// completion advances by one token per ForwardStepBatch.
+// completion advances by one token per pass.
 absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyCompletions(
-    Model& model, const Tokenizer& tokenizer, std::span<const Task> tasks, int max_tokens) {
-  if (absl::Status s = CheckFull(model); !s.ok()) return s;
-  const int64_t vocab = model.config().vocab_size;
+    ScoringForward& forward, const Tokenizer& tokenizer, std::span<const Task> tasks,
+    int max_tokens) {
   std::vector<std::vector<int32_t>> out(tasks.size());
   // Takes task i's next token; whether its completion goes on.
   auto accept = [&](size_t i, int32_t token) {
@@ -156,39 +126,42 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyCompletions(
   auto positions = [&](const Task& t) {
     return static_cast<int64_t>(t.prompt.size()) + max_tokens - 1;
   };
+  auto no_target = [](size_t, int64_t) { return -1; };
   for (size_t g0 = 0; g0 < tasks.size();) {
     const size_t g1 = GroupEnd(tasks, g0, kDecodePositions, kDecodeStreams, positions);
-    std::vector<std::unique_ptr<KvCache>> caches;
     std::vector<Stream> streams;
+    std::vector<int64_t> capacities;
     for (size_t i = g0; i < g1; ++i) {
-      auto kv = model.NewKvCache(positions(tasks[i]), GgmlType::kF32);
-      if (!kv.ok()) return kv.status();
-      caches.push_back(*std::move(kv));
-      streams.push_back({tasks[i].prompt, caches.back().get(),
-                         static_cast<int64_t>(tasks[i].prompt.size()) - 1});
+      streams.push_back({tasks[i].prompt, static_cast<int64_t>(tasks[i].prompt.size()) - 1});
+      capacities.push_back(positions(tasks[i]));
     }
     std::vector<size_t> running;  // indices into the group
-    absl::Status prefilled =
-        ForwardPacked(model, streams, [&](size_t s, int64_t, const float* row) {
-          if (accept(g0 + s, Argmax(row, vocab))) running.push_back(s);
-        });
+    absl::Status prefilled = ForwardPacked(
+        forward, streams, no_target,
+        [&](size_t s, int64_t, const ScoringForward::Verdict& v) {
+          if (accept(g0 + s, v.argmax)) running.push_back(s);
+        },
+        capacities);
     if (!prefilled.ok()) return prefilled;
-    std::vector<KvCache*> step_caches;
-    std::vector<int32_t> step_tokens;
+    std::vector<ScoringForward::Segment> segments;
+    std::vector<ScoringForward::Row> rows;
     while (!running.empty()) {
-      step_caches.clear();
-      step_tokens.clear();
-      for (size_t s : running) {
-        step_caches.push_back(caches[s].get());
-        step_tokens.push_back(out[g0 + s].back());
+      segments.clear();
+      rows.clear();
+      for (size_t k = 0; k < running.size(); ++k) {
+        const std::vector<int32_t>& done = out[g0 + running[k]];
+        segments.push_back({static_cast<int32_t>(running[k]), {&done.back(), 1}});
+        rows.push_back({static_cast<int64_t>(k), -1});
       }
-      auto logits = model.ForwardStepBatch(step_caches, step_tokens);
-      if (!logits.ok()) return logits.status();
+      auto verdicts = forward.Pass(segments, rows);
+      if (!verdicts.ok()) return verdicts.status();
+      if (verdicts->size() != rows.size()) {
+        return absl::InternalError(absl::StrCat(verdicts->size(), " verdicts for ",
+                                                rows.size(), " rows"));
+      }
       std::vector<size_t> still;
       for (size_t k = 0; k < running.size(); ++k) {
-        if (accept(g0 + running[k], Argmax(logits->data() + k * vocab, vocab))) {
-          still.push_back(running[k]);
-        }
+        if (accept(g0 + running[k], (*verdicts)[k].argmax)) still.push_back(running[k]);
       }
       running = std::move(still);
     }
@@ -293,10 +266,8 @@ absl::StatusOr<RewardSpec> MakeRewardSpec(std::string_view kind, std::string_vie
   return spec;
 }
 
-absl::StatusOr<float> MeanAnswerLogProb(Model& model, std::span<const Task> tasks) {
+absl::StatusOr<float> MeanAnswerLogProb(ScoringForward& forward, std::span<const Task> tasks) {
   if (tasks.empty()) return absl::InvalidArgumentError("no tasks");
-  if (absl::Status s = CheckFull(model); !s.ok()) return s;
-  const int64_t vocab = model.config().vocab_size;
   // Each task is teacher-forced on prompt + answer minus its last token; row
   // prompt.size() - 1 + j predicts answer token j. Groups of about one pass hold their caches.
   auto positions = [](const Task& t) {
@@ -306,22 +277,21 @@ absl::StatusOr<float> MeanAnswerLogProb(Model& model, std::span<const Task> task
   for (size_t g0 = 0; g0 < tasks.size();) {
     const size_t g1 = GroupEnd(tasks, g0, kPassRows, tasks.size(), positions);
     std::vector<std::vector<int32_t>> sequences;
-    std::vector<std::unique_ptr<KvCache>> caches;
     std::vector<Stream> streams;
     sequences.reserve(g1 - g0);  // streams borrow them
     for (size_t i = g0; i < g1; ++i) {
       const Task& t = tasks[i];
       std::vector<int32_t>& seq = sequences.emplace_back(t.prompt);
       seq.insert(seq.end(), t.answer.begin(), t.answer.end() - 1);
-      auto kv = model.NewKvCache(static_cast<int64_t>(seq.size()), GgmlType::kF32);
-      if (!kv.ok()) return kv.status();
-      caches.push_back(*std::move(kv));
-      streams.push_back({seq, caches.back().get(), static_cast<int64_t>(t.prompt.size()) - 1});
+      streams.push_back({seq, static_cast<int64_t>(t.prompt.size()) - 1});
     }
-    absl::Status s = ForwardPacked(model, streams, [&](size_t k, int64_t pos, const float* row) {
+    auto answer_token = [&](size_t k, int64_t pos) {
       const Task& t = tasks[g0 + k];
-      sums[g0 + k] += LogProb(row, vocab, t.answer[pos - (t.prompt.size() - 1)]);
-    });
+      return t.answer[pos - (t.prompt.size() - 1)];
+    };
+    absl::Status s = ForwardPacked(
+        forward, streams, answer_token,
+        [&](size_t k, int64_t, const ScoringForward::Verdict& v) { sums[g0 + k] += v.logprob; });
     if (!s.ok()) return s;
     g0 = g1;
   }
@@ -332,7 +302,20 @@ absl::StatusOr<float> MeanAnswerLogProb(Model& model, std::span<const Task> task
   return static_cast<float>(total / static_cast<double>(tasks.size()));
 }
 
+absl::StatusOr<float> MeanAnswerLogProb(Model& model, std::span<const Task> tasks) {
+  if (!model.is_full()) return absl::FailedPreconditionError("a reward needs the whole model");
+  LocalScoring forward(model);
+  return MeanAnswerLogProb(forward, tasks);
+}
+
 absl::StatusOr<float> ScoreTasks(Model& model, const Tokenizer& tokenizer,
+                                 std::span<const Task> tasks, const RewardSpec& spec) {
+  if (!model.is_full()) return absl::FailedPreconditionError("a reward needs the whole model");
+  LocalScoring forward(model);
+  return ScoreTasks(forward, tokenizer, tasks, spec);
+}
+
+absl::StatusOr<float> ScoreTasks(ScoringForward& forward, const Tokenizer& tokenizer,
                                  std::span<const Task> tasks, const RewardSpec& spec) {
   if (tasks.empty()) return absl::InvalidArgumentError("no tasks");
   if (absl::Status s = CheckMaxTokens(spec.max_tokens); !s.ok()) return s;
@@ -340,7 +323,7 @@ absl::StatusOr<float> ScoreTasks(Model& model, const Tokenizer& tokenizer,
   std::optional<std::regex> rule;
   switch (spec.kind) {
     case RewardKind::kNll:
-      return MeanAnswerLogProb(model, tasks);
+      return MeanAnswerLogProb(forward, tasks);
     case RewardKind::kAcc:
       if (max_tokens == 0) {
         size_t longest = 0;
@@ -356,7 +339,7 @@ absl::StatusOr<float> ScoreTasks(Model& model, const Tokenizer& tokenizer,
       break;
     }
   }
-  auto completions = GreedyCompletions(model, tokenizer, tasks, max_tokens);
+  auto completions = GreedyCompletions(forward, tokenizer, tasks, max_tokens);
   if (!completions.ok()) return completions.status();
   int64_t hits = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {

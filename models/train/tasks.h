@@ -23,6 +23,7 @@
 #include "models/chat/chat_template.h"
 #include "models/engine/model.h"
 #include "models/tokenizer/tokenizer.h"
+#include "models/train/scoring.h"
 
 namespace fucina::train {
 
@@ -69,17 +70,21 @@ inline constexpr int kMaxRewardTokens = 4096;
 absl::StatusOr<RewardSpec> MakeRewardSpec(std::string_view kind, std::string_view rule,
                                           int max_tokens);
 
-// The reward of `model` (which must be whole: Model::is_full()) on `tasks` (non-empty). acc and
-// rule decode every task greedily (argmax, ties to the lowest id) in lockstep batches, stopping
-// at an end-of-generation token (not part of the completion) or after max_tokens tokens; nll
-// does not use `tokenizer`. Errors: `spec` as MakeRewardSpec would reject it, no tasks, and
-// the model's (a token outside its vocabulary, ...).
+// The reward of the model behind `forward` on `tasks` (non-empty). acc and rule decode every
+// task greedily (argmax, ties to the lowest id) in lockstep batches, stopping at an
+// end-of-generation token (not part of the completion) or after max_tokens tokens; nll does
+// not use `tokenizer`. Errors: `spec` as MakeRewardSpec would reject it, no tasks, and the
+// model's (a token outside its vocabulary, ...).
+absl::StatusOr<float> ScoreTasks(ScoringForward& forward, const Tokenizer& tokenizer,
+                                 std::span<const Task> tasks, const RewardSpec& spec);
+// The same on a whole local model (Model::is_full(); FAILED_PRECONDITION otherwise).
 absl::StatusOr<float> ScoreTasks(Model& model, const Tokenizer& tokenizer,
                                  std::span<const Task> tasks, const RewardSpec& spec);
 
 // The `nll` reward: the mean over tasks of the mean log-probability of each answer token given
 // the prompt and the answer tokens before it (teacher forcing), i.e. minus the mean NLL.
 // Tasks are packed into batched passes of a bounded number of rows.
+absl::StatusOr<float> MeanAnswerLogProb(ScoringForward& forward, std::span<const Task> tasks);
 absl::StatusOr<float> MeanAnswerLogProb(Model& model, std::span<const Task> tasks);
 
 }  // namespace fucina::train
