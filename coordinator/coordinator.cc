@@ -81,13 +81,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   Coordinator* self = c.get();
   c->train_jobs_ = std::make_unique<TrainJobs>(
       options.model_path, options.train_dir, *c->tokenizer_, c->chat_template_,
-      [self] {
-        std::vector<EsWorker> alive;
-        for (const WorkerRecord& w : self->Workers()) {
-          if (w.alive) alive.push_back({w.id, w.client});
-        }
-        return alive;
-      },
+      [self](bool pipeline) { return self->TrainGroups(pipeline); },
       c->es_metrics_.get());
   c->scheduler_ = std::make_unique<Scheduler>(
       options.scheduler, *c->tokenizer_, [self] { return self->BuildPipeline(); },
@@ -241,6 +235,32 @@ void Coordinator::WatchHeartbeats() {
     }
     lock.lock();
   }
+}
+
+std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<EsGroup> groups;
+  if (!pipeline) {
+    for (const WorkerRecord& w : workers_) {
+      if (w.alive) groups.push_back({{{w.id, w.client, w.address}}, {}});
+    }
+    return groups;
+  }
+  if (!plan_.ready || plan_.stages.empty()) return groups;
+  EsGroup group;
+  for (const StagePlan& stage : plan_.stages) {
+    auto w = std::find_if(workers_.begin(), workers_.end(),
+                          [&](const WorkerRecord& r) { return r.id == stage.worker_id; });
+    if (w == workers_.end() || !w->alive) return groups;  // the next plan will have others
+    group.workers.push_back({w->id, w->client, w->address});
+    wire::EsShard& shard = group.stages.emplace_back();
+    shard.set_first_layer(stage.first_layer);
+    shard.set_last_layer(stage.last_layer);
+    shard.set_embeddings(stage.embeddings);
+    shard.set_head(stage.head);
+  }
+  groups.push_back(std::move(group));
+  return groups;
 }
 
 Pipeline Coordinator::BuildPipeline() {

@@ -127,6 +127,9 @@ class Coordinator {
  private:
   Coordinator() = default;
   Pipeline BuildPipeline();  // the scheduler's planner, on its thread
+  // Train replicas (TrainJobs' placement): every alive worker whole, or the serving plan's
+  // stages as one pipelined replica once its shards are loaded.
+  std::vector<EsGroup> TrainGroups(bool pipeline) const;
   // Marks a worker dead without asking for a re-plan; true if it was alive.
   bool Forget(const std::string& worker_id, const absl::Status& why);
   std::string Enroll(const std::string& address, const WorkerInfo& info,

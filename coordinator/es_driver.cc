@@ -1,5 +1,7 @@
 #include "coordinator/es_driver.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -8,6 +10,8 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +19,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "models/gguf/gguf.h"
+#include "models/gguf/writer.h"
 #include "models/train/es.h"
 #include "worker/es_replica.h"
 
@@ -46,16 +52,114 @@ absl::Status WriteAtomically(const std::string& path, const std::string& bytes) 
   return absl::OkStatus();
 }
 
+// Whether two groups are the same replica: the same workers, reached the same way.
+bool SameClients(const EsGroup& a, const EsGroup& b) {
+  if (a.workers.size() != b.workers.size()) return false;
+  for (size_t i = 0; i < a.workers.size(); ++i) {
+    if (a.workers[i].client != b.workers[i].client) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-EsDriver::EsDriver(EsDriverOptions options, EsWorkerSource workers, EsJobMetrics* metrics)
-    : options_(std::move(options)), workers_(std::move(workers)), metrics_(metrics) {}
+std::string EsGroup::id() const {
+  std::string id;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (i > 0) id += "+";
+    id += workers[i].id;
+    if (i < stages.size()) {
+      absl::StrAppend(&id, "[", stages[i].first_layer(), ",", stages[i].last_layer(), ")");
+    }
+  }
+  return id;
+}
+
+EsGroupSource WholeReplicas(std::function<std::vector<EsWorker>()> workers) {
+  return [workers = std::move(workers)] {
+    std::vector<EsGroup> groups;
+    for (EsWorker& w : workers()) groups.push_back({{std::move(w)}, {}});
+    return groups;
+  };
+}
+
+absl::StatusOr<std::vector<wire::EsShard>> EvenStages(const ModelConfig& config, int stages) {
+  const int64_t n = config.num_layers;
+  if (stages < 1 || stages > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages: ", stages, " is outside [1, ", n, "] (the model's layers)"));
+  }
+  std::vector<wire::EsShard> out;
+  int64_t first = 0;
+  for (int i = 0; i < stages; ++i) {
+    int64_t last = n * (i + 1) / stages;
+    // The next cut the model allows (a shared-KV layer stays with its source).
+    while (last < n && !config.CanSplitAt(last)) ++last;
+    if (last <= first || (i + 1 < stages && last >= n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stages: this ", config.arch, " model cannot be cut into ", stages, " stages"));
+    }
+    wire::EsShard& shard = out.emplace_back();
+    shard.set_first_layer(first);
+    shard.set_last_layer(i + 1 == stages ? n : last);
+    shard.set_embeddings(i == 0);
+    shard.set_head(i + 1 == stages);
+    first = shard.last_layer();
+  }
+  return out;
+}
+
+EsDriver::EsDriver(EsDriverOptions options, EsGroupSource groups, EsJobMetrics* metrics)
+    : options_(std::move(options)), groups_(std::move(groups)), metrics_(metrics) {}
 
 EsDriver::~EsDriver() {
-  // Replicas hold a whole model each: free them on the workers still reachable.
+  // Replicas hold a model each: free them on the workers still reachable.
+  for (auto& [id, replica] : replicas_) Release(replica);
+}
+
+void EsDriver::Release(const EsGroup& group) {
   wire::EsReleaseRequest release;
   release.set_job_id(options_.job.job_id());
-  for (auto& [id, replica] : replicas_) (void)replica.client->EsRelease(release);
+  for (const EsWorker& w : group.workers) (void)w.client->EsRelease(release);
+}
+
+wire::EsJob EsDriver::StageJob(const EsGroup& group, size_t i) const {
+  wire::EsJob job = options_.job;
+  job.clear_shard();
+  job.clear_next_stage();
+  if (group.stages.empty()) return job;
+  *job.mutable_shard() = group.stages[i];
+  if (i + 1 < group.workers.size()) {
+    job.mutable_next_stage()->set_worker_id(group.workers[i + 1].id);
+    job.mutable_next_stage()->set_address(group.workers[i + 1].address);
+  }
+  return job;
+}
+
+absl::StatusOr<wire::EsState> EsDriver::UpdateGroup(const EsGroup& group,
+                                                    const wire::EsUpdateRequest& update) {
+  const size_t n = group.workers.size();
+  std::vector<absl::StatusOr<wire::EsState>> states(n, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      states[i] = group.workers[i].client->EsUpdate(update);
+      Count(static_cast<int64_t>(update.ByteSizeLong()),
+            states[i].ok() ? static_cast<int64_t>(states[i]->ByteSizeLong()) : 0);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  wire::EsState sum;
+  uint64_t checksum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!states[i].ok()) return states[i].status();
+    checksum += states[i]->checksum();  // wraps: the stages' sums add up to the whole model's
+    sum.set_num_values(sum.num_values() + states[i]->num_values());
+    sum.set_seconds(std::max(sum.seconds(), states[i]->seconds()));
+    sum.set_generation(states[i]->generation());
+  }
+  sum.set_checksum(checksum);
+  return sum;
 }
 
 std::vector<std::string> EsDriver::replica_workers() const {
@@ -73,35 +177,57 @@ void EsDriver::Count(int64_t sent, int64_t received) {
 }
 
 void EsDriver::Drop(const std::string& id, const absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (replicas_.erase(id) > 0) {
-    std::fprintf(stderr, "train job %s: worker %s left the job: %s\n",
-                 options_.job.job_id().c_str(), id.c_str(), why.ToString().c_str());
+  std::optional<EsGroup> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = replicas_.find(id);
+    if (it == replicas_.end()) return;
+    dropped = std::move(it->second);
+    replicas_.erase(it);
   }
+  std::fprintf(stderr, "train job %s: replica %s left the job: %s\n",
+               options_.job.job_id().c_str(), id.c_str(), why.ToString().c_str());
+  // The other stages of a pipeline hold their layers for nothing now.
+  if (dropped->workers.size() > 1) Release(*dropped);
 }
 
-absl::Status EsDriver::JoinOne(const EsWorker& worker) {
-  auto state = worker.client->EsLoad(options_.job);
-  if (!state.ok()) return state.status();
-  const int64_t num_values = state->num_values();
+absl::Status EsDriver::JoinOne(const EsGroup& group) {
+  int64_t num_values = 0;
+  uint64_t checksum = 0;
+  for (size_t i = 0; i < group.workers.size(); ++i) {
+    auto state = group.workers[i].client->EsLoad(StageJob(group, i));
+    if (!state.ok()) {
+      if (i > 0) Release(group);  // the stages loaded so far
+      return state.status();
+    }
+    num_values += state->num_values();
+    checksum += state->checksum();
+  }
+  if (num_values == 0) {
+    Release(group);
+    return absl::InvalidArgumentError(
+        options_.job.mode() == "lora" ? "lora_targets: no adapters in the model"
+                                      : "tensors: no trainable tensor of the model matches");
+  }
   // Replay: the same updates in the same order give the same values, bit for bit.
   for (size_t g = 0; g < log_.size(); ++g) {
     wire::EsUpdateRequest update;
     update.set_job_id(options_.job.job_id());
     update.set_generation(static_cast<int64_t>(g));
     update.mutable_shaped()->Add(log_[g].begin(), log_[g].end());
-    state = worker.client->EsUpdate(update);
+    auto state = UpdateGroup(group, update);
     if (!state.ok()) return state.status();
-    if (checksums_[g] != 0 && state->checksum() != checksums_[g]) {
+    checksum = state->checksum();
+    if (checksums_[g] != 0 && checksum != checksums_[g]) {
       return absl::DataLossError(absl::StrFormat(
-          "replaying generation %d gave checksum %016x, the job's is %016x", g + 1,
-          state->checksum(), checksums_[g]));
+          "replaying generation %d gave checksum %016x, the job's is %016x", g + 1, checksum,
+          checksums_[g]));
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
   num_values_ = num_values;
-  if (log_.empty()) checksum_ = state->checksum();
-  replicas_[worker.id] = Replica{worker.client};
+  if (log_.empty()) checksum_ = checksum;
+  replicas_[group.id()] = group;
   return absl::OkStatus();
 }
 
@@ -109,23 +235,24 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.wait_for_workers_ms);
   absl::Status last_error;
   for (;;) {
-    std::vector<EsWorker> available = workers_();
-    std::vector<EsWorker> fresh;
+    std::vector<EsGroup> available = groups_();
+    std::vector<EsGroup> fresh;
     {
       std::lock_guard<std::mutex> lock(mu_);
       // A worker that registered again has a new client: its old replica is gone with it.
       for (auto it = replicas_.begin(); it != replicas_.end();) {
         auto found = std::find_if(available.begin(), available.end(),
-                                  [&](const EsWorker& w) { return w.id == it->first; });
-        it = found == available.end() || found->client != it->second.client
+                                  [&](const EsGroup& g) { return g.id() == it->first; });
+        it = found == available.end() || !SameClients(*found, it->second)
                  ? replicas_.erase(it)
                  : std::next(it);
       }
-      for (const EsWorker& w : available) {
-        auto no_room = no_room_.find(w.id);
+      for (const EsGroup& g : available) {
+        if (g.workers.empty()) continue;
+        auto no_room = no_room_.find(g.id());
         // One that had no room for a replica is not asked again (each try loads a model).
-        if (no_room != no_room_.end() && no_room->second == w.client) continue;
-        if (!replicas_.contains(w.id)) fresh.push_back(w);
+        if (no_room != no_room_.end() && no_room->second == g.workers[0].client) continue;
+        if (!replicas_.contains(g.id())) fresh.push_back(g);
       }
     }
     // Loads run in parallel: each maps and copies a whole model.
@@ -147,11 +274,11 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
         if (no_room) {
           refused.push_back(results[i]);
           std::lock_guard<std::mutex> lock(mu_);
-          no_room_[fresh[i].id] = fresh[i].client;
+          no_room_[fresh[i].id()] = fresh[i].workers[0].client;
         }
         last_error = results[i];
-        std::fprintf(stderr, "train job %s: worker %s cannot take the job: %s\n",
-                     options_.job.job_id().c_str(), fresh[i].id.c_str(),
+        std::fprintf(stderr, "train job %s: replica %s cannot take the job: %s\n",
+                     options_.job.job_id().c_str(), fresh[i].id().c_str(),
                      results[i].ToString().c_str());
       }
     }
@@ -185,7 +312,7 @@ absl::StatusOr<float> EsDriver::EvaluateCenter(bool holdout) {
     request.set_generation(generation());
     request.add_members(train::EsTrainer::kCenter);
     request.set_holdout(holdout);
-    auto reply = ready->front().second.client->EsEvaluate(request);
+    auto reply = ready->front().second.workers[0].client->EsEvaluate(request);
     if (reply.ok()) return reply->fitness(0);
     if (!IsWorkerFailure(reply.status())) return reply.status();
     Drop(ready->front().first, reply.status());
@@ -221,7 +348,7 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
       std::mutex qmu;
       std::vector<std::thread> threads;
       for (const auto& [id, replica] : *ready) {
-        threads.emplace_back([&, id = id, client = replica.client] {
+        threads.emplace_back([&, id = id, client = replica.workers[0].client] {
           for (;;) {
             int member;
             {
@@ -296,10 +423,8 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
     for (size_t i = 0; i < targets.size(); ++i) {
       threads.emplace_back([&, i] {
         const auto call = Clock::now();
-        states[i] = targets[i].second.client->EsUpdate(update);
+        states[i] = UpdateGroup(targets[i].second, update);
         walls[i] = Since(call);
-        Count(static_cast<int64_t>(update.ByteSizeLong()),
-              states[i].ok() ? static_cast<int64_t>(states[i]->ByteSizeLong()) : 0);
       });
     }
     for (std::thread& t : threads) t.join();
@@ -317,8 +442,9 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
         checksum = states[i]->checksum();
       } else if (states[i]->checksum() != checksum) {
         return absl::DataLossError(absl::StrFormat(
-            "after generation %d worker %s has checksum %016x, worker %s %016x: the replicas "
-            "diverged", g + 1, targets[i].first, states[i]->checksum(), first_id, checksum));
+            "after generation %d replica %s has checksum %016x, replica %s %016x: the "
+            "replicas diverged", g + 1, targets[i].first, states[i]->checksum(), first_id,
+            checksum));
       }
     }
     log_.push_back(shaped);
@@ -365,6 +491,49 @@ absl::Status EsDriver::Stopped() {
   return absl::CancelledError("the job was stopped");
 }
 
+absl::StatusOr<wire::EsSnapshotChunk> EsDriver::SnapshotGroup(const EsGroup& group) {
+  wire::EsSnapshotRequest request;
+  request.set_job_id(options_.job.job_id());
+  if (group.workers.size() == 1) return group.workers[0].client->EsSnapshot(request);
+  // Each stage saves its own layers' values; one file holds them all, in stage order (the
+  // order a whole replica saves them in).
+  std::vector<std::unique_ptr<gguf::File>> parts;
+  wire::EsSnapshotChunk merged;
+  for (size_t i = 0; i < group.workers.size(); ++i) {
+    auto part = group.workers[i].client->EsSnapshot(request);
+    if (!part.ok()) return part.status();
+    if (i == 0) {
+      merged.set_file_name(part->file_name());
+      merged.set_generation(part->generation());
+    } else if (part->file_name() != merged.file_name() ||
+               part->generation() != merged.generation()) {
+      return absl::InternalError(absl::StrCat(
+          "stage ", i, " sent ", part->file_name(), " of generation ", part->generation(),
+          ", stage 0 ", merged.file_name(), " of generation ", merged.generation()));
+    }
+    auto file = gguf::File::FromBytes(
+        {reinterpret_cast<const uint8_t*>(part->data().data()), part->data().size()},
+        absl::StrCat("stage ", i, "'s ", part->file_name()));
+    if (!file.ok()) return file.status();
+    parts.push_back(*std::move(file));
+  }
+  std::vector<const gguf::File*> views;
+  for (const auto& p : parts) views.push_back(p.get());
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       absl::StrCat("fucina-es-", getpid(), "-", reinterpret_cast<uintptr_t>(this), "-",
+                    merged.file_name()))
+          .string();
+  absl::Status written = gguf::ConcatenateTensors(views, path);
+  std::ifstream in(path, std::ios::binary);
+  merged.mutable_data()->assign(std::istreambuf_iterator<char>(in), {});
+  const bool read = written.ok() && (static_cast<bool>(in) || in.eof());
+  std::remove(path.c_str());
+  if (!written.ok()) return written;
+  if (!read) return absl::InternalError(absl::StrCat(path, ": cannot read the merged file"));
+  return merged;
+}
+
 absl::Status EsDriver::WriteCheckpoint() {
   if (options_.out_dir.empty()) return absl::OkStatus();
   std::error_code ec;
@@ -379,7 +548,7 @@ absl::Status EsDriver::WriteCheckpoint() {
   for (int attempt = 0; attempt < 4; ++attempt) {
     auto ready = Join();
     if (!ready.ok()) return ready.status();
-    snapshot = ready->front().second.client->EsSnapshot(request);
+    snapshot = SnapshotGroup(ready->front().second);
     if (snapshot.ok() || !IsWorkerFailure(snapshot.status())) break;
     Drop(ready->front().first, snapshot.status());
   }

@@ -8,6 +8,13 @@
 // Placement by capacity: members wait in one queue and each replica takes the next as soon as
 // it is free (one member per call), so a worker with more cores takes more members.
 //
+// Replicas are groups (EsGroup): one worker holding the whole model, or a pipeline of workers
+// each holding a stage's layers (a model no one worker has room for). A pipelined member is
+// scored through the stages, the first calling the next with each pass's activations (worker
+// to worker: the coordinator still sends only member ids); every stage applies the update to
+// its own tensors, and the group's checksum is the sum of its stages', equal to a whole
+// replica's. A group whose worker fails is dropped whole and its member re-run elsewhere.
+//
 // Faults: a member whose worker fails (gone, stuck, broken) goes back into the queue and is
 // re-run on another replica from its seed; the generation's result does not change. A worker
 // that appears (or comes back) later is given the job and replays the logged updates, which
@@ -33,17 +40,35 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/metrics.h"
+#include "models/engine/config.h"
 #include "worker/worker_client.h"
 
 namespace fucina {
 
-// A worker that can hold a replica.
+// A worker that can hold a replica or a stage of one.
 struct EsWorker {
   std::string id;
   std::shared_ptr<WorkerClient> client;
+  std::string address = {};  // how the stage before reaches it (wire::Peer)
 };
-// The workers available now (alive ones); asked before every generation.
-using EsWorkerSource = std::function<std::vector<EsWorker>()>;
+
+// One replica of the job: a worker with the whole model (`stages` empty), or a pipeline:
+// workers[i] holds stages[i] (stage 0 has the embeddings, the last the head).
+struct EsGroup {
+  std::vector<EsWorker> workers;
+  std::vector<wire::EsShard> stages;
+  // "w", or "w0[0,15)+w1[15,30)": a group whose workers or cuts change is another group.
+  std::string id() const;
+};
+// The groups available now (alive workers; no worker in two groups); asked before every
+// generation.
+using EsGroupSource = std::function<std::vector<EsGroup>()>;
+// Every worker a whole replica.
+EsGroupSource WholeReplicas(std::function<std::vector<EsWorker>()> workers);
+// Layer ranges of `stages` pipeline stages (embeddings on the first, head on the last), cut as
+// evenly as the model allows (ModelConfig::CanSplitAt). INVALID_ARGUMENT when it cannot be cut
+// into that many.
+absl::StatusOr<std::vector<wire::EsShard>> EvenStages(const ModelConfig& config, int stages);
 
 struct EsDriverOptions {
   wire::EsJob job;
@@ -78,7 +103,7 @@ struct EsGenerationEvent {
 class EsDriver {
  public:
   // `metrics` may be null; it outlives the driver.
-  EsDriver(EsDriverOptions options, EsWorkerSource workers, EsJobMetrics* metrics = nullptr);
+  EsDriver(EsDriverOptions options, EsGroupSource groups, EsJobMetrics* metrics = nullptr);
   ~EsDriver();
 
   // Continues the job checkpointed in `dir` (its state.json): its job replaces options' job
@@ -105,26 +130,34 @@ class EsDriver {
   std::vector<std::string> replica_workers() const;
 
  private:
-  struct Replica {
-    std::shared_ptr<WorkerClient> client;
-  };
-  // Gives the job to the available workers that lack it and replays the log on them; returns
+  using Replica = EsGroup;
+  // Gives the job to the available groups that lack it and replays the log on them; returns
   // the ready replicas. Waits (up to wait_for_workers_ms) while there is none.
   absl::StatusOr<std::vector<std::pair<std::string, Replica>>> Join();
-  absl::Status JoinOne(const EsWorker& worker);
-  // Drops a replica whose worker failed; it may join again later.
+  absl::Status JoinOne(const EsGroup& group);
+  // The job as stage `i` of `group` gets it (its shard and next stage).
+  wire::EsJob StageJob(const EsGroup& group, size_t i) const;
+  // The update of generation `g` on every stage of `group`: its checksum (the stages' sum).
+  absl::StatusOr<wire::EsState> UpdateGroup(const EsGroup& group,
+                                            const wire::EsUpdateRequest& update);
+  // The group's trainable values as one GGUF file (a pipeline's stages' files merged).
+  absl::StatusOr<wire::EsSnapshotChunk> SnapshotGroup(const EsGroup& group);
+  // Drops a replica whose worker failed, freeing its stages on the others; it may join again
+  // later.
   void Drop(const std::string& id, const absl::Status& why);
+  // Frees the job's replica on every worker of `group` (best effort).
+  void Release(const EsGroup& group);
   void Count(int64_t sent, int64_t received);
   // CANCELLED, after checkpointing the current generation if it is not yet.
   absl::Status Stopped();
 
   EsDriverOptions options_;
-  EsWorkerSource workers_;
+  EsGroupSource groups_;
   EsJobMetrics* metrics_;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;  // replicas_, byte counters (members run on several threads)
   std::map<std::string, Replica> replicas_;
-  // Workers that refused a replica for lack of memory, with the client they had then.
+  // Groups that refused a replica for lack of memory (by id, with the first worker's client then).
   std::map<std::string, std::shared_ptr<WorkerClient>> no_room_;
   std::vector<std::vector<float>> log_;  // shaped fitness of each generation done
   std::vector<uint64_t> checksums_;      // after each generation (0: no replica reported)

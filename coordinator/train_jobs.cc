@@ -164,12 +164,12 @@ absl::Status RunEsJob(EsDriver& driver,
 }
 
 TrainJobs::TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
-                     const ChatTemplate& chat, EsWorkerSource workers, EsMetrics* metrics)
+                     const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics)
     : model_path_(std::move(model_path)),
       train_dir_(std::move(train_dir)),
       tokenizer_(tokenizer),
       chat_(chat),
-      workers_(std::move(workers)),
+      placement_(std::move(placement)),
       metrics_(metrics) {}
 
 TrainJobs::~TrainJobs() {
@@ -250,7 +250,10 @@ absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
   }
   auto record = std::make_unique<Job>();
   if (metrics_ != nullptr) record->metrics = metrics_->ForJob(id);
-  record->driver = std::make_unique<EsDriver>(std::move(options), workers_, record->metrics.get());
+  record->driver = std::make_unique<EsDriver>(
+      std::move(options),
+      [placement = placement_, pipeline = request.pipeline()] { return placement(pipeline); },
+      record->metrics.get());
   if (!request.resume_from().empty()) {
     if (absl::Status s = record->driver->Resume(resume_dir); !s.ok()) return s;
   }

@@ -6,7 +6,11 @@
 // Policy with serving: a job's replicas live on the serving workers beside their shards, and
 // each worker runs one member evaluation at a time between its forward steps (time-sliced on
 // the worker's executor): generate requests keep flowing while a job runs, each step waiting
-// at most one member's evaluation.
+// at most one member's evaluation (a pipelined member: one pass of one stage).
+//
+// Placement: a job asks for whole replicas (every worker scores members alone) or for the
+// pipeline (StartJobRequest.pipeline: one replica over the serving plan's stages, each worker
+// holding its stage's layers); the source passed in knows which workers and cuts those are.
 #ifndef FUCINA_COORDINATOR_TRAIN_JOBS_H_
 #define FUCINA_COORDINATOR_TRAIN_JOBS_H_
 
@@ -43,6 +47,9 @@ absl::StatusOr<wire::EsJob> EsJobFromRequest(const ::fucina::v1::StartJobRequest
 absl::Status RunEsJob(EsDriver& driver,
                       const std::function<void(const ::fucina::v1::JobEvent&)>& on_event);
 
+// The replicas a job may use now: whole ones, or (pipeline) the serving pipeline's stages.
+using EsPlacement = std::function<std::vector<EsGroup>(bool pipeline)>;
+
 class TrainJobs {
  public:
   // Borrows the tokenizer and template (they outlive this); `metrics` may be null. A request's
@@ -50,7 +57,7 @@ class TrainJobs {
   // API writes and reads nothing else on this machine); with an empty train_dir they are
   // refused.
   TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
-            const ChatTemplate& chat, EsWorkerSource workers, EsMetrics* metrics);
+            const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics);
   ~TrainJobs();  // stops the jobs and waits for them
 
   absl::StatusOr<::fucina::v1::Job> Start(const ::fucina::v1::StartJobRequest& request);
@@ -81,7 +88,7 @@ class TrainJobs {
   const std::string train_dir_;
   const Tokenizer& tokenizer_;
   const ChatTemplate& chat_;
-  EsWorkerSource workers_;
+  EsPlacement placement_;
   EsMetrics* metrics_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // an event or a state change

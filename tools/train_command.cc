@@ -23,6 +23,7 @@
 #include "fucina/v1/train.grpc.pb.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/chat/chat_template.h"
+#include "models/engine/registry.h"
 #include "models/gguf/gguf.h"
 #include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
@@ -46,6 +47,7 @@ struct JobArgs {
   float sigma_decay = 1.0f, lr_decay = 1.0f;
   uint64_t seed = 0;
   bool raw = false;
+  bool pipeline = false;
 };
 
 struct ConnectArgs {
@@ -105,6 +107,7 @@ absl::StatusOr<api::StartJobRequest> RequestFromArgs(const JobArgs& a) {
   r.set_checkpoint_every(a.checkpoint_every);
   r.set_resume_from(a.resume);
   r.set_threads(a.threads);
+  r.set_pipeline(a.pipeline);
   return r;
 }
 
@@ -265,17 +268,35 @@ int RunTrain(const TrainArgs& a) {
   // In-process workers, each with its share of the threads (the serve command's split).
   const int total = a.job.threads > 0 ? a.job.threads : ThreadPool::Default().num_threads();
   std::vector<EsWorker> workers;
+  // A stage reaches the next by its worker id.
+  auto by_id = [&workers](const wire::Peer& peer) -> std::shared_ptr<WorkerClient> {
+    for (const EsWorker& w : workers) {
+      if (w.id == peer.worker_id()) return w.client;
+    }
+    return nullptr;
+  };
   for (int i = 0; i < a.workers; ++i) {
     WorkerOptions wo;
     wo.threads = std::max(1, total / a.workers);
-    workers.push_back({absl::StrCat("local-", i), std::make_shared<WorkerActor>(wo)});
+    workers.push_back({absl::StrCat("local-", i), std::make_shared<WorkerActor>(wo, by_id)});
   }
-  EsDriver driver(options, [&workers] { return workers; });
+  EsGroupSource groups = WholeReplicas([&workers] { return workers; });
+  if (a.job.pipeline) {
+    auto config = ReadModelConfig(**file);
+    if (!config.ok()) return Fail(config.status());
+    auto stages = EvenStages(*config, a.workers);
+    if (!stages.ok()) return Fail(stages.status());
+    groups = [&workers, stages = *stages] {
+      return std::vector<EsGroup>{{workers, stages}};
+    };
+  }
+  EsDriver driver(options, groups);
   if (!a.job.resume.empty()) {
     if (absl::Status s = driver.Resume(a.job.resume); !s.ok()) return Fail(s);
   }
-  std::printf("training on %d worker%s: population %d, sigma %g, lr %g, %lld generations\n",
-              a.workers, a.workers == 1 ? "" : "s", driver.job().population(),
+  std::printf("training on %d worker%s%s: population %d, sigma %g, lr %g, %lld generations\n",
+              a.workers, a.workers == 1 ? "" : "s", a.job.pipeline ? " as pipeline stages" : "",
+              driver.job().population(),
               driver.job().sigma(), driver.job().lr(), static_cast<long long>(options.iterations));
   EventPrinter printer(a.job.iterations);
   api::JobEvent last;
@@ -337,6 +358,10 @@ void AddJobFlags(CLI::App* cmd, JobArgs* a) {
   cmd->add_option("--resume", a->resume,
                   "Continue the job checkpointed in this folder (its state.json)");
   cmd->add_option("--job-id", a->job_id, "The job's name");
+  cmd->add_flag("--pipeline", a->pipeline,
+                "Score members through pipeline stages, each worker holding its stage's "
+                "layers (a coordinator's serving plan; embedded: one stage per --workers), "
+                "instead of a whole model per worker");
 }
 
 void AddConnectFlags(CLI::App* cmd, ConnectArgs* c, bool addr) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@ namespace fucina {
 namespace {
 
 constexpr int kMaxPopulation = 1 << 16;
+constexpr std::string_view kTokenEmbeddings = "token_embd.weight";
 constexpr int kMaxLoraRank = 4096;
 // Positions of one task (prompt + answer): a scored task holds a KV cache this long on every
 // replica, so a request's size alone must not decide a worker's memory.
@@ -128,6 +130,12 @@ absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size) {
       (job.shard().first_layer() < 0 || job.shard().last_layer() <= job.shard().first_layer())) {
     return absl::InvalidArgumentError("shard: layers must be [first, last) with 0 <= first < last");
   }
+  if (job.has_next_stage() && (!job.has_shard() || job.shard().head())) {
+    return absl::InvalidArgumentError("next_stage: only a stage without the head has one");
+  }
+  if (job.has_shard() && !job.shard().head() && !job.has_next_stage()) {
+    return absl::InvalidArgumentError("next_stage: a stage without the head needs one");
+  }
   return absl::OkStatus();
 }
 
@@ -180,13 +188,21 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
   r->reward_ = *reward;
   r->tasks_ = TasksOf(job.tasks());
   r->holdout_ = TasksOf(job.holdout());
-  auto trainer = train::EsTrainer::Create(*r->model_, EsOptionsOf(job), *r->pool_);
+  auto trainer = train::EsTrainer::Create(*r->model_, EsOptionsOf(job), *r->pool_,
+                                         /*allow_none=*/job.has_shard());
   if (!trainer.ok()) {
     return absl::Status(trainer.status().code(),
                         absl::StrCat(lora ? "lora_targets: " : "tensors: ",
                                      trainer.status().message()));
   }
   r->trainer_ = *std::move(trainer);
+  if (job.has_shard()) {
+    r->stage_ = std::make_unique<train::StageScorer>(*r->model_);
+    // A tied head holds the token embeddings too; the stage with the embeddings reports them.
+    if (!job.shard().embeddings()) {
+      r->trainer_->SetReported([](std::string_view name) { return name != kTokenEmbeddings; });
+    }
+  }
   r->model_->VisitParameters([&](const Parameter& p) {
     for (const ParameterLocation& loc : p.locations) {
       if (loc.owned) r->owned_bytes_ += RowBytes(loc.view.type, loc.view.cols) * loc.view.rows;
@@ -210,15 +226,44 @@ wire::EsState EsReplica::State() const {
 }
 
 absl::StatusOr<float> EsReplica::Evaluate(int member, bool holdout) {
-  if (job_.has_shard()) {
+  if (is_stage()) {
     return absl::FailedPreconditionError(
-        "a shard replica scores members only as a stage of a pipeline (not built yet)");
+        "a stage replica scores members only through its pipeline");
   }
   const std::vector<train::Task>& tasks = holdout ? holdout_ : tasks_;
   if (tasks.empty()) return absl::InvalidArgumentError("the job has no holdout tasks");
   return trainer_->Evaluate(generation_, member, [&](Model& model) {
     return train::ScoreTasks(model, *tokenizer_, tasks, reward_);
   });
+}
+
+absl::StatusOr<float> EsReplica::Score(train::ScoringForward& forward, bool holdout) const {
+  const std::vector<train::Task>& tasks = holdout ? holdout_ : tasks_;
+  if (tasks.empty()) return absl::InvalidArgumentError("the job has no holdout tasks");
+  auto f = train::ScoreTasks(forward, *tokenizer_, tasks, reward_);
+  if (f.ok() && !std::isfinite(*f)) {
+    return absl::InternalError("the member's fitness is not finite");
+  }
+  return f;
+}
+
+absl::StatusOr<std::vector<train::ScoringForward::Verdict>> EsReplica::StagePass(
+    int64_t generation, int member, std::span<const int64_t> new_streams,
+    std::span<const train::ScoringForward::Segment> segments, std::vector<float>& x,
+    std::span<const train::ScoringForward::Row> rows) {
+  if (!is_stage()) return absl::FailedPreconditionError("a whole replica is not a stage");
+  if (generation != generation_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a pass of generation ", generation, " for a replica at ", generation_));
+  }
+  if (absl::Status s = trainer_->Select(generation, member); !s.ok()) return s;
+  if (!new_streams.empty()) {
+    if (absl::Status s = stage_->ResetStreams(new_streams); !s.ok()) return s;
+  }
+  if (absl::Status s = stage_->Layers(segments, x); !s.ok()) return s;
+  if (!model_->has_head()) return std::vector<train::ScoringForward::Verdict>();
+  return stage_->Verdicts(x.data(), static_cast<int64_t>(x.size()) / model_->config().hidden,
+                          rows);
 }
 
 absl::Status EsReplica::Update(const wire::EsUpdateRequest& request) {
@@ -236,7 +281,11 @@ absl::Status EsReplica::Update(const wire::EsUpdateRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<wire::EsSnapshotChunk> EsReplica::Snapshot() const {
+absl::StatusOr<wire::EsSnapshotChunk> EsReplica::Snapshot() {
+  // Adapters are saved from the model's copies, which may hold a stage's last member.
+  if (absl::Status s = trainer_->Select(generation_, train::EsTrainer::kCenter); !s.ok()) {
+    return s;
+  }
   const bool lora = job_.mode() == "lora";
   const std::string name = lora ? "adapters.gguf" : "tensors.gguf";
   const std::string path =

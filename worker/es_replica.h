@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "models/engine/model.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/train/es.h"
+#include "models/train/scoring.h"
 #include "models/train/tasks.h"
 
 namespace fucina {
@@ -42,17 +44,36 @@ class EsReplica {
                                                            int max_threads);
 
   const wire::EsJob& job() const { return job_; }
+  const ModelConfig& config() const { return model_->config(); }
   int64_t generation() const { return generation_; }
   wire::EsState State() const;
 
+  // Whether this replica is one stage of a pipelined replica (EsJob.shard).
+  bool is_stage() const { return job_.has_shard(); }
+
   // The fitness of one member of the current generation (EsTrainer::kCenter: the parameters
-  // themselves), on the training tasks or the holdout ones.
+  // themselves), on the training tasks or the holdout ones. A whole replica only.
   absl::StatusOr<float> Evaluate(int member, bool holdout);
+  // The fitness of the member `forward` holds, scored through it: a pipeline whose first stage
+  // is this replica. Runs on the caller's thread, reading only what Create set (the tasks, the
+  // tokenizer, the reward); the passes reach this replica through StagePass.
+  absl::StatusOr<float> Score(train::ScoringForward& forward, bool holdout) const;
+  // This stage's part of one pass of member `member`'s scoring (a stage replica only): the
+  // member's parameters are selected (once per member: they stay until another is asked for),
+  // the streams restarted when `new_streams` is not empty, and the segments' rows run through
+  // the stage's layers in `x` (activations from the stage before, or embedded here). With the
+  // head, returns the verdicts of `rows`; without, nothing, and x holds the rows for the next
+  // stage. Errors name the field; a wrong generation is FAILED_PRECONDITION.
+  absl::StatusOr<std::vector<train::ScoringForward::Verdict>> StagePass(
+      int64_t generation, int member, std::span<const int64_t> new_streams,
+      std::span<const train::ScoringForward::Segment> segments, std::vector<float>& x,
+      std::span<const train::ScoringForward::Row> rows);
   // The current generation's update; the generation advances. The request's generation must
   // be the current one (FAILED_PRECONDITION otherwise, nothing changed).
   absl::Status Update(const wire::EsUpdateRequest& request);
   // The trainable values as a GGUF file (adapters.gguf or tensors.gguf), whole in one chunk.
-  absl::StatusOr<wire::EsSnapshotChunk> Snapshot() const;
+  // Selects the unperturbed parameters first.
+  absl::StatusOr<wire::EsSnapshotChunk> Snapshot();
 
   // Bytes the replica owns (fused weights, trainable f32 copies, adapters: every owned
   // location VisitParameters lists) and the bytes of the model's weights it maps.
@@ -67,6 +88,7 @@ class EsReplica {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<train::EsTrainer> trainer_;
+  std::unique_ptr<train::StageScorer> stage_;  // a stage replica's streams
   train::RewardSpec reward_;
   std::vector<train::Task> tasks_, holdout_;
   int64_t generation_ = 0;

@@ -250,7 +250,7 @@ absl::StatusOr<wire::WorkerStats> WorkerActor::GetStats() {
 
 int64_t WorkerActor::UsedBytes() const {
   int64_t total = weight_bytes_ + KvBytes();
-  for (const auto& [id, replica] : es_jobs_) total += ReplicaBytes(*replica);
+  for (const auto& [id, job] : es_jobs_) total += ReplicaBytes(*job.replica);
   return total;
 }
 

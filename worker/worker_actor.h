@@ -86,8 +86,12 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<wire::SessionReply> ReleaseSession(
       const wire::ReleaseSessionRequest& request) override;
   absl::StatusOr<wire::WorkerStats> GetStats() override;
-  // Train jobs: each holds its own replica of the whole model beside the shard. Members of
-  // EsEvaluate run one per executor task, so the shard's forward steps interleave with them.
+  // Train jobs: each holds its own replica beside the shard (the whole model, or one stage of a
+  // pipelined replica). A whole replica evaluates one member per executor task, so the shard's
+  // forward steps interleave with them. A pipelined member's scoring runs on the calling thread
+  // (the first stage's EsEvaluate, a later stage's EsForward): each stage's part of a pass is
+  // one executor task, and calls to the next stage wait off the executor, so no stage holds its
+  // executor while another computes (two jobs' pipelines may cross the same workers).
   absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override;
   absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
       const wire::EsEvaluateRequest& request) override;
@@ -95,6 +99,8 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
       const wire::EsSnapshotRequest& request) override;
   absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override;
+  absl::StatusOr<wire::EsForwardResponse> EsForward(
+      const wire::EsForwardRequest& request) override;
 
   int64_t memory_budget() const { return options_.memory_budget; }
   int num_threads() const { return max_threads_; }
@@ -107,6 +113,13 @@ class WorkerActor : public WorkerClient {
     int32_t top_logprobs = 0;
   };
   class RemoteExperts;
+  class EsPipeline;
+  // A train job on this worker: its replica (shared: a pipelined evaluation running off the
+  // executor keeps it alive through an EsRelease) and, on a stage before the last, the next.
+  struct EsJobState {
+    std::shared_ptr<EsReplica> replica;
+    std::shared_ptr<WorkerClient> next;
+  };
 
   // The bodies, run on the executor.
   absl::StatusOr<wire::LoadShardResponse> DoLoadShard(const wire::LoadShardRequest& request);
@@ -121,6 +134,13 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<Session*> SessionOrNew(uint64_t id);
   // The job's replica, or NOT_FOUND naming it.
   absl::StatusOr<EsReplica*> Replica(const std::string& job_id);
+  // The job's replica, a stage whose part of a pass runs here (in EsForward or the first stage's
+  // EsEvaluate), with its next stage; NOT_FOUND naming the job.
+  absl::StatusOr<EsJobState> Stage(const std::string& job_id);
+  // Member `member`'s fitness scored through the pipeline `stage` starts (its first stage).
+  absl::StatusOr<float> ScoreThroughPipeline(const EsJobState& stage,
+                                             const wire::EsEvaluateRequest& request,
+                                             int member);
   int64_t KvBytes() const;
   // What the shard, its sessions and the train replicas hold against the memory budget.
   int64_t UsedBytes() const;
@@ -150,7 +170,7 @@ class WorkerActor : public WorkerClient {
   int64_t activation_bytes_in_ = 0;
   int64_t activation_bytes_out_ = 0;
   std::vector<float> logits_;  // the last stage's head output, reused across steps
-  absl::node_hash_map<std::string, std::unique_ptr<EsReplica>> es_jobs_;  // by job id
+  absl::node_hash_map<std::string, EsJobState> es_jobs_;  // by job id
   SerialExecutor executor_;  // last: destroyed first, so no task outlives the state
 };
 

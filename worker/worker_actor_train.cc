@@ -1,20 +1,92 @@
 // The worker actor's train jobs (worker_actor.h): replicas beside the shard, one member's
-// evaluation per executor task, and their bytes against the memory budget.
+// evaluation per executor task, pipelined members' passes through the stages, and the
+// replicas' bytes against the memory budget.
 #include "worker/worker_actor.h"
 
 #include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "worker/activations.h"
 
 namespace fucina {
 
+// One member's scoring seen from the first stage of a pipelined replica: each pass runs this
+// stage's part on the executor, then goes to the next stage (off the executor), whose reply
+// comes from the last. New streams ride along with the next pass.
+class WorkerActor::EsPipeline : public train::ScoringForward {
+ public:
+  EsPipeline(WorkerActor& actor, EsJobState stage, const wire::EsEvaluateRequest& request,
+             int member)
+      : actor_(actor), stage_(std::move(stage)), request_(request), member_(member) {}
+
+  int64_t vocab_size() const override { return stage_.replica->config().vocab_size; }
+
+  absl::Status ResetStreams(std::span<const int64_t> capacities) override {
+    new_streams_.assign(capacities.begin(), capacities.end());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<Verdict>> Pass(std::span<const Segment> segments,
+                                            std::span<const Row> rows) override {
+    std::vector<float> x;
+    auto own = actor_.executor_.Call([&] {
+      return stage_.replica->StagePass(request_.generation(), member_, new_streams_, segments,
+                                       x, rows);
+    });
+    if (!own.ok() || stage_.next == nullptr) return own;
+    wire::EsForwardRequest next;
+    next.set_job_id(request_.job_id());
+    next.set_generation(request_.generation());
+    next.set_member(member_);
+    next.mutable_new_streams()->Add(new_streams_.begin(), new_streams_.end());
+    new_streams_.clear();
+    for (const Segment& s : segments) {
+      wire::EsPassSegment* out = next.add_segments();
+      out->set_stream(s.stream);
+      out->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
+    }
+    const int64_t hidden = stage_.replica->config().hidden;
+    EncodeActivations(x.data(), static_cast<int64_t>(x.size()) / hidden, hidden,
+                      wire::ACTIVATION_F32, next.mutable_activations());
+    for (const Row& r : rows) {
+      next.add_rows(r.row);
+      next.add_targets(r.target);
+    }
+    auto reply = stage_.next->EsForward(next);
+    if (!reply.ok()) return reply.status();
+    if (reply->argmax_size() != static_cast<int>(rows.size()) ||
+        reply->logprob_size() != static_cast<int>(rows.size())) {
+      return absl::InternalError(absl::StrCat("the next stage sent ", reply->argmax_size(),
+                                              " verdicts for ", rows.size(), " rows"));
+    }
+    std::vector<Verdict> verdicts(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      verdicts[i] = {reply->argmax(static_cast<int>(i)), reply->logprob(static_cast<int>(i))};
+    }
+    return verdicts;
+  }
+
+ private:
+  WorkerActor& actor_;
+  const EsJobState stage_;
+  const wire::EsEvaluateRequest& request_;
+  const int member_;
+  std::vector<int64_t> new_streams_;
+};
+
 absl::StatusOr<EsReplica*> WorkerActor::Replica(const std::string& job_id) {
+  auto stage = Stage(job_id);
+  if (!stage.ok()) return stage.status();
+  return stage->replica.get();
+}
+
+absl::StatusOr<WorkerActor::EsJobState> WorkerActor::Stage(const std::string& job_id) {
   auto it = es_jobs_.find(job_id);
   if (it == es_jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("no train job '", job_id, "' on this worker"));
   }
-  return it->second.get();
+  return it->second;
 }
 
 absl::StatusOr<wire::EsState> WorkerActor::EsLoad(const wire::EsJob& job) {
@@ -34,6 +106,15 @@ absl::StatusOr<wire::EsState> WorkerActor::EsLoad(const wire::EsJob& job) {
       if (!located.ok()) return located.status();
       path = *std::move(located);
     }
+    std::shared_ptr<WorkerClient> next;
+    if (job.has_next_stage()) {
+      next = resolver_(job.next_stage());
+      if (next == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("next_stage: cannot reach worker ",
+                                                       job.next_stage().worker_id(), " ",
+                                                       job.next_stage().address()));
+      }
+    }
     auto replica = EsReplica::Create(job, path, max_threads_);
     if (!replica.ok()) return replica.status();
     // Checked once the replica's size is known (its owned copies are made by the load); a
@@ -46,7 +127,7 @@ absl::StatusOr<wire::EsState> WorkerActor::EsLoad(const wire::EsJob& job) {
           " of its memory budget are free"));
     }
     wire::EsState state = (*replica)->State();
-    es_jobs_[job.job_id()] = *std::move(replica);
+    es_jobs_[job.job_id()] = {*std::move(replica), std::move(next)};
     return state;
   });
 }
@@ -55,24 +136,98 @@ absl::StatusOr<wire::EsEvaluateResponse> WorkerActor::EsEvaluate(
     const wire::EsEvaluateRequest& request) {
   wire::EsEvaluateResponse response;
   const auto start = std::chrono::steady_clock::now();
-  // One executor task per member: forward steps of the shard queued meanwhile run between.
   for (int32_t member : request.members()) {
+    absl::StatusOr<EsJobState> stage = absl::UnknownError("");
+    // A whole replica: one executor task per member, so forward steps queued meanwhile run
+    // between members. A stage: the pipeline, from this thread.
     absl::StatusOr<float> fitness = executor_.Call([&]() -> absl::StatusOr<float> {
-      auto replica = Replica(request.job_id());
-      if (!replica.ok()) return replica.status();
-      if ((*replica)->generation() != request.generation()) {
+      stage = Stage(request.job_id());
+      if (!stage.ok()) return stage.status();
+      EsReplica& replica = *stage->replica;
+      if (replica.generation() != request.generation()) {
         return absl::FailedPreconditionError(
             absl::StrCat("evaluation of generation ", request.generation(),
-                         " for a replica at ", (*replica)->generation()));
+                         " for a replica at ", replica.generation()));
       }
-      return (*replica)->Evaluate(member, request.holdout());
+      if (!replica.is_stage()) return replica.Evaluate(member, request.holdout());
+      if (!replica.job().shard().embeddings()) {
+        return absl::FailedPreconditionError(
+            "members are scored from the first stage of a pipeline, this is a later one");
+      }
+      return 0.0f;
     });
+    if (fitness.ok() && stage.ok() && stage->replica->is_stage()) {
+      fitness = ScoreThroughPipeline(*stage, request, member);
+    }
     if (!fitness.ok()) return fitness.status();
     response.add_fitness(*fitness);
   }
   response.set_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return response;
+}
+
+absl::StatusOr<float> WorkerActor::ScoreThroughPipeline(const EsJobState& stage,
+                                                        const wire::EsEvaluateRequest& request,
+                                                        int member) {
+  EsPipeline pipeline(*this, stage, request, member);
+  return stage.replica->Score(pipeline, request.holdout());
+}
+
+absl::StatusOr<wire::EsForwardResponse> WorkerActor::EsForward(
+    const wire::EsForwardRequest& request) {
+  auto stage = executor_.Call([&] { return Stage(request.job_id()); });
+  if (!stage.ok()) return stage.status();
+  if (request.rows_size() != request.targets_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(request.rows_size(), " rows but ",
+                                                   request.targets_size(), " targets"));
+  }
+  std::vector<train::ScoringForward::Segment> segments;
+  int64_t rows = 0;
+  for (const wire::EsPassSegment& s : request.segments()) {
+    segments.push_back({s.stream(), {s.tokens().data(), static_cast<size_t>(s.tokens_size())}});
+    rows += s.tokens_size();
+  }
+  std::vector<train::ScoringForward::Row> wanted;
+  for (int i = 0; i < request.rows_size(); ++i) {
+    wanted.push_back({request.rows(i), request.targets(i)});
+  }
+  const ModelConfig& config = stage->replica->config();
+  std::vector<float> x;
+  if (!stage->replica->job().shard().embeddings()) {
+    // Bounded before the buffer is sized: the rows a pass may have.
+    if (rows > train::kMaxPassRows) {
+      return absl::InvalidArgumentError(absl::StrCat("a pass of ", rows, " rows exceeds ",
+                                                     train::kMaxPassRows));
+    }
+    if (request.activations().type() != wire::ACTIVATION_F32) {
+      return absl::InvalidArgumentError("activations: a train pass carries f32 (exact) rows");
+    }
+    x.resize(rows * config.hidden);
+    if (absl::Status s = DecodeActivations(request.activations(), rows, config.hidden, x.data());
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("activations: ", s.message()));
+    }
+  }
+  auto own = executor_.Call([&] {
+    return stage->replica->StagePass(
+        request.generation(), request.member(),
+        {request.new_streams().data(), static_cast<size_t>(request.new_streams_size())},
+        segments, x, wanted);
+  });
+  if (!own.ok()) return own.status();
+  if (stage->next == nullptr) {
+    wire::EsForwardResponse response;
+    for (const train::ScoringForward::Verdict& v : *own) {
+      response.add_argmax(v.argmax);
+      response.add_logprob(v.logprob);
+    }
+    return response;
+  }
+  wire::EsForwardRequest onward = request;
+  EncodeActivations(x.data(), rows, config.hidden, wire::ACTIVATION_F32,
+                    onward.mutable_activations());
+  return stage->next->EsForward(onward);
 }
 
 absl::StatusOr<wire::EsState> WorkerActor::EsUpdate(const wire::EsUpdateRequest& request) {

@@ -77,6 +77,10 @@ class WorkerClient {
   virtual absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) {
     return Unimplemented("EsRelease");
   }
+  virtual absl::StatusOr<wire::EsForwardResponse> EsForward(
+      const wire::EsForwardRequest& request) {
+    return Unimplemented("EsForward");
+  }
   // Makes the calls in flight return CANCELLED now (a remote peer that hangs would otherwise
   // hold them until their deadline); later calls are not affected. In-process clients, whose
   // calls cannot hang on a peer, need not do anything.

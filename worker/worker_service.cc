@@ -67,6 +67,10 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override {
     return Call(&wire::Worker::Stub::EsRelease, request, deadlines_.session_ms);
   }
+  absl::StatusOr<wire::EsForwardResponse> EsForward(
+      const wire::EsForwardRequest& request) override {
+    return Call(&wire::Worker::Stub::EsForward, request, deadlines_.es_evaluate_ms);
+  }
   absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
       const wire::EsSnapshotRequest& request) override {
     grpc::ClientContext context;
@@ -317,6 +321,12 @@ grpc::Status WorkerService::EsRelease(grpc::ServerContext* context,
                                       const wire::EsReleaseRequest* request,
                                       wire::EsState* response) {
   return Serve(context, "EsRelease", [&] { return worker_.EsRelease(*request); }, response);
+}
+
+grpc::Status WorkerService::EsForward(grpc::ServerContext* context,
+                                      const wire::EsForwardRequest* request,
+                                      wire::EsForwardResponse* response) {
+  return Serve(context, "EsForward", [&] { return worker_.EsForward(*request); }, response);
 }
 
 grpc::Status WorkerService::EsSnapshot(grpc::ServerContext* context,

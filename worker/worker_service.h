@@ -51,6 +51,8 @@ class WorkerService final : public wire::Worker::Service {
                         wire::EsState* response) override;
   grpc::Status EsRelease(grpc::ServerContext* context, const wire::EsReleaseRequest* request,
                          wire::EsState* response) override;
+  grpc::Status EsForward(grpc::ServerContext* context, const wire::EsForwardRequest* request,
+                         wire::EsForwardResponse* response) override;
   grpc::Status EsSnapshot(grpc::ServerContext* context, const wire::EsSnapshotRequest* request,
                           grpc::ServerWriter<wire::EsSnapshotChunk>* writer) override;
 

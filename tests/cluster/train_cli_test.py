@@ -1,7 +1,8 @@
 """Evolution-strategies training across processes: `fucina train es` embedded with 1 and 2
 in-process workers and a coordinator with 2 worker processes (driven by the example grpcio
-client, examples/python/train_client.py) end with bit-identical trainable parameters; a worker
-killed with SIGKILL mid-job changes nothing; a stopped job resumes from its checkpoint to the
+client, examples/python/train_client.py) end with bit-identical trainable parameters, and so
+does the job scored through the serving pipeline's two stage processes; a worker killed with
+SIGKILL mid-job, whole replica or pipeline stage, changes nothing; a stopped job resumes from its checkpoint to the
 same result; generate requests are served while a job trains; bad requests name the field.
 
 Reuses cluster_cli_test's process and gRPC helpers (same environment: FUCINA_BIN,
@@ -126,6 +127,29 @@ class TrainClusterTest(cc.ClusterTestCase):
                                 capture_output=True, text=True, timeout=30)
         self.assertRegex(listed.stdout, rf"{job} succeeded generation 3/3 checksum "
                                         rf"{checksum_of(one)}")
+        # The same job through the serving pipeline: each worker process holds its stage's
+        # layers and every member is scored through both, activations going worker to worker.
+        stub, piped = self.start(c, 3, pipeline=True)
+        events = self.watch(stub, piped.job_id)
+        self.assertEqual(events[-1].state, cc.tpb.JOB_STATE_SUCCEEDED, f"{events[-1]}{c.logs()}")
+        self.assertEqual(f"{events[-1].checksum:016x}", checksum_of(one))
+        self.assertEqual(events[-2].workers, 1, events[-2])  # one replica: the pipeline
+        self.assertTrue(all(0 < e.bytes_sent < 2000 for e in events[1:-1]), events)
+
+    def test_a_stage_killed_mid_pipelined_job_changes_nothing(self):
+        reference = checksum_of(self.embedded(4, "--workers", "1", "--threads", "1"))
+        c, procs = self.processes(2, *FAST_DEATH)
+        stub, job = self.start(c, 4, pipeline=True)
+        seen = []
+        for event in stub.WatchJob(cc.tpb.WatchJobRequest(job_id=job.job_id), timeout=cc.RPC_S):
+            seen.append(event)
+            if event.generation == 1 and not event.HasField("train_reward"):
+                procs[1].p.send_signal(signal.SIGKILL)
+        last = seen[-1]
+        # The survivor holds the whole model as the next plan's only stage, replays the log
+        # and finishes the job with the uninterrupted run's parameters.
+        self.assertEqual(last.state, cc.tpb.JOB_STATE_SUCCEEDED, f"{last}\n{c.logs()}")
+        self.assertEqual(f"{last.checksum:016x}", reference)
 
     def test_a_worker_killed_mid_job_changes_nothing(self):
         reference = checksum_of(self.embedded(6, "--workers", "1", "--threads", "1"))

@@ -2,7 +2,9 @@
 // replicas ends bit-identical to one process running the trainer directly; traffic per
 // generation does not grow with the parameter count; a worker dying mid-generation, a worker
 // joining late and a resume from a checkpoint all end with the parameters of an uninterrupted
-// run; diverging replicas and bad jobs fail naming what is wrong.
+// run; diverging replicas and bad jobs fail naming what is wrong. Pipelined replicas (stage
+// workers holding a layer each, members scored through them) end bit-identical too, score and
+// checkpoint as a whole replica does, and survive a stage dying mid-generation.
 #include "coordinator/es_driver.h"
 
 #include <unistd.h>
@@ -12,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -20,6 +24,7 @@
 
 #include "models/engine/fixture.h"
 #include "models/engine/model.h"
+#include "models/engine/registry.h"
 #include "models/tokenizer/tokenizer.h"
 #include "models/train/es.h"
 #include "models/train/tasks.h"
@@ -102,6 +107,15 @@ class DyingClient : public WorkerClient {
   absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& r) override {
     return actor_->EsRelease(r);
   }
+  // A later pipeline stage: its EsForward calls count toward its death instead.
+  absl::StatusOr<wire::EsForwardResponse> EsForward(const wire::EsForwardRequest& r) override {
+    if (die_on_forward_) {
+      if (++evaluations_ == die_at_) death_.set_value();
+    }
+    if (dead()) return Gone();
+    return actor_->EsForward(r);
+  }
+  void DieOnForward() { die_on_forward_ = true; }
   void CorruptChecksums() { corrupt_checksum_ = true; }
 
  private:
@@ -111,6 +125,7 @@ class DyingClient : public WorkerClient {
   const int die_at_;
   std::atomic<int> evaluations_{0};
   std::atomic<bool> corrupt_checksum_{false};
+  bool die_on_forward_ = false;
   std::promise<void> death_;
   std::shared_future<void> start_after_;
 };
@@ -189,7 +204,7 @@ class EsDriverTest : public testing::Test {
 TEST_F(EsDriverTest, TwoReplicasMatchOneProcessBitForBit) {
   const wire::EsJob job = Job();
   std::vector<EsWorker> workers = {{"a", Actor(1)}, {"b", Actor(2)}};
-  EsDriver driver(Options(job, 3), [&] { return workers; });
+  EsDriver driver(Options(job, 3), WholeReplicas([&] { return workers; }));
   std::vector<EsGenerationEvent> events;
   ASSERT_TRUE(driver.Run([&](const EsGenerationEvent& e) { events.push_back(e); }).ok());
   ASSERT_EQ(events.size(), 3u);
@@ -203,16 +218,118 @@ TEST_F(EsDriverTest, TwoReplicasMatchOneProcessBitForBit) {
   EXPECT_EQ(driver.checksum(), OneProcessChecksum(job, 3));
   EXPECT_EQ(driver.generation(), 3);
   // Training moved the parameters.
-  EsDriver untrained(Options(job, 0), [&] { return workers; });
+  EsDriver untrained(Options(job, 0), WholeReplicas([&] { return workers; }));
   ASSERT_TRUE(untrained.Run(nullptr).ok());
   ASSERT_TRUE(untrained.EvaluateCenter(false).ok());
   EXPECT_NE(untrained.checksum(), driver.checksum());
 }
 
+// Stage workers reached by id, as a coordinator's embedded workers are.
+class StageWorkers {
+ public:
+  std::shared_ptr<WorkerActor> Actor() {
+    WorkerOptions o;
+    o.threads = 1;
+    return std::make_shared<WorkerActor>(o, [this](const wire::Peer& peer) {
+      auto it = peers_.find(peer.worker_id());
+      return it == peers_.end() ? nullptr : it->second;
+    });
+  }
+  // The group of `workers` (reached as `ids` by the stage before) over the model's layers cut
+  // in as many stages.
+  EsGroup Group(const std::vector<std::string>& ids,
+                const std::vector<std::shared_ptr<WorkerClient>>& workers,
+                const std::string& model_path) {
+    EsGroup group;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      peers_[ids[i]] = workers[i];
+      group.workers.push_back({ids[i], workers[i]});
+    }
+    auto file = gguf::File::Open(model_path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    auto config = ReadModelConfig(**file);
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto stages = EvenStages(*config, static_cast<int>(ids.size()));
+    EXPECT_TRUE(stages.ok()) << stages.status();
+    group.stages = *stages;
+    return group;
+  }
+
+ private:
+  std::map<std::string, std::shared_ptr<WorkerClient>> peers_;
+};
+
+TEST_F(EsDriverTest, APipelinedReplicaTrainsScoresAndSavesAsAWholeOne) {
+  // Trained tensors on both stages: each stage updates its own layer's.
+  wire::EsJob job = Job("blk\\.[01]\\.ffn_down\\.weight");
+  const std::string whole_dir = TempPath("whole"), pipe_dir = TempPath("pipe");
+  EsDriverOptions o = Options(job, 2);
+  o.out_dir = whole_dir;
+  std::vector<EsWorker> one = {{"w", Actor()}};
+  EsDriver whole(o, WholeReplicas([&] { return one; }));
+  ASSERT_TRUE(whole.Run(nullptr).ok());
+
+  StageWorkers stages;
+  std::vector<EsGroup> groups = {stages.Group({"s0", "s1"}, {stages.Actor(), stages.Actor()},
+                                              Path())};
+  o.out_dir = pipe_dir;
+  EsDriver pipe(o, [&] { return groups; });
+  std::vector<EsGenerationEvent> events;
+  ASSERT_TRUE(pipe.Run([&](const EsGenerationEvent& e) { events.push_back(e); }).ok());
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events.back().members_done, 8);
+  EXPECT_EQ(pipe.checksum(), OneProcessChecksum(job, 2));
+  EXPECT_EQ(pipe.checksum(), whole.checksum());
+  EXPECT_EQ(pipe.num_values(), whole.num_values());
+  // The stages' files, merged, are the whole replica's file byte for byte.
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string saved = read(whole_dir + "/tensors.gguf");
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(read(pipe_dir + "/tensors.gguf"), saved);
+  // Scores through the pipeline equal the whole model's, teacher-forced and greedy.
+  auto center = [](EsDriver& d) {
+    auto f = d.EvaluateCenter(false);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.value_or(0.0f);
+  };
+  EXPECT_EQ(center(pipe), center(whole));
+  job.set_job_id("greedy");
+  job.mutable_reward()->set_kind("acc");
+  job.mutable_reward()->set_max_tokens(3);
+  EsDriver whole_acc(Options(job, 0), WholeReplicas([&] { return one; }));
+  EsDriver pipe_acc(Options(job, 0), [&] { return groups; });
+  ASSERT_TRUE(whole_acc.Run(nullptr).ok());
+  ASSERT_TRUE(pipe_acc.Run(nullptr).ok());
+  EXPECT_EQ(center(pipe_acc), center(whole_acc));
+  std::filesystem::remove_all(whole_dir);
+  std::filesystem::remove_all(pipe_dir);
+}
+
+TEST_F(EsDriverTest, AStageDyingMidGenerationDropsItsPipelineAndTheJobEndsTheSame) {
+  const wire::EsJob job = Job("blk\\.[01]\\.ffn_down\\.weight");
+  StageWorkers stages;
+  // b1 scores two members of generation 1 and dies at its third; a0 starts once it has.
+  auto b1 = std::make_shared<DyingClient>(stages.Actor(), 3);
+  b1->DieOnForward();
+  auto a0 = std::make_shared<DyingClient>(stages.Actor(), 1 << 30);
+  a0->StartAfter(b1->death());
+  std::vector<EsGroup> groups = {stages.Group({"a0", "a1"}, {a0, stages.Actor()}, Path()),
+                                 stages.Group({"b0", "b1"}, {stages.Actor(), b1}, Path())};
+  EsDriver driver(Options(job, 3), [&] { return groups; });
+  int retried = 0;
+  ASSERT_TRUE(driver.Run([&](const EsGenerationEvent& e) { retried += e.members_retried; }).ok());
+  EXPECT_GE(retried, 1);
+  EXPECT_EQ(driver.checksum(), OneProcessChecksum(job, 3));
+  EXPECT_EQ(driver.replica_workers(), std::vector<std::string>{groups[0].id()});
+}
+
 TEST_F(EsDriverTest, TrafficPerGenerationDoesNotGrowWithTheParameters) {
   auto bytes_of = [&](const char* tensors, int64_t* values) {
     std::vector<EsWorker> workers = {{"a", Actor()}, {"b", Actor()}};
-    EsDriver driver(Options(Job(tensors), 2), [&] { return workers; });
+    EsDriver driver(Options(Job(tensors), 2), WholeReplicas([&] { return workers; }));
     std::vector<EsGenerationEvent> events;
     EXPECT_TRUE(driver.Run([&](const EsGenerationEvent& e) { events.push_back(e); }).ok());
     *values = driver.num_values();
@@ -236,7 +353,7 @@ TEST_F(EsDriverTest, MembersLostWithADyingWorkerRunAgainElsewhere) {
   auto survivor = std::make_shared<DyingClient>(Actor(), 1 << 30);
   survivor->StartAfter(dying->death());
   std::vector<EsWorker> workers = {{"a", survivor}, {"b", dying}};
-  EsDriver driver(Options(job, 3), [&] { return workers; });
+  EsDriver driver(Options(job, 3), WholeReplicas([&] { return workers; }));
   int retried = 0;
   ASSERT_TRUE(driver.Run([&](const EsGenerationEvent& e) { retried += e.members_retried; }).ok());
   EXPECT_GE(retried, 1);
@@ -247,7 +364,7 @@ TEST_F(EsDriverTest, MembersLostWithADyingWorkerRunAgainElsewhere) {
 TEST_F(EsDriverTest, ALateWorkerReplaysTheLogAndJoins) {
   const wire::EsJob job = Job();
   std::vector<EsWorker> workers = {{"a", Actor()}};
-  EsDriver driver(Options(job, 4), [&] { return workers; });
+  EsDriver driver(Options(job, 4), WholeReplicas([&] { return workers; }));
   int joined_at = -1;
   ASSERT_TRUE(driver
                   .Run([&](const EsGenerationEvent& e) {
@@ -268,7 +385,7 @@ TEST_F(EsDriverTest, ResumeFromACheckpointEndsLikeAnUninterruptedRun) {
     std::vector<EsWorker> workers = {{"a", Actor()}};
     EsDriverOptions o = Options(job, 2);
     o.out_dir = dir;
-    EsDriver driver(o, [&] { return workers; });
+    EsDriver driver(o, WholeReplicas([&] { return workers; }));
     ASSERT_TRUE(driver.Run(nullptr).ok());
   }
   ASSERT_TRUE(std::filesystem::exists(dir + "/state.json"));
@@ -281,7 +398,7 @@ TEST_F(EsDriverTest, ResumeFromACheckpointEndsLikeAnUninterruptedRun) {
   std::vector<EsWorker> workers = {{"b", Actor(2)}};
   EsDriverOptions o = Options(wire::EsJob(), 4);
   o.job.set_job_id("resumed");
-  EsDriver resumed(o, [&] { return workers; });
+  EsDriver resumed(o, WholeReplicas([&] { return workers; }));
   ASSERT_TRUE(resumed.Resume(dir).ok());
   EXPECT_EQ(resumed.generation(), 2);
   ASSERT_TRUE(resumed.Run(nullptr).ok());
@@ -291,7 +408,7 @@ TEST_F(EsDriverTest, ResumeFromACheckpointEndsLikeAnUninterruptedRun) {
   {
     std::ofstream(dir + "/state.json") << "{\"version\": 1, \"job\": \"@@\"}";
   }
-  EsDriver bad(o, [&] { return workers; });
+  EsDriver bad(o, WholeReplicas([&] { return workers; }));
   absl::Status s = bad.Resume(dir);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("state.json"), std::string::npos) << s;
@@ -305,13 +422,13 @@ TEST_F(EsDriverTest, WorkersWithoutRoomForAReplicaTakeNoPart) {
   tiny.memory_budget = 4096;  // far below the fixture's weights
   auto cramped = std::make_shared<WorkerActor>(tiny);
   std::vector<EsWorker> workers = {{"cramped", cramped}};
-  EsDriver alone(Options(Job(), 2), [&] { return workers; });
+  EsDriver alone(Options(Job(), 2), WholeReplicas([&] { return workers; }));
   absl::Status s = alone.Run(nullptr);  // at once, not after the wait for workers
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_NE(s.message().find("memory budget"), std::string::npos) << s;
 
   workers.push_back({"roomy", Actor()});
-  EsDriver driver(Options(Job(), 2), [&] { return workers; });
+  EsDriver driver(Options(Job(), 2), WholeReplicas([&] { return workers; }));
   ASSERT_TRUE(driver.Run(nullptr).ok());
   EXPECT_EQ(driver.replica_workers(), std::vector<std::string>{"roomy"});
   EXPECT_EQ(driver.checksum(), OneProcessChecksum(Job(), 2));
@@ -323,7 +440,7 @@ TEST_F(EsDriverTest, AStopBetweenGenerationsLeavesACheckpointOfTheLastOne) {
   std::vector<EsWorker> workers = {{"a", Actor()}};
   EsDriverOptions o = Options(Job(), 10);
   o.out_dir = dir;
-  EsDriver driver(o, [&] { return workers; });
+  EsDriver driver(o, WholeReplicas([&] { return workers; }));
   // Stopped once generation 1 is done and past its checkpoint decision (none due).
   absl::Status s = driver.Run([&](const EsGenerationEvent& e) {
     if (e.generation == 1) driver.Stop();
@@ -341,7 +458,7 @@ TEST_F(EsDriverTest, DivergingReplicasFailTheJob) {
   auto liar = std::make_shared<DyingClient>(Actor(), 1 << 30);
   liar->CorruptChecksums();
   std::vector<EsWorker> workers = {{"a", Actor()}, {"b", liar}};
-  EsDriver driver(Options(Job(), 2), [&] { return workers; });
+  EsDriver driver(Options(Job(), 2), WholeReplicas([&] { return workers; }));
   absl::Status s = driver.Run(nullptr);
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_NE(s.message().find("diverged"), std::string::npos) << s;
@@ -351,27 +468,27 @@ TEST_F(EsDriverTest, BadJobsNameTheField) {
   std::vector<EsWorker> workers = {{"a", Actor()}};
   wire::EsJob job = Job();
   job.set_population(5);
-  EsDriver odd(Options(job, 1), [&] { return workers; });
+  EsDriver odd(Options(job, 1), WholeReplicas([&] { return workers; }));
   absl::Status s = odd.Run(nullptr);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("population"), std::string::npos) << s;
 
   job = Job();
   job.mutable_tasks(1)->add_answer(1 << 20);
-  EsDriver vocab(Options(job, 1), [&] { return workers; });
+  EsDriver vocab(Options(job, 1), WholeReplicas([&] { return workers; }));
   s = vocab.Run(nullptr);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("tasks[1]"), std::string::npos) << s;
 
   job = Job();
   job.mutable_tasks(2)->mutable_prompt()->Resize(40000, 30);  // an absurd task
-  EsDriver huge(Options(job, 1), [&] { return workers; });
+  EsDriver huge(Options(job, 1), WholeReplicas([&] { return workers; }));
   s = huge.Run(nullptr);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("tasks[2] has 40001 tokens"), std::string::npos) << s;
 
   job = Job("no_such_tensor");
-  EsDriver none(Options(job, 1), [&] { return workers; });
+  EsDriver none(Options(job, 1), WholeReplicas([&] { return workers; }));
   s = none.Run(nullptr);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("tensors"), std::string::npos) << s;
@@ -379,7 +496,7 @@ TEST_F(EsDriverTest, BadJobsNameTheField) {
   // No worker at all: UNAVAILABLE after the wait, not a hang.
   EsDriverOptions o = Options(Job(), 1);
   o.wait_for_workers_ms = 50;
-  EsDriver alone(o, [] { return std::vector<EsWorker>(); });
+  EsDriver alone(o, WholeReplicas([] { return std::vector<EsWorker>(); }));
   s = alone.Run(nullptr);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
 }

@@ -1,6 +1,6 @@
 """End-to-end tests of `fucina train es` on a tiny random-weight fixture: the reward rises, the
 checkpoint folder carries the trained tensors (as f32, read back with ggml's own GGUF reader)
-or the adapters, a run resumed from a checkpoint ends like an uninterrupted one, and bad inputs
+or the adapters, the same job on two workers, whole or as pipeline stages, ends bit-identical, a run resumed from a checkpoint ends like an uninterrupted one, and bad inputs
 fail naming what is wrong.
 
 Environment: FUCINA_BIN (the fucina binary).
@@ -65,6 +65,15 @@ class TrainEsTest(unittest.TestCase):
         # Same job, same parameters (fixed seed), also with two workers sharing the members.
         again = self.train("--workers", "2")
         self.assertIn(f"checksum {checksum}", again.stdout)
+        # And through a pipeline: two workers holding a layer each, every member scored
+        # through both; its checkpoint, merged from the stages' files, is the same file.
+        piped_out = os.path.join(self.dir, "piped")
+        piped = self.train("--workers", "2", "--pipeline", "--out", piped_out)
+        self.assertIn("as pipeline stages", piped.stdout)
+        self.assertIn(f"checksum {checksum}", piped.stdout)
+        with open(os.path.join(out, "tensors.gguf"), "rb") as a, \
+                open(os.path.join(piped_out, "tensors.gguf"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
 
         r = GGUFReader(os.path.join(out, "tensors.gguf"))
         self.assertEqual(bytes(r.fields["general.type"].parts[-1]).decode(), "tensors")

@@ -1,12 +1,15 @@
 // Train replicas (worker/es_replica.h) that hold a shard: two stages' replicas, given the
 // same updates as a whole-model replica, hold the same values, their checksums adding up to
 // the whole model's (the noise is keyed by tensor name, the checksum a sum over tensors); a
-// shard replica refuses to score members alone.
+// shard replica refuses to score members alone. Two stage actors chained score every member
+// as the whole replica does, bit for bit, and a stage refuses hostile passes naming the field.
 #include "worker/es_replica.h"
 
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +55,7 @@ class EsReplicaTest : public testing::Test {
     job.mutable_shard()->set_last_layer(last);
     job.mutable_shard()->set_embeddings(embeddings);
     job.mutable_shard()->set_head(head);
+    if (!head) job.mutable_next_stage()->set_worker_id("next");
     return job;
   }
 };
@@ -128,6 +132,83 @@ TEST_F(EsReplicaTest, TheWorkerRefusesHostileTrainCallsNamingWhatIsWrong) {
   good.set_job_id("shards");
   good.add_members(1);
   EXPECT_TRUE(worker.EsEvaluate(good).ok());
+}
+
+TEST_F(EsReplicaTest, StagesScoreMembersAsTheWholeReplicaAndRefuseHostilePasses) {
+  auto last = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
+  WorkerActor first(WorkerOptions{.threads = 1},
+                    [&](const wire::Peer& peer) -> std::shared_ptr<WorkerClient> {
+                      return peer.worker_id() == "next" ? last : nullptr;
+                    });
+  WorkerActor whole(WorkerOptions{.threads = 2});
+  ASSERT_TRUE(whole.EsLoad(Job()).ok());
+  ASSERT_TRUE(first.EsLoad(Stage(0, 1, true, false)).ok());
+  ASSERT_TRUE(last->EsLoad(Stage(1, 2, false, true)).ok());
+  wire::EsEvaluateRequest eval;
+  eval.set_job_id("shards");
+  for (int m = -1; m < 6; ++m) eval.add_members(m);
+  auto want = whole.EsEvaluate(eval);
+  auto got = first.EsEvaluate(eval);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int i = 0; i < eval.members_size(); ++i) {
+    EXPECT_EQ(got->fitness(i), want->fitness(i)) << "member " << eval.members(i);
+  }
+  EXPECT_NE(got->fitness(1), got->fitness(2));  // members differ: each was perturbed
+  // Members are scored from the first stage only.
+  auto later = last->EsEvaluate(eval);
+  EXPECT_TRUE(absl::IsFailedPrecondition(later.status())) << later.status();
+
+  // A valid pass to the last stage: one stream, one row, then each field made hostile.
+  const int64_t hidden = 32;
+  wire::EsForwardRequest pass;
+  pass.set_job_id("shards");
+  pass.set_member(0);
+  pass.add_new_streams(4);
+  wire::EsPassSegment* seg = pass.add_segments();
+  seg->set_stream(0);
+  seg->add_tokens(40);
+  pass.mutable_activations()->set_rows(1);
+  pass.mutable_activations()->set_hidden(hidden);
+  pass.mutable_activations()->set_data(std::string(hidden * sizeof(float), '\0'));
+  pass.add_rows(0);
+  pass.add_targets(65);
+  ASSERT_TRUE(last->EsForward(pass).ok()) << last->EsForward(pass).status();
+  auto expect = [&](const std::function<void(wire::EsForwardRequest&)>& edit,
+                    absl::StatusCode code, const std::string& text) {
+    wire::EsForwardRequest bad = pass;
+    edit(bad);
+    absl::Status s = last->EsForward(bad).status();
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(text), std::string::npos) << s;
+  };
+  using C = absl::StatusCode;
+  expect([](auto& r) { r.set_job_id("nobody"); }, C::kNotFound, "nobody");
+  expect([](auto& r) { r.set_generation(3); }, C::kFailedPrecondition, "generation 3");
+  expect([](auto& r) { r.set_member(99); }, C::kInvalidArgument, "member 99");
+  expect([](auto& r) { r.mutable_segments(0)->set_stream(7); }, C::kInvalidArgument, "stream 7");
+  expect([](auto& r) { r.set_new_streams(0, int64_t{1} << 40); }, C::kInvalidArgument,
+         "positions");
+  expect([](auto& r) { for (int i = 0; i < 5000; ++i) r.add_new_streams(1); },
+         C::kInvalidArgument, "streams");
+  expect([](auto& r) { r.mutable_activations()->set_data("abc"); }, C::kInvalidArgument,
+         "activations");
+  expect([](auto& r) { r.mutable_activations()->set_type(wire::ACTIVATION_F16); },
+         C::kInvalidArgument, "f32");
+  expect([](auto& r) { r.mutable_segments(0)->add_tokens(41); }, C::kInvalidArgument,
+         "activations");
+  expect([](auto& r) { r.set_targets(0, 1 << 20); }, C::kInvalidArgument, "target");
+  expect([](auto& r) { r.set_rows(0, 5); }, C::kInvalidArgument, "row 5");
+  expect([](auto& r) { r.add_rows(0); }, C::kInvalidArgument, "targets");
+  expect([&](auto& r) {  // 5 rows into a stream of 4 positions
+    for (int i = 0; i < 4; ++i) r.mutable_segments(0)->add_tokens(40);
+    r.mutable_activations()->set_rows(5);
+    r.mutable_activations()->set_data(std::string(5 * hidden * sizeof(float), '\0'));
+  }, C::kOutOfRange, "capacity");
+  // The stages still score as the whole replica does.
+  got = first.EsEvaluate(eval);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int i = 0; i < eval.members_size(); ++i) EXPECT_EQ(got->fitness(i), want->fitness(i));
 }
 
 }  // namespace
