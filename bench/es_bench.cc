@@ -68,7 +68,7 @@ constexpr char kManyTensors[] = "blk\\.[0-9]+\\.(attn_q|attn_v|ffn_down)\\.weigh
 
 struct EsBenchArgs {
   std::string model, data, json;
-  int population = 8;
+  int population = 16;
   int iterations = 3;
   uint64_t seed = 1;
   int timeout_s = 600;  // start-up and each run
