@@ -26,6 +26,7 @@ void RegisterClusterAggregateBench(CLI::App& bench, int* exit_code);
 // `fucina bench es` (bench/es_bench.cc): ES member evaluations/s on worker processes against
 // two single-thread `train es` at once, and bytes per generation against the parameter count.
 void RegisterEsBench(CLI::App& bench, int* exit_code);
+void RegisterSpecBench(CLI::App& bench, int* exit_code);
 
 }  // namespace fucina::cli
 

@@ -52,6 +52,9 @@ struct RunArgs {
   int bench = 0;
   int streams = 1;
   SamplingParams sampling;
+  bool spec = false;
+  std::string spec_ref;
+  int spec_max = 8;
 };
 
 absl::Status ValidateRunArgs(const RunArgs& a) {
@@ -60,7 +63,8 @@ absl::Status ValidateRunArgs(const RunArgs& a) {
                          range("--ctx", a.ctx, 2, kMaxContext),
                          range("--gen", a.gen, 1, kMaxContext),
                          range("--streams", a.streams, 1, 1024),
-                         range("--bench", a.bench, 0, 1000)}) {
+                         range("--bench", a.bench, 0, 1000),
+                         range("--spec-max", a.spec_max, 1, 64)}) {
     if (!s.ok()) return s;
   }
   return ValidateSamplingParams(a.sampling, 0, SamplingFieldNames::kFlags);
@@ -205,6 +209,15 @@ int RunModel(RunArgs args) {
   GenerationOptions options;
   options.max_tokens = args.gen;
   options.sampling = args.sampling;
+  options.speculative = args.spec || !args.spec_ref.empty();
+  options.drafter.max_draft = args.spec_max;
+  if (!args.spec_ref.empty()) {
+    std::ifstream in(args.spec_ref, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError("--spec-ref: cannot open " + args.spec_ref));
+    std::stringstream text;
+    text << in.rdbuf();
+    options.spec_reference = (*tokenizer)->Encode(text.str(), false, false);
+  }
   const bool tty = isatty(STDOUT_FILENO);
   auto print = [](int32_t, std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -217,6 +230,15 @@ int RunModel(RunArgs args) {
     if (tty) {
       std::fprintf(stderr, "[%lld prompt tokens (%lld reused), %zu generated, %.1f t/s]\n",
                    (long long)r.prompt_tokens, (long long)r.reused_tokens, r.tokens.size(),
+                   r.tokens.size() / std::max(r.decode_seconds, 1e-9));
+    }
+    if (options.speculative) {
+      std::fprintf(stderr,
+                   "[spec: %lld decode passes for %zu tokens; %lld drafts of %lld tokens, %lld "
+                   "accepted (%.2f per draft); %.1f t/s]\n",
+                   (long long)r.forward_passes, r.tokens.size(), (long long)r.draft_passes,
+                   (long long)r.draft_tokens, (long long)r.accepted_tokens,
+                   r.draft_passes > 0 ? double(r.accepted_tokens) / double(r.draft_passes) : 0.0,
                    r.tokens.size() / std::max(r.decode_seconds, 1e-9));
     }
   };
@@ -301,6 +323,12 @@ void RegisterRunCommand(CLI::App& app, int* exit_code) {
   run->add_flag("--info", a->info, "Print the model's configuration");
   run->add_option("--bench", a->bench, "Repeat prefill + --gen decode N times; print medians");
   run->add_option("--streams", a->streams, "Lockstep streams for --bench")->capture_default_str();
+  run->add_flag("--spec", a->spec,
+                "Speculative decoding without a draft model: suffix-automaton and token-recycling "
+                "drafts, each checked by one pass (same output, fewer passes)");
+  run->add_option("--spec-ref", a->spec_ref,
+                  "A document the output may copy from (drafts continue its text); implies --spec");
+  run->add_option("--spec-max", a->spec_max, "Longest draft per pass")->capture_default_str();
   run->callback([a, exit_code] { *exit_code = RunModel(*a); });
 }
 

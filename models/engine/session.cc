@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "models/speculative/verify.h"
 
 namespace fucina {
 namespace {
@@ -62,35 +63,90 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
 
   const auto t1 = std::chrono::steady_clock::now();
   Sampler sampler(options.sampling);
+  std::unique_ptr<Drafter> drafter;
+  if (options.speculative) {
+    drafter = std::make_unique<Drafter>(options.drafter);
+    drafter->SetReference(options.spec_reference);
+    drafter->Accept(cached_);
+  }
+  const int64_t vocab = model_.config().vocab_size;
   Utf8Stream utf8;
   result.finish_reason = "length";
-  for (int64_t i = 0; i < options.max_tokens; ++i) {
-    SampleResult sample = sampler.Sample(*logits, cached_);
-    const int32_t id = sample.id;
-    result.tokens.push_back(id);
-    result.samples.push_back(std::move(sample));
-    const bool stop = (!options.ignore_eos && tokenizer_.IsEndOfGeneration(id)) ||
-                      std::find(options.stop_tokens.begin(), options.stop_tokens.end(), id) !=
-                          options.stop_tokens.end();
-    std::string text;
-    if (!stop) {
-      text = utf8.Push(tokenizer_.TokenToPiece(id));
-      result.text += text;
+  // `logits` holds the rows of the last pass: over [t, drafts...] (t: the last token emitted,
+  // or the prompt's last), so row i predicts the token after drafts[i - 1].
+  std::vector<int32_t> drafts;
+  bool done = false;
+  while (!done) {
+    const int64_t fed = kv_->len();  // the pass's tokens sit at [fed - drafts - 1, fed)
+    // Verified with the history up to t: the drafts are checked one by one.
+    cached_.resize(cached_.size() - drafts.size());
+    Verified v = VerifyDrafts(sampler, *logits, vocab, drafts, cached_);
+    if (drafter != nullptr) {
+      drafter->Observe(cached_.back(), std::span<const float>(*logits).first(vocab));
+      for (size_t r = 0; r < drafts.size(); ++r) {
+        drafter->Observe(drafts[r], std::span<const float>(*logits).subspan((r + 1) * vocab, vocab));
+      }
     }
-    if (stop) {
-      result.finish_reason = "stop";
-      if (on_token) on_token(id, "");
-      break;
+    cached_.insert(cached_.end(), drafts.begin(), drafts.end());
+    if (!drafts.empty()) {
+      ++result.draft_passes;
+      result.draft_tokens += static_cast<int64_t>(drafts.size());
+      result.accepted_tokens += v.accepted;
+      if (result.accepted_per_position.size() < drafts.size()) {
+        result.accepted_per_position.resize(drafts.size());
+      }
+      for (int i = 0; i < v.accepted; ++i) ++result.accepted_per_position[i];
+      drafter->Record(static_cast<int>(drafts.size()), v.accepted);
     }
-    if (on_token && !on_token(id, text)) {
-      result.finish_reason = "stop";
-      break;
+    // Emit in order until a stop; `emitted` tokens of this pass reach the output.
+    size_t emitted = 0;
+    for (size_t k = 0; k < v.tokens.size() && !done; ++k) {
+      const int32_t id = v.tokens[k];
+      result.tokens.push_back(id);
+      result.samples.push_back(std::move(v.samples[k]));
+      ++emitted;
+      const bool stop = (!options.ignore_eos && tokenizer_.IsEndOfGeneration(id)) ||
+                        std::find(options.stop_tokens.begin(), options.stop_tokens.end(), id) !=
+                            options.stop_tokens.end();
+      std::string text;
+      if (!stop) {
+        text = utf8.Push(tokenizer_.TokenToPiece(id));
+        result.text += text;
+      }
+      if (stop) {
+        result.finish_reason = "stop";
+        if (on_token) on_token(id, "");
+        done = true;
+      } else if (on_token && !on_token(id, text)) {
+        result.finish_reason = "stop";
+        done = true;
+      } else if (static_cast<int64_t>(result.tokens.size()) == options.max_tokens) {
+        done = true;
+      }
     }
-    if (i + 1 == options.max_tokens) break;
-    const int32_t step[] = {id};
-    logits = model_.ForwardStep(*kv_, step, kv_->len());
-    if (!logits.ok()) return logits.status();
-    cached_.push_back(id);
+    // The cache keeps the pass's first token and the drafts that were emitted but the last
+    // emitted token: plain decoding has fed exactly those.
+    const int64_t keep = fed - static_cast<int64_t>(drafts.size()) + emitted - 1;
+    if (absl::Status s = kv_->Truncate(keep); !s.ok()) return s;
+    cached_.resize(keep);
+    if (done) break;
+    const int32_t next = result.tokens.back();
+    if (drafter != nullptr) {
+      drafter->Accept(std::span<const int32_t>(result.tokens).last(emitted));
+      // Drafts past max_tokens could never be emitted.
+      const int64_t room = options.max_tokens - static_cast<int64_t>(result.tokens.size()) - 1;
+      drafts = drafter->Draft(static_cast<int>(std::min<int64_t>(room, options.drafter.max_draft)));
+    }
+    std::vector<int32_t> step = {next};
+    step.insert(step.end(), drafts.begin(), drafts.end());
+    logits = drafts.empty() ? model_.ForwardStep(*kv_, step, kv_->len())
+                            : model_.ForwardStepAllLogits(*kv_, step, kv_->len());
+    if (!logits.ok()) {
+      cached_.resize(kv_->len());
+      return logits.status();
+    }
+    ++result.forward_passes;
+    cached_.insert(cached_.end(), step.begin(), step.end());
   }
   const std::string rest = utf8.Flush();
   result.text += rest;

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "models/engine/model.h"
 #include "models/sampler/sampler.h"
+#include "models/speculative/drafter.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace fucina {
@@ -28,6 +29,12 @@ struct GenerationOptions {
   std::vector<int32_t> stop_tokens;  // in addition to the vocabulary's end-of-generation ids
   bool ignore_eos = false;           // keep going past end-of-generation tokens (benchmarks)
   int64_t prefill_chunk = 512;       // prompt tokens per forward call (bounds scratch memory)
+  // Speculative decoding without a draft model (models/speculative/): tokens proposed by the
+  // drafter are checked by one forward pass over all of them; the output is exactly the tokens
+  // plain decoding gives (greedy or seeded), only fewer passes.
+  bool speculative = false;
+  std::vector<int32_t> spec_reference;  // a document the output may copy from (tokens)
+  DrafterOptions drafter;
 };
 
 struct GenerationResult {
@@ -39,6 +46,11 @@ struct GenerationResult {
   int64_t reused_tokens = 0;     // prompt tokens served from the cache
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  // Speculative decoding: verify passes that carried drafts, the drafts, the accepted ones,
+  // and accepted_per_position[i]: passes whose draft i was accepted.
+  int64_t draft_passes = 0, draft_tokens = 0, accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;
+  int64_t forward_passes = 0;  // decode passes (one per token without speculation)
 };
 
 // Called with each generated token and the text it completes (possibly empty while a UTF-8

@@ -12,6 +12,10 @@
 //       s2 ^= s0; s3 ^= s1; s1 ^= s2; s0 ^= s3; s2 ^= t; s3 = rotl(s3, 45).
 //   * NextFloat: the top 24 bits of NextU64, times 2^-24: a float in [0, 1), exactly one of
 //     the 2^24 multiples of 2^-24 (every one exactly representable), so no rounding to 1.0.
+//   * PositionDraw(seed, position): the first NextFloat of a generator seeded with
+//     seed XOR SplitMix64(position) (one SplitMix64 step from state `position`). Sampling draws
+//     by position: a counter, not a stream, so a verify pass can sample any position with the
+//     draw plain decoding gives it.
 #ifndef FUCINA_MODELS_SAMPLER_RNG_H_
 #define FUCINA_MODELS_SAMPLER_RNG_H_
 
@@ -72,6 +76,12 @@ class Rng {
 
   uint64_t s_[4];
 };
+
+// The sampling draw of sequence position `position` (the index the sampled token takes).
+inline float PositionDraw(uint64_t seed, int64_t position) {
+  uint64_t p = static_cast<uint64_t>(position);
+  return Rng(seed ^ SplitMix64Next(&p)).NextFloat();
+}
 
 }  // namespace fucina
 

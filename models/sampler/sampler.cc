@@ -104,12 +104,9 @@ void ApplyMinP(std::vector<Candidate>& candidates, float p) {
   candidates.resize(keep);
 }
 
-Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
+Sampler::Sampler(SamplingParams params) : params_(params) {}
 
-void Sampler::Reset(uint64_t seed) {
-  params_.seed = seed;
-  rng_ = Rng(seed);
-}
+void Sampler::Reset(uint64_t seed) { params_.seed = seed; }
 
 void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> history) {
   work_.assign(logits.begin(), logits.end());
@@ -152,9 +149,8 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
   if (params_.temperature <= 0.0f) {
     result.id = candidates_[0].id;
   } else {
-    // Always one draw, even with a single survivor, so the stream position depends only on
-    // the number of non-greedy samples, not on how the filters fell.
-    const double u = rng_.NextFloat();
+    // The position's own draw: the same whichever samples came before it.
+    const double u = PositionDraw(params_.seed, static_cast<int64_t>(history.size()));
     std::vector<double> weights;
     const double total = SoftmaxWeights(candidates_, weights);
     const double target = u * total;

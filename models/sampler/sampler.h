@@ -10,8 +10,11 @@
 // lowest id.
 //
 // Determinism: candidates are ordered by (logit descending, id ascending) everywhere, the draw
-// uses fucina::Rng (fully specified), and sums run in double in a fixed order, so a seed gives
-// the same tokens on every machine for the same logits.
+// is PositionDraw(seed, history.size()) (rng.h, fully specified: keyed by the position the
+// token takes, so a token does not depend on how many samples came before it, which is what
+// lets speculative decoding verify drafts with the draws plain decoding uses), and sums run in
+// double in a fixed order, so a seed gives the same tokens on every machine for the same
+// logits.
 //
 // Logprobs are reported under the model's raw distribution (log-softmax of the logits as given,
 // before penalties, filters and temperature), as OpenAI's API reports them.
@@ -116,9 +119,9 @@ class Sampler {
   explicit Sampler(SamplingParams params);
 
   // `logits`: one row over the vocabulary (NaN is treated as -inf; at least one entry must be
-  // finite for the result to be meaningful). `history`: prompt + generated tokens, for the
-  // penalties. Advances the RNG by exactly one draw unless greedy (temperature <= 0).
-  // An empty row yields id -1 and draws nothing.
+  // finite for the result to be meaningful). `history`: every token before the one sampled
+  // (prompt + generated), for the penalties and the draw: the sampled token's position is
+  // history.size(). An empty row yields id -1.
   SampleResult Sample(std::span<const float> logits, std::span<const int32_t> history);
 
   // The candidates the final draw chooses from, with their tempered logits (temperature > 0),
@@ -126,7 +129,7 @@ class Sampler {
   std::vector<Candidate> Candidates(std::span<const float> logits,
                                     std::span<const int32_t> history);
 
-  // Restarts the random sequence as if constructed with `seed`.
+  // Samples from now on use `seed`.
   void Reset(uint64_t seed);
 
   const SamplingParams& params() const { return params_; }
@@ -136,7 +139,6 @@ class Sampler {
   void Filter(std::span<const float> logits, std::span<const int32_t> history);
 
   SamplingParams params_;
-  Rng rng_;
   // Scratch reused across calls so a sample over a 150k vocabulary does not allocate.
   std::vector<float> work_;
   std::vector<Candidate> candidates_;

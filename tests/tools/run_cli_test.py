@@ -54,6 +54,40 @@ class RunTest(unittest.TestCase):
         self.assertEqual(a, b)
         self.assertNotEqual(a, c)
 
+    def test_spec_gives_the_same_tokens_in_fewer_passes(self):
+        doc = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He "
+               "trimmed the wick, polished the great lens until it shone, and wound the "
+               "clockwork that turned the light.")
+        args = ("--chat", f"Repeat the following text exactly: {doc}", "--gen", "48",
+                "--print-ids")
+        for sampling in (("--temp", "0"), ("--temp", "0.8", "--seed", "3"),
+                         ("--temp", "1.2", "--seed", "11")):
+            plain = run(*args, *sampling)
+            spec = run(*args, *sampling, "--spec")
+            self.assertEqual(spec.stdout, plain.stdout, sampling)
+            stats = re.search(r"\[spec: (\d+) decode passes for (\d+) tokens; (\d+) drafts of "
+                              r"(\d+) tokens, (\d+) accepted", spec.stderr)
+            self.assertIsNotNone(stats, spec.stderr)
+            passes, tokens, _, drafted, accepted = map(int, stats.groups())
+            if sampling[1] == "0":  # greedy copies the document: most drafts land
+                self.assertGreater(accepted, tokens // 2, spec.stderr)
+                self.assertLess(passes, tokens // 2, spec.stderr)
+            self.assertLessEqual(accepted, drafted)
+        # A reference document the output copies from drafts too; unreadable, a clear error.
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(doc)
+        try:
+            ref = run("--chat", "Write one sentence about a lighthouse keeper.", "--temp", "0",
+                      "--gen", "32", "--print-ids", "--spec-ref", f.name)
+            plain = run("--chat", "Write one sentence about a lighthouse keeper.", "--temp",
+                        "0", "--gen", "32", "--print-ids")
+            self.assertEqual(ref.stdout, plain.stdout)
+        finally:
+            os.unlink(f.name)
+        bad = run("--prompt", "hi", "--spec-ref", "/nonexistent/ref.txt", check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--spec-ref", bad.stderr)
+
     def test_repl_keeps_the_conversation(self):
         out = run("--repl", "--temp", "0", "--gen", "24",
                   stdin="What is the capital of France?\nAnd of Italy?\n").stdout

@@ -28,6 +28,8 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/model.h"
+#include "models/engine/session.h"
+#include "models/tokenizer/tokenizer.h"
 #include "models/engine/fixture.h"
 #include "tests/models/engine/fixture_files.h"
 #include "models/gguf/gguf.h"
@@ -378,6 +380,62 @@ TEST_P(ConsistencyTest, TruncateThenReforwardEqualsFreshRun) {
   auto dirty = model_->ForwardStepAllLogits(*kv_dirty, fresh_tail, kv_dirty->len());
   ASSERT_TRUE(dirty.ok());
   EXPECT_NE(FirstDifference(dirty->data(), fresh->data(), fresh->size()), -1);
+}
+
+// Speculative decoding is lossless: the same tokens as plain decoding, greedy and seeded at
+// several temperatures, with drafts that land and drafts that are rolled back; afterwards the
+// cache is what plain decoding leaves, so the next logits equal a fresh run's.
+TEST_P(ConsistencyTest, SpeculativeDecodingEmitsThePlainTokensAndRollsBack) {
+  auto tokenizer = Tokenizer::FromGguf(model_->file());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // A prompt that repeats itself, so the drafter has matches to propose from the start.
+  std::vector<int32_t> prompt = Prompt(7, 10);
+  const std::vector<int32_t> once = prompt;
+  prompt.insert(prompt.end(), once.begin(), once.end());
+  prompt.insert(prompt.end(), once.begin(), once.begin() + 4);
+  int64_t drafted = 0, accepted = 0;
+  for (GgmlType cache : {GgmlType::kF32, GgmlType::kF16}) {
+    for (float temperature : {0.0f, 0.6f, 1.2f}) {
+      for (uint64_t seed : {1u, 2u}) {
+        if (temperature == 0.0f && seed == 2u) continue;
+        SCOPED_TRACE(testing::Message() << "temperature " << temperature << " seed " << seed
+                                        << " cache " << TypeName(cache));
+        GenerationOptions o;
+        o.max_tokens = 40;
+        o.ignore_eos = true;
+        o.sampling.temperature = temperature;
+        o.sampling.seed = seed;
+        o.sampling.repetition_penalty = 1.1f;
+        Session plain(*model_, **tokenizer, NewCache(128, cache));
+        auto want = plain.Generate(prompt, o);
+        ASSERT_TRUE(want.ok()) << want.status();
+        o.speculative = true;
+        Session spec(*model_, **tokenizer, NewCache(128, cache));
+        auto got = spec.Generate(prompt, o);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(got->tokens, want->tokens);
+        for (size_t i = 0; i < got->samples.size() && i < want->samples.size(); ++i) {
+          EXPECT_EQ(got->samples[i].logprob, want->samples[i].logprob) << "token " << i;
+        }
+        EXPECT_EQ(spec.cached_tokens(), plain.cached_tokens());
+        EXPECT_EQ(spec.kv().len(), plain.kv().len());
+        EXPECT_LE(got->forward_passes, want->forward_passes);
+        drafted += got->draft_tokens;
+        accepted += got->accepted_tokens;
+        // The next step on the speculative cache equals a fresh cache fed the same tokens.
+        const int32_t next[] = {got->tokens.back()};
+        auto after = model_->ForwardStep(spec.kv(), next, spec.kv().len());
+        auto fresh_kv = NewCache(128, cache);
+        ASSERT_TRUE(model_->ForwardStep(*fresh_kv, spec.cached_tokens(), 0).ok());
+        auto fresh = model_->ForwardStep(*fresh_kv, next, fresh_kv->len());
+        ASSERT_TRUE(after.ok() && fresh.ok());
+        EXPECT_EQ(FirstDifference(after->data(), fresh->data(), vocab_), -1);
+      }
+    }
+  }
+  // Drafts were made, and some were rejected and rolled back.
+  EXPECT_GT(drafted, 0);
+  EXPECT_LT(accepted, drafted);
 }
 
 TEST_P(ConsistencyTest, CacheOfAnotherGeometryIsRefused) {

@@ -3,6 +3,9 @@
 Usage: rng_ref.py SEED COUNT   (SEED and COUNT in decimal)
 Prints COUNT lines "<NextU64 in hex> <NextFloat as a decimal fraction of 2**24>" for a fresh
 generator seeded with SEED, i.e. "0x... k" where NextFloat = k / 2**24.
+
+Usage: rng_ref.py position SEED COUNT
+Prints COUNT lines "k": PositionDraw(SEED, p) = k / 2**24 for positions p = 0 .. COUNT - 1.
 """
 import sys
 
@@ -21,8 +24,7 @@ def rotl(x, k):
     return ((x << k) | (x >> (64 - k))) & MASK
 
 
-def main():
-    seed, count = int(sys.argv[1]), int(sys.argv[2])
+def outputs(seed, count):
     s = []
     state = seed & MASK
     for _ in range(4):
@@ -37,6 +39,18 @@ def main():
         s[0] ^= s[3]
         s[2] ^= t
         s[3] = rotl(s[3], 45)
+        yield out
+
+
+def main():
+    if sys.argv[1] == "position":
+        seed, count = int(sys.argv[2]), int(sys.argv[3])
+        for p in range(count):
+            _, key = splitmix64(p)
+            print(next(outputs(seed ^ key, 1)) >> 40)
+        return
+    seed, count = int(sys.argv[1]), int(sys.argv[2])
+    for out in outputs(seed, count):
         print(f"0x{out:016x} {out >> 40}")
 
 

@@ -123,6 +123,27 @@ TEST(Rng, MatchesPythonReference) {
     }
     EXPECT_EQ(count, kCount);
   }
+  // PositionDraw: the first float of a generator keyed by seed and position.
+  for (uint64_t seed : {uint64_t{0}, uint64_t{42}, std::numeric_limits<uint64_t>::max()}) {
+    SCOPED_TRACE(seed);
+    const std::string cmd = std::string("'") + python + "' '" + script + "' position " +
+                            std::to_string(seed) + " " + std::to_string(kCount);
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+    ASSERT_EQ(pclose(pipe), 0) << cmd;
+    std::istringstream lines(out);
+    int64_t position = 0;
+    uint64_t top24;
+    while (lines >> top24) {
+      ASSERT_EQ(PositionDraw(seed, position), float(top24) * 0x1.0p-24f) << position;
+      ++position;
+    }
+    EXPECT_EQ(position, kCount);
+  }
 }
 
 // ----- Filters and penalties ---------------------------------------------------------------
@@ -251,27 +272,33 @@ TEST(Sampler, SeededSequenceIsReproducible) {
     ASSERT_EQ(x, b.Sample(logits, history).id);
     differs |= (x != c.Sample(logits, history).id);
     first.push_back(x);
+    history.push_back(x);
   }
   EXPECT_TRUE(differs);
   a.Reset(1234);
-  for (int i = 0; i < 200; ++i) ASSERT_EQ(a.Sample(logits, history).id, first[i]);
+  history.clear();
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(a.Sample(logits, history).id, first[i]);
+    history.push_back(first[i]);
+  }
 }
 
-TEST(Sampler, EachNonGreedySampleConsumesExactlyOneDraw) {
-  // min_p leaves a single survivor for `peaked` and all three for `flat`; the flat draws must
-  // follow the stream as if every peaked sample consumed one value: with equal weights the
-  // pick is floor(3 u) for the stream's next u.
+TEST(Sampler, TheDrawIsThePositionsWhateverCameBefore) {
+  // With equal weights over three the pick is floor(3 u) for the position's draw u; greedy,
+  // peaked and skipped positions before it change nothing.
   const std::vector<float> peaked = {10.0f, 0.0f, 0.0f}, flat = {0.0f, 0.0f, 0.0f};
   SamplingParams p = NoFilters(1.0f);
   p.min_p = 0.5f;
   p.seed = 11;
   Sampler s(p);
-  Rng ref(11);
+  std::vector<int32_t> history = {7};
   for (int i = 0; i < 100; ++i) {
-    ASSERT_EQ(s.Sample(peaked, {}).id, 0);
-    ref.NextFloat();
-    const int32_t want = static_cast<int32_t>(3.0 * double(ref.NextFloat()));
-    ASSERT_EQ(s.Sample(flat, {}).id, want) << "round " << i;
+    if (i % 3 == 0) ASSERT_EQ(s.Sample(peaked, history).id, 0);
+    if (i % 5 == 0) history.push_back(7);  // a position sampled elsewhere
+    const auto position = static_cast<int64_t>(history.size());
+    const int32_t want = static_cast<int32_t>(3.0 * double(PositionDraw(11, position)));
+    ASSERT_EQ(s.Sample(flat, history).id, want) << "round " << i;
+    history.push_back(want);
   }
 }
 
@@ -279,7 +306,12 @@ TEST(Sampler, EachNonGreedySampleConsumesExactlyOneDraw) {
 void ExpectFrequencies(Sampler& s, const std::vector<float>& logits,
                        const std::vector<double>& expected, int draws) {
   std::vector<int> counts(logits.size());
-  for (int i = 0; i < draws; ++i) ++counts[s.Sample(logits, {}).id];
+  // Each draw at its own position (ids outside the vocabulary: no penalty applies).
+  std::vector<int32_t> history;
+  for (int i = 0; i < draws; ++i) {
+    ++counts[s.Sample(logits, history).id];
+    history.push_back(-1);
+  }
   for (size_t i = 0; i < logits.size(); ++i) {
     const double mean = draws * expected[i];
     const double sigma = std::sqrt(draws * expected[i] * (1 - expected[i]));
@@ -358,8 +390,10 @@ TEST(Sampler, MaskedAndNanLogitsAreNeverDrawn) {
   SamplingParams p = NoFilters(1.0f);
   p.seed = 5;
   Sampler s(p);
+  std::vector<int32_t> history;
   for (int i = 0; i < 1000; ++i) {
-    SampleResult r = s.Sample(logits, {});
+    SampleResult r = s.Sample(logits, history);
+    history.push_back(r.id);
     ASSERT_TRUE(r.id == 1 || r.id == 3) << r.id;
     ASSERT_NEAR(r.logprob, std::log(0.5), 1e-6);
   }

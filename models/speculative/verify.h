@@ -1,0 +1,37 @@
+// Acceptance of one verify pass, shared by every decode loop that speculates.
+//
+// The pass ran the model over [t, d_1 .. d_k]: t the last token emitted (not yet in the cache)
+// and d_i the drafts, giving k + 1 rows of logits; row i predicts the token after d_i (row 0:
+// after t). Each row is sampled exactly as plain decoding would sample that position: the
+// history up to it (drafts included) for the penalties, and the position's own draw
+// (PositionDraw: a counter keyed by the seed and the position, not a stream advanced per
+// sample). Drafts are accepted while they equal those samples; the first sample that differs
+// (or the one after the last draft) is emitted after them. So a seed gives the same tokens
+// with and without drafting, greedy or sampled, and a rejected draft shifts nothing.
+#ifndef FUCINA_MODELS_SPECULATIVE_VERIFY_H_
+#define FUCINA_MODELS_SPECULATIVE_VERIFY_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/sampler/sampler.h"
+
+namespace fucina {
+
+struct Verified {
+  // The accepted drafts, then the sample that ended the pass: accepted + 1 tokens.
+  std::vector<int32_t> tokens;
+  std::vector<SampleResult> samples;  // one per token (logprobs of the verify pass)
+  int accepted = 0;
+};
+
+// `rows`: [drafts.size() + 1, vocab] logits of the pass. `history`: every token before t and t
+// itself (the penalty window and the position of row 0's sample is history.size()); drafts are
+// appended while they are checked and removed again, so it returns as it came.
+Verified VerifyDrafts(Sampler& sampler, std::span<const float> rows, int64_t vocab,
+                      std::span<const int32_t> drafts, std::vector<int32_t>& history);
+
+}  // namespace fucina
+
+#endif  // FUCINA_MODELS_SPECULATIVE_VERIFY_H_
