@@ -523,6 +523,7 @@ absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
   fields.stop.assign(request.stop().begin(), request.stop().end());
   fields.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   fields.ignore_eos = request.ignore_eos();
+  if (request.has_speculative()) fields.speculative = request.speculative();
   GenerateJob job;
   if (absl::Status st = ResolveRequestFields(fields, o.sampling, o.max_tokens,
                                              c.tokenizer().vocab_size(), &job);

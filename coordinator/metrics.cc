@@ -65,6 +65,26 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
   activation_bytes_ = counter("fucina_coordinator_activation_bytes_total",
                               "Activation bytes the coordinator sent or received (stages pass "
                               "activations among themselves, so 0 in a healthy pipeline).");
+  spec_drafts_ = counter("fucina_spec_decode_num_drafts_total",
+                         "Verify steps that carried drafts (speculative decoding).");
+  spec_draft_tokens_ = counter("fucina_spec_decode_num_draft_tokens_total",
+                               "Draft tokens proposed.");
+  spec_accepted_tokens_ = counter("fucina_spec_decode_num_accepted_tokens_total",
+                                  "Draft tokens accepted.");
+  spec_accepted_per_pos_ = &prometheus::BuildCounter()
+                                .Name("fucina_spec_decode_num_accepted_tokens_per_pos_total")
+                                .Help("Verify steps whose draft at this position was accepted.")
+                                .Register(*registry_);
+}
+
+void Metrics::OnDraft(int drafted, int accepted) {
+  spec_drafts_->Increment();
+  spec_draft_tokens_->Increment(drafted);
+  spec_accepted_tokens_->Increment(accepted);
+  for (int i = 0; i < accepted; ++i) {
+    spec_accepted_per_pos_->Add({{"model_name", model_name_}, {"position", std::to_string(i)}})
+        .Increment();
+  }
 }
 
 void Metrics::OnForwardCall(int64_t sent, int64_t received, int64_t activations) {

@@ -33,6 +33,9 @@ class Metrics {
   // Bytes of one forward call as the coordinator sends and receives them (serialized), and
   // the activation payload among them (zero while stages pass activations among themselves).
   void OnForwardCall(int64_t sent, int64_t received, int64_t activations);
+  // One verify step of speculative decoding: `drafted` draft tokens (> 0), the first
+  // `accepted` of them accepted (vLLM's spec_decode counters under our prefix).
+  void OnDraft(int drafted, int accepted);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -54,6 +57,10 @@ class Metrics {
   prometheus::Counter* forward_sent_;
   prometheus::Counter* forward_received_;
   prometheus::Counter* activation_bytes_;
+  prometheus::Counter* spec_drafts_;
+  prometheus::Counter* spec_draft_tokens_;
+  prometheus::Counter* spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_pos_;
 };
 
 // One evolution-strategies train job's series (labelled job=<id>): made by EsMetrics.

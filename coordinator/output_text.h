@@ -32,6 +32,7 @@ class OutputText {
   Step Push(int32_t id);
 
   int64_t tokens() const { return tokens_; }
+  int64_t max_tokens() const { return max_tokens_; }
 
  private:
   const Tokenizer& tokenizer_;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "models/speculative/drafter.h"
 #include "worker/sampling_wire.h"
 
 namespace fucina {
@@ -14,6 +15,8 @@ struct PipelineDriver::Running {
   size_t prompt_pos = 0;  // next prompt token to forward
   int32_t pending = -1;   // sampled, not yet forwarded
   int group = 0;
+  std::unique_ptr<Drafter> drafter;  // speculative requests
+  std::vector<int32_t> drafts;       // in the step in flight, after `pending`
 };
 
 struct PipelineDriver::Group {
@@ -47,6 +50,10 @@ void PipelineDriver::Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot*
   r->prompt_pos = static_cast<size_t>(output->cached());
   r->output = std::move(output);
   r->slot = slot;
+  if (r->output->job().speculative.value_or(options_.speculative)) {
+    r->drafter = std::make_unique<Drafter>(DrafterOptions{.max_draft = options_.max_draft});
+    r->drafter->Accept(r->output->job().prompt);
+  }
   // The smallest group; the first of those, so groups fill in order.
   int g = 0;
   for (int i = 1; i < static_cast<int>(groups_.size()); ++i) {
@@ -90,14 +97,28 @@ int PipelineDriver::LaunchGroup(int g) {
     return seg;
   };
   int64_t budget = options_.max_step_tokens;
-  std::vector<Running*> prefilling;
+  std::vector<Running*> prefilling, decoding;
   for (Running* r : group.members) {
-    if (r->prompt_pos < r->output->job().prompt.size()) {
-      prefilling.push_back(r);
-    } else {
-      add_segment(r, 1)->add_token_ids(r->pending);
-      --budget;
+    (r->prompt_pos < r->output->job().prompt.size() ? prefilling : decoding).push_back(r);
+  }
+  // Drafts share what one token per decoding request leaves of the budget.
+  const int64_t draft_share =
+      decoding.empty() ? 0
+                       : std::max<int64_t>(0, budget - static_cast<int64_t>(decoding.size())) /
+                             static_cast<int64_t>(decoding.size());
+  for (Running* r : decoding) {
+    r->drafts.clear();
+    if (r->drafter != nullptr) {
+      // Drafts past the reply's budget could never be emitted.
+      const int64_t room = std::min(draft_share, r->output->budget_left() - 1);
+      r->drafts = r->drafter->Draft(static_cast<int>(std::max<int64_t>(0, room)));
     }
+    const int64_t k = static_cast<int64_t>(r->drafts.size());
+    wire::Segment* seg = add_segment(r, 1 + k);
+    seg->add_token_ids(r->pending);
+    seg->mutable_token_ids()->Add(r->drafts.begin(), r->drafts.end());
+    seg->set_drafts(static_cast<int32_t>(k));
+    budget -= 1 + k;
   }
   // Prompt chunks: first an equal share of what the decode tokens left for every prefilling
   // request (a short prompt is not kept waiting behind an older long one), then the rest to the
@@ -204,8 +225,41 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::Forward
     if (it == sampled.end()) continue;
     Running* r = *it;
     *it = nullptr;
-    r->pending = result.token();
-    if (r->output->Deliver(result)) End(r, absl::OkStatus());
+    const size_t accepted = static_cast<size_t>(result.accepted_size());
+    if (accepted > r->drafts.size()) {
+      End(r, absl::InternalError(absl::StrCat("the last stage accepted ", accepted, " of ",
+                                              r->drafts.size(), " drafts")));
+      continue;
+    }
+    // Every stage holds the accepted drafts after `pending`; the rest go with the next pos0.
+    r->slot->tokens.insert(r->slot->tokens.end(), r->drafts.begin(),
+                           r->drafts.begin() + static_cast<std::ptrdiff_t>(accepted));
+    if (!r->drafts.empty() && metrics_ != nullptr) {
+      metrics_->OnDraft(static_cast<int>(r->drafts.size()), static_cast<int>(accepted));
+    }
+    if (r->drafter != nullptr && !r->drafts.empty()) {
+      r->drafter->Record(static_cast<int>(r->drafts.size()), static_cast<int>(accepted));
+    }
+    // The accepted tokens one by one, then the sample that ended the check.
+    std::vector<int32_t> emitted;
+    bool finished = false;
+    for (size_t i = 0; i < accepted && !finished; ++i) {
+      const wire::TokenSample& a = result.accepted(static_cast<int>(i));
+      wire::SegmentResult one;
+      one.set_session_id(result.session_id());
+      one.set_token(a.id());
+      one.set_logprob(a.logprob());
+      *one.mutable_top() = a.top();
+      emitted.push_back(a.id());
+      finished = r->output->Deliver(one);
+    }
+    if (!finished) {
+      emitted.push_back(result.token());
+      finished = r->output->Deliver(result);
+    }
+    r->pending = emitted.back();
+    if (r->drafter != nullptr) r->drafter->Accept(emitted);
+    if (finished) End(r, absl::OkStatus());
   }
   for (Running* r : sampled) {
     if (r != nullptr) {

@@ -14,6 +14,12 @@
 // it. A request's rows are computed the same whatever its group or chunks, so its output is
 // too.
 //
+// Speculative decoding: a decoding request's drafter (on this thread: token ids only) proposes
+// tokens to follow its last one; the step carries them as one segment of 1 + k positions
+// (counted against max_step_tokens, decode tokens first), the last stage returns the accepted
+// ones and the sample after them, and the next step's pos0 drops the rejected rows on every
+// stage. A request's output is the same with and without it.
+//
 // Threading: one owner thread calls everything; replies arrive on the entry client's threads
 // and are handed back to the owner through Hooks::post.
 #ifndef FUCINA_COORDINATOR_PIPELINE_DRIVER_H_
@@ -37,6 +43,10 @@ namespace fucina {
 struct DriverOptions {
   int micro_batches = 1;
   int64_t max_step_tokens = 512;
+  // Requests that do not say decode speculatively: each decode step carries the drafter's
+  // tokens (models/speculative/drafter.h) and the last stage verifies them (Segment.drafts).
+  bool speculative = false;
+  int max_draft = 8;
 };
 
 class PipelineDriver {

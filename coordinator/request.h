@@ -25,6 +25,8 @@ struct GenerateJob {
   std::vector<std::string> stop;        // stop strings, never emitted
   std::vector<int32_t> stop_token_ids;  // besides the vocabulary's end-of-generation ids
   bool ignore_eos = false;
+  // Speculative decoding (verify steps of drafts, same output); unset: the server's default.
+  std::optional<bool> speculative;
 };
 
 // A piece of output: text that is safe to show (complete UTF-8, no part of a stop string) and

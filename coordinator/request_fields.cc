@@ -88,6 +88,7 @@ absl::Status ResolveRequestFields(const RequestFields& f, const SamplingParams& 
     job->stop_token_ids.push_back(static_cast<int32_t>(id));
   }
   job->ignore_eos = f.ignore_eos.value_or(false);
+  job->speculative = f.speculative;
   return absl::OkStatus();
 }
 

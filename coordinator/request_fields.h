@@ -41,6 +41,7 @@ struct RequestFields {
   std::string stop_field = "stop";  // stop_sequences
   std::vector<int64_t> stop_token_ids;
   std::optional<bool> ignore_eos;
+  std::optional<bool> speculative;  // unset: the server's --spec
 };
 
 // Fills job->sampling, max_tokens, stop, stop_token_ids and ignore_eos from `fields` over the

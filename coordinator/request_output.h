@@ -34,6 +34,8 @@ class RequestOutput {
   Request& request() const { return *request_; }
   const GenerateJob& job() const { return request_->job(); }
   int64_t tokens() const { return text_.tokens(); }
+  // Tokens the reply may still take (its budget less what it has).
+  int64_t budget_left() const { return text_.max_tokens() - text_.tokens(); }
   int64_t cached() const { return cached_; }
 
  private:

@@ -276,7 +276,10 @@ void Scheduler::Replan() {
                                  : std::max<int>(1, static_cast<int>(pipeline_.stages.size()));
   driver_.Reset(usable ? pipeline_.stages[0].client : nullptr,
                 usable ? pipeline_.stages[0].worker_id : "",
-                {.micro_batches = groups, .max_step_tokens = options_.max_step_tokens});
+                {.micro_batches = groups,
+                 .max_step_tokens = options_.max_step_tokens,
+                 .speculative = options_.speculative,
+                 .max_draft = options_.max_draft});
   micro_batches_ = usable ? groups : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

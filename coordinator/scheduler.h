@@ -59,6 +59,8 @@ struct SchedulerOptions {
   int batch = 4;       // requests running at once, across all micro-batches
   int micro_batches = 0;  // groups stepped independently; 0: one per stage
   int64_t max_step_tokens = 512;  // tokens per step of a group: decode first, prompt chunks after
+  bool speculative = false;  // --spec: requests decode speculatively unless they opt out
+  int max_draft = 8;         // --spec-max: longest draft per verify step
 };
 
 class Scheduler {

@@ -135,6 +135,12 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
       ->capture_default_str();
   cmd->add_option("--max-queue", o.scheduler.max_queue, "Waiting requests before refusing")
       ->capture_default_str();
+  cmd->add_flag("--spec", o.scheduler.speculative,
+                "Speculative decoding without a draft model: drafts from suffix automata over "
+                "each request's tokens, checked by one verify step through the pipeline (same "
+                "output, fewer steps); a request may opt out (\"speculative\": false)");
+  cmd->add_option("--spec-max", o.scheduler.max_draft, "Longest draft per verify step")
+      ->capture_default_str();
   cmd->add_option("--expert-workers", o.expert_workers,
                   "MoE: workers dedicated to expert streams")
       ->capture_default_str();
@@ -166,6 +172,7 @@ absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
            range("--batch", o.scheduler.batch, 1, 1024),
            range("--micro-batches", o.scheduler.micro_batches, 0, 64),
            range("--max-step-tokens", o.scheduler.max_step_tokens, 1, kMaxContext),
+           range("--spec-max", o.scheduler.max_draft, 1, 64),
            range("--max-queue", o.scheduler.max_queue, 1, 1 << 20),
            range("--expert-workers", o.expert_workers, 0, 1024),
            range("--gen", o.max_tokens, 1, kMaxContext),

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "models/engine/model_size.h"
+#include "models/speculative/verify.h"
 #include "worker/activations.h"
 #include "worker/sampling_wire.h"
 
@@ -419,10 +420,24 @@ absl::Status WorkerActor::CheckSegment(const wire::Segment& seg, int64_t* new_kv
     return absl::InvalidArgumentError(absl::StrCat("unknown session ", seg.session_id(),
                                                    " (pos0 ", seg.pos0(), ")"));
   }
-  if (seg.pos0() != len) {
+  if (seg.pos0() < 0 || seg.pos0() > len) {
     return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(), " holds ", len,
                                                    " positions; segment starts at ",
                                                    seg.pos0()));
+  }
+  if (seg.pos0() < len && seg.pos0() < it->second.kv->MinTruncateLength()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", seg.session_id(), " cannot drop back from ", len, " to ", seg.pos0(),
+        " positions (its sliding-window ring keeps ", it->second.kv->MinTruncateLength(), ")"));
+  }
+  if (seg.drafts() < 0 || seg.drafts() >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(), ": ",
+                                                   seg.drafts(), " drafts in a segment of ",
+                                                   count, " tokens"));
+  }
+  if (seg.drafts() > 0 && (seg.all_logits() || seg.prefill_only())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", seg.session_id(), ": drafts need a sampled segment"));
   }
   if (seg.pos0() + count > shard_.context()) {
     return absl::OutOfRangeError(absl::StrCat("session ", seg.session_id(), ": ", seg.pos0(),
@@ -556,6 +571,11 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     }
     auto session = SessionOrNew(seg.session_id());
     if (!session.ok()) return session.status();
+    if (seg.pos0() < (*session)->kv->len()) {
+      // Checked with the segment (MinTruncateLength): the rows past pos0 go.
+      if (absl::Status t = (*session)->kv->Truncate(seg.pos0()); !t.ok()) return t;
+      (*session)->history.resize(std::min<size_t>((*session)->history.size(), seg.pos0()));
+    }
     sessions.push_back(*session);
     segments.push_back({(*session)->kv.get(), r, count, ids[j]});
     r += count;
@@ -583,29 +603,28 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     return response;
   }
 
-  // Last stage: the head over each sampling segment's last row (one pass for all of them) and
-  // over every row of the all-logits ones.
+  // Last stage: the head over each sampling segment's last row, or its last drafts + 1 rows
+  // (one pass for all of them), and over every row of the all-logits ones.
   const int64_t vocab = c.vocab_size;
   std::vector<float> last_rows;
-  std::vector<size_t> sampling;
+  int64_t head_rows = 0;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
     if (seg.all_logits() || seg.prefill_only()) continue;
     const Model::Segment& ms = segments[j];
-    const float* row = &x[(ms.begin + ms.count - 1) * hidden];
-    last_rows.insert(last_rows.end(), row, row + hidden);
-    sampling.push_back(j);
+    const int64_t n = seg.drafts() + 1;
+    const float* row = &x[(ms.begin + ms.count - n) * hidden];
+    last_rows.insert(last_rows.end(), row, row + n * hidden);
+    head_rows += n;
   }
   std::vector<float>& logits = logits_;  // reused: vocabulary-sized rows every step
-  if (logits.size() < sampling.size() * vocab) logits.resize(sampling.size() * vocab);
-  if (!sampling.empty()) {
-    if (absl::Status s = model_->Head(last_rows.data(), static_cast<int64_t>(sampling.size()),
-                                      logits.data());
-        !s.ok()) {
+  if (static_cast<int64_t>(logits.size()) < head_rows * vocab) logits.resize(head_rows * vocab);
+  if (head_rows > 0) {
+    if (absl::Status s = model_->Head(last_rows.data(), head_rows, logits.data()); !s.ok()) {
       return s;
     }
   }
-  size_t next_sample = 0;
+  int64_t next_row = 0;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
     Session& session = *sessions[j];
@@ -626,14 +645,32 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       session.sampler = std::make_unique<Sampler>(
           *SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)));
     }
-    const std::span<const float> row(&logits[next_sample++ * vocab], vocab);
-    SampleResult sample = session.sampler->Sample(row, session.history);
-    result->set_token(sample.id);
-    result->set_logprob(sample.logprob);
-    for (const TokenLogprob& t : sample.top) {
-      wire::TokenLogprob* top = result->add_top();
-      top->set_id(t.id);
-      top->set_logprob(t.logprob);
+    // Each row sampled with the history up to it: the drafts are checked one by one.
+    const int64_t k = seg.drafts();
+    const std::span<const float> rows(&logits[next_row * vocab], (k + 1) * vocab);
+    next_row += k + 1;
+    const std::span<const int32_t> drafts(seg.token_ids().data() + seg.token_ids_size() - k,
+                                          static_cast<size_t>(k));
+    session.history.resize(session.history.size() - k);
+    Verified verified = VerifyDrafts(*session.sampler, rows, vocab, drafts, session.history);
+    session.history.insert(session.history.end(), drafts.begin(), drafts.end());
+    for (int i = 0; i <= verified.accepted; ++i) {
+      const SampleResult& sample = verified.samples[i];
+      wire::TokenSample* out = nullptr;
+      if (i < verified.accepted) out = result->add_accepted();
+      auto* tops = out != nullptr ? out->mutable_top() : result->mutable_top();
+      if (out != nullptr) {
+        out->set_id(sample.id);
+        out->set_logprob(sample.logprob);
+      } else {
+        result->set_token(sample.id);
+        result->set_logprob(sample.logprob);
+      }
+      for (const TokenLogprob& t : sample.top) {
+        wire::TokenLogprob* top = tops->Add();
+        top->set_id(t.id);
+        top->set_logprob(t.logprob);
+      }
     }
   }
   observe();

@@ -109,6 +109,7 @@ absl::Status ReadGenerationFields(const json& j, const Coordinator& c, RequestFi
   FUCINA_READ(OptNumber, "frequency_penalty", f.frequency_penalty);
   FUCINA_READ(OptNumber, "repetition_penalty", f.repetition_penalty);
   FUCINA_READ(OptBool, "ignore_eos", f.ignore_eos);
+  FUCINA_READ(OptBool, "speculative", f.speculative);
   FUCINA_READ(OptInt, f.max_tokens_field.c_str(), f.max_tokens);
 #undef FUCINA_READ
   if (j.contains("seed") && !j["seed"].is_null()) {

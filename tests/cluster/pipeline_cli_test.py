@@ -126,6 +126,51 @@ class SmolLM2ParityTest(PipelineTestCase):
                 c.close()
 
 
+@unittest.skipUnless(cc.HAVE_SMOLLM2, cc.NO_SMOLLM2)
+class SpeculativeTest(PipelineTestCase):
+    def test_smollm2_spec_equals_plain_and_drafts_land(self):
+        """--spec on one and two stages (the drafter on the coordinator, verify steps through
+        the pipeline): every reply equals the single-process engine's plain decoding, a copy
+        request lands drafts (fewer steps than tokens), and a request may opt out."""
+        greedy_refs, seeded_ref = self.references(cc.SMOLLM2)
+        doc = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He "
+               "trimmed the wick, polished the great lens until it shone, and wound the "
+               "clockwork that turned the light.")
+        copy = cc.pb.GenerateRequest(
+            messages=cc.pb.ChatMessages(messages=[cc.pb.ChatMessage(
+                role="user", content=f"Repeat the following text exactly: {doc}")]),
+            max_tokens=40, sampling=cc.pb.Sampling(temperature=0))
+        for workers, remote in ((1, False), (2, True)):
+            what = f"{workers} stage(s), {'processes' if remote else 'serve'}, --spec"
+            with self.subTest(topology=what):
+                c = self.cluster()
+                flags = ("--spec", "--micro-batches", "2", "--max-step-tokens", "16",
+                         "--batch", "8")
+                if remote:
+                    c.coordinator(cc.SMOLLM2, *flags)
+                    for _ in range(workers):
+                        c.worker()
+                else:
+                    c.serve(cc.SMOLLM2, workers, *flags)
+                self.wait_ready(c, workers)
+                self.run_mixed(c, greedy_refs, seeded_ref, what)
+                spec = c.api.Generate(copy, timeout=cc.RPC_S)
+                copy.speculative = False
+                plain = c.api.Generate(copy, timeout=cc.RPC_S)
+                copy.ClearField("speculative")
+                self.assertEqual(list(spec.token_ids), list(plain.token_ids), what)
+                self.assertIn("lighthouse keeper climbed", spec.text, what)
+                m = cc.series(cc.scrape(c.front.metrics))
+                drafts = sum(v for k, v in m.items()
+                             if k.startswith("fucina_spec_decode_num_drafts_total"))
+                accepted = sum(v for k, v in m.items()
+                               if k.startswith("fucina_spec_decode_num_accepted_tokens_total"))
+                self.assertGreater(drafts, 0, what)
+                # The copy alone lands most of its tokens as drafts.
+                self.assertGreater(accepted, 20, what)
+                c.close()
+
+
 @unittest.skipUnless(cc.HAVE_TOKENIZER, cc.NO_TOKENIZER)
 class StageToStageTest(PipelineTestCase):
     def test_the_coordinator_carries_no_activations(self):

@@ -192,6 +192,11 @@ class ClusterTest : public testing::Test {
     dense.peaked = true;
     dense.seed = 11;
     ASSERT_TRUE(MakeFixture(dense, FixturePath("dense"), pool).ok());
+    // Unpeaked: sampling spreads, so drafts are rejected too.
+    FixtureOptions flat = dense;
+    flat.peaked = false;
+    flat.num_layers = 3;
+    ASSERT_TRUE(MakeFixture(flat, FixturePath("flat"), pool).ok());
     FixtureOptions moe = dense;
     moe.arch = "qwen3moe";
     moe.num_layers = 3;
@@ -215,7 +220,9 @@ class ClusterTest : public testing::Test {
     ASSERT_TRUE(MakeFixture(gemma, FixturePath("gemma4"), pool).ok());
   }
   static void TearDownTestSuite() {
-    for (const char* name : {"dense", "moe", "gemma4"}) std::remove(FixturePath(name).c_str());
+    for (const char* name : {"dense", "flat", "moe", "gemma4"}) {
+      std::remove(FixturePath(name).c_str());
+    }
   }
 };
 
@@ -236,6 +243,61 @@ TEST_F(ClusterTest, GreedyThroughOneTwoThreeStagesEqualsTheEngine) {
     EXPECT_EQ(out.outcome.completion_tokens, 24);
     EXPECT_EQ(out.outcome.prompt_tokens, static_cast<int64_t>(kPrompt.size()));
   }
+}
+
+// Speculative decoding through the pipeline: drafts from the request's own tokens, verified in
+// one step through every stage, rejected rows dropped by the next step's pos0. Greedy and
+// seeded output equal the engine's plain decoding through 1, 2 and 3 stages, several requests
+// at once (micro-batches) and a second turn reusing the resident slot.
+TEST_F(ClusterTest, SpeculativeDecodingEqualsTheEngineThroughEveryStageCount) {
+  // A prompt that repeats: the drafter has matches from the start.
+  std::vector<int32_t> prompt = kPrompt;
+  prompt.insert(prompt.end(), kPrompt.begin(), kPrompt.end());
+  prompt.insert(prompt.end(), kPrompt.begin(), kPrompt.begin() + 3);
+  // A prompt holding runs that end differently: the drafter proposes what followed them, which
+  // the model need not follow (rejected drafts).
+  const std::vector<int32_t> lure = {9, 9, 5, 9, 9, 9, 31, 9, 9, 9, 9, 66, 12, 200, 33, 9};
+  double drafted = 0, accepted = 0;
+  for (const char* fixture : {"dense", "flat", "moe", "gemma4"}) {
+    const std::string path = FixturePath(fixture);
+    for (int stages : {1, 2, 3}) {
+      if (std::string(fixture) != "dense" && stages != 2) continue;
+      SCOPED_TRACE(testing::Message() << fixture << ", " << stages << " stages");
+      CoordinatorOptions o;
+      o.scheduler.speculative = true;
+      o.scheduler.micro_batches = 2;
+      auto cluster = StartCluster(path, stages, 0, o);
+      ASSERT_TRUE(cluster->coordinator->scheduler().ready());
+      std::vector<GenerateJob> jobs = {Job(prompt, 32), Job(prompt, 28, 0.9f, 7),
+                                       Job(kPrompt, 24, 1.3f, 3), Job(lure, 24)};
+      std::vector<std::shared_ptr<Request>> running;
+      for (const GenerateJob& job : jobs) running.push_back(Submit(*cluster->coordinator, job));
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        ASSERT_NE(running[i], nullptr);
+        Output out = Drain(*running[i]);
+        ASSERT_TRUE(out.outcome.status.ok()) << out.outcome.status;
+        EXPECT_EQ(out.ids, Reference(path, jobs[i])) << "request " << i;
+
+      }
+      // A second turn on the resident slot, then the same request opting out.
+      GenerateJob second = Job(prompt, 20);
+      const std::vector<int32_t> first = Reference(path, jobs[0]);
+      second.prompt.insert(second.prompt.end(), first.begin(), first.end() - 1);
+      second.prompt.insert(second.prompt.end(), kPrompt.begin(), kPrompt.begin() + 4);
+      Output again = Generate(*cluster->coordinator, second);
+      ASSERT_TRUE(again.outcome.status.ok()) << again.outcome.status;
+      EXPECT_EQ(again.ids, Reference(path, second));
+      second.speculative = false;
+      EXPECT_EQ(Generate(*cluster->coordinator, second).ids, again.ids);
+      prometheus::Registry& registry = *cluster->registry;
+      EXPECT_GT(MetricValue(registry, "fucina_spec_decode_num_drafts_total"), 0);
+      drafted += MetricValue(registry, "fucina_spec_decode_num_draft_tokens_total");
+      accepted += MetricValue(registry, "fucina_spec_decode_num_accepted_tokens_total");
+    }
+  }
+  // Drafts landed, and others were rejected: their rows dropped on every stage.
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
 }
 
 TEST_F(ClusterTest, SampledWithASeedEqualsTheEngine) {
@@ -459,35 +521,42 @@ TEST_F(ClusterTest, MetricsFollowRequests) {
 }
 
 TEST_F(ClusterTest, DeadWorkerFailsItsStreamsAndIsReplaced) {
-  const std::string path = FixturePath("dense");
-  CoordinatorOptions options;
-  options.model_path = path;
-  options.context = 256;
-  options.cache_type = "f32";
-  auto registry = std::make_shared<prometheus::Registry>();
-  auto c = Coordinator::Create(options, registry);
-  ASSERT_TRUE(c.ok());
-  auto a0 = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
-  auto a1 = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
-  (*c)->AddWorker("", WorkerInfo{"", 1, 0}, a0);
-  // The second stage dies after 5 steps.
-  (*c)->AddWorker("", WorkerInfo{"", 1, 0}, std::make_shared<DyingWorker>(a1, 5));
-  ASSERT_TRUE((*c)->scheduler().WaitForPlans(1, 60000));
-  const int plans = (*c)->scheduler().plans();
-  GenerateJob job = Job(kPrompt, 50);
-  job.ignore_eos = true;
-  Output out = Generate(**c, job);
-  EXPECT_TRUE(absl::IsUnavailable(out.outcome.status)) << out.outcome.status;
-  EXPECT_NE(out.outcome.status.message().find("failed"), std::string::npos);
-  // Re-planned on the survivor: one stage, and requests succeed again.
-  ASSERT_TRUE((*c)->scheduler().WaitForPlans(plans + 1, 60000));
-  EXPECT_EQ((*c)->placement().stages_size(), 1);
-  Output again = Generate(**c, Job(kPrompt, 8));
-  ASSERT_TRUE(again.outcome.status.ok()) << again.outcome.status;
-  EXPECT_EQ(again.ids, Reference(path, Job(kPrompt, 8)));
-  bool dead_seen = false;
-  for (const WorkerRecord& w : (*c)->Workers()) dead_seen |= !w.alive;
-  EXPECT_TRUE(dead_seen);
+  // The same with speculative decoding on (a verify step fails like any other).
+  for (bool speculative : {false, true}) {
+    SCOPED_TRACE(speculative ? "speculative" : "plain");
+    const std::string path = FixturePath("dense");
+    CoordinatorOptions options;
+    options.model_path = path;
+    options.context = 256;
+    options.cache_type = "f32";
+    options.scheduler.speculative = speculative;
+    auto registry = std::make_shared<prometheus::Registry>();
+    auto c = Coordinator::Create(options, registry);
+    ASSERT_TRUE(c.ok());
+    auto a0 = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
+    auto a1 = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
+    (*c)->AddWorker("", WorkerInfo{"", 1, 0}, a0);
+    // The second stage dies after 5 steps.
+    (*c)->AddWorker("", WorkerInfo{"", 1, 0}, std::make_shared<DyingWorker>(a1, 5));
+    ASSERT_TRUE((*c)->scheduler().WaitForPlans(1, 60000));
+    const int plans = (*c)->scheduler().plans();
+    std::vector<int32_t> prompt = kPrompt;
+    prompt.insert(prompt.end(), kPrompt.begin(), kPrompt.end());
+    GenerateJob job = Job(prompt, 50);
+    job.ignore_eos = true;
+    Output out = Generate(**c, job);
+    EXPECT_TRUE(absl::IsUnavailable(out.outcome.status)) << out.outcome.status;
+    EXPECT_NE(out.outcome.status.message().find("failed"), std::string::npos);
+    // Re-planned on the survivor: one stage, and requests succeed again.
+    ASSERT_TRUE((*c)->scheduler().WaitForPlans(plans + 1, 60000));
+    EXPECT_EQ((*c)->placement().stages_size(), 1);
+    Output again = Generate(**c, Job(kPrompt, 8));
+    ASSERT_TRUE(again.outcome.status.ok()) << again.outcome.status;
+    EXPECT_EQ(again.ids, Reference(path, Job(kPrompt, 8)));
+    bool dead_seen = false;
+    for (const WorkerRecord& w : (*c)->Workers()) dead_seen |= !w.alive;
+    EXPECT_TRUE(dead_seen);
+  }
 }
 
 TEST_F(ClusterTest, JoiningWorkerWaitsForRunningRequests) {

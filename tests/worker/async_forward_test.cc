@@ -153,10 +153,12 @@ TEST_F(AsyncForwardTest, TheActorRepliesOnItsExecutorWithForwardsResult) {
   EXPECT_EQ(r->results(0).token(), sync->results(0).token());
   EXPECT_EQ(r->results(0).logprob(), sync->results(0).logprob());
   EXPECT_NE(a.thread, std::this_thread::get_id());
-  // Errors come back the same way: session 2 now holds 3 positions, so pos0 = 0 is refused
+  // Errors come back the same way: session 2 now holds 3 positions, so pos0 = 9 is refused
   // (the request's only segment failing fails the call).
   Awaited again;
-  actor->ForwardAsync(Request(2), again.Callback());
+  wire::ForwardRequest past_the_end = Request(2);
+  past_the_end.mutable_segments(0)->set_pos0(9);
+  actor->ForwardAsync(past_the_end, again.Callback());
   ASSERT_TRUE(again.Arrives());
   Reply e = again.future.get();
   EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << e.status();

@@ -22,6 +22,12 @@
 namespace fucina {
 namespace {
 
+WorkerOptions Threads(int n) {
+  WorkerOptions o;
+  o.threads = n;
+  return o;
+}
+
 class EsReplicaTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -96,7 +102,7 @@ TEST_F(EsReplicaTest, StageReplicasAddUpToTheWholeModel) {
 }
 
 TEST_F(EsReplicaTest, TheWorkerRefusesHostileTrainCallsNamingWhatIsWrong) {
-  WorkerActor worker(WorkerOptions{.threads = 1});
+  WorkerActor worker(Threads(1));
   ASSERT_TRUE(worker.EsLoad(Job()).ok());
   auto expect = [](absl::Status s, absl::StatusCode code, const std::string& text) {
     EXPECT_EQ(s.code(), code) << s;
@@ -135,12 +141,12 @@ TEST_F(EsReplicaTest, TheWorkerRefusesHostileTrainCallsNamingWhatIsWrong) {
 }
 
 TEST_F(EsReplicaTest, StagesScoreMembersAsTheWholeReplicaAndRefuseHostilePasses) {
-  auto last = std::make_shared<WorkerActor>(WorkerOptions{.threads = 1});
-  WorkerActor first(WorkerOptions{.threads = 1},
+  auto last = std::make_shared<WorkerActor>(Threads(1));
+  WorkerActor first(Threads(1),
                     [&](const wire::Peer& peer) -> std::shared_ptr<WorkerClient> {
                       return peer.worker_id() == "next" ? last : nullptr;
                     });
-  WorkerActor whole(WorkerOptions{.threads = 2});
+  WorkerActor whole(Threads(2));
   ASSERT_TRUE(whole.EsLoad(Job()).ok());
   ASSERT_TRUE(first.EsLoad(Stage(0, 1, true, false)).ok());
   ASSERT_TRUE(last->EsLoad(Stage(1, 2, false, true)).ok());

@@ -71,6 +71,90 @@ TEST_F(WorkerActorTest, TwoStagesMatchOneAndKeepSessions) {
   EXPECT_GT(stats->activation_bytes_in(), 0);
 }
 
+// Speculative decoding's protocol on two stages: a segment carries the last token and drafts,
+// the last stage accepts drafts while they equal its samples and returns them, and the next
+// segment's pos0 (below the sessions' length) drops the rejected rows on both stages; the
+// tokens and the logits after that are plain decoding's, bit for bit.
+TEST_F(WorkerActorTest, DraftsAreVerifiedAndRejectedRowsDroppedByTheNextPos0) {
+  WorkerActor whole({.threads = 1}), s0({.threads = 1}), s1({.threads = 1});
+  ASSERT_TRUE(whole.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  ASSERT_TRUE(s0.LoadShard(Shard(0, 0, 2, true, false)).ok());
+  ASSERT_TRUE(s1.LoadShard(Shard(1, 2, 4, false, true)).ok());
+  auto staged = [&](wire::ForwardRequest f) -> absl::StatusOr<wire::ForwardResponse> {
+    f.set_stage(0);
+    auto mid = s0.Forward(f);
+    if (!mid.ok()) return mid.status();
+    if (!mid->errors().empty()) return *mid;
+    f.set_stage(1);
+    *f.mutable_activations() = mid->activations();
+    return s1.Forward(f);
+  };
+  // Plain greedy decoding on the whole model: the reference tokens.
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 42};
+  std::vector<int32_t> plain;
+  std::vector<int32_t> ids = prompt;
+  for (int step = 0; step < 5; ++step) {
+    wire::ForwardRequest f;
+    *f.add_segments() = Seg(1, step == 0 ? 0 : 4 + step, ids, step == 0);
+    auto r = whole.Forward(f);
+    ASSERT_TRUE(r.ok()) << r.status();
+    plain.push_back(r->results(0).token());
+    ids = {plain.back()};
+  }
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  auto step = [&](int64_t pos0, std::vector<int32_t> tokens, int drafts) {
+    wire::ForwardRequest f;
+    *f.add_segments() = Seg(2, pos0, tokens, pos0 == 0);
+    f.mutable_segments(0)->set_drafts(drafts);
+    return staged(f);
+  };
+  auto first = step(0, prompt, 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->results(0).token(), plain[0]);
+  // Both drafts wrong: none accepted, the sample is plain's second token.
+  const int32_t wrong = (plain[1] + 1) % 256;
+  auto none = step(n, {plain[0], wrong, wrong}, 2);
+  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_TRUE(none->errors().empty()) << none->errors(0).message();
+  EXPECT_EQ(none->results(0).accepted_size(), 0);
+  EXPECT_EQ(none->results(0).token(), plain[1]);
+  // The sessions hold 3 rows past n; pos0 n + 1 drops the two rejected ones. One right draft,
+  // then a wrong one: one accepted, then plain's fourth token.
+  auto one = step(n + 1, {plain[1], plain[2], (plain[3] + 1) % 256}, 2);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(one->errors().empty()) << one->errors(0).message();
+  ASSERT_EQ(one->results(0).accepted_size(), 1);
+  EXPECT_EQ(one->results(0).accepted(0).id(), plain[2]);
+  EXPECT_EQ(one->results(0).token(), plain[3]);
+  // After the rollback, the logits of the next position equal a run that never drafted.
+  wire::ForwardRequest probe_spec;
+  *probe_spec.add_segments() = Seg(2, n + 3, {plain[3]}, false);
+  probe_spec.mutable_segments(0)->set_all_logits(true);
+  auto a = whole.Forward([&] {  // plain's session at n + 3 as well: drop its last row
+    wire::ForwardRequest f;
+    *f.add_segments() = Seg(1, n + 3, {plain[3]}, false);
+    f.mutable_segments(0)->set_all_logits(true);
+    return f;
+  }());
+  auto b = staged(probe_spec);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->results(0).logits_size(), b->results(0).logits_size());
+  for (int i = 0; i < a->results(0).logits_size(); ++i) {
+    ASSERT_EQ(a->results(0).logits(i), b->results(0).logits(i)) << "logit " << i;
+  }
+  // Drafts must leave the last token; pos0 cannot pass the session's end: refused, named.
+  wire::ForwardRequest bad;
+  *bad.add_segments() = Seg(2, n + 4, {plain[4]}, false);
+  bad.mutable_segments(0)->set_drafts(1);
+  auto refused = staged(bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("drafts"), std::string::npos) << refused.status();
+  *bad.mutable_segments(0) = Seg(2, n + 9, {plain[4]}, false);
+  refused = staged(bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("starts at"), std::string::npos) << refused.status();
+}
+
 TEST_F(WorkerActorTest, MalformedMessagesAreInvalidArgument) {
   WorkerActor s0({.threads = 1}), s1({.threads = 1});
   ASSERT_TRUE(s0.LoadShard(Shard(0, 0, 2, true, false)).ok());
