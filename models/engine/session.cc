@@ -82,9 +82,9 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
     cached_.resize(cached_.size() - drafts.size());
     Verified v = VerifyDrafts(sampler, *logits, vocab, drafts, cached_);
     if (drafter != nullptr) {
-      drafter->Observe(cached_.back(), std::span<const float>(*logits).first(vocab));
-      for (size_t r = 0; r < drafts.size(); ++r) {
-        drafter->Observe(drafts[r], std::span<const float>(*logits).subspan((r + 1) * vocab, vocab));
+      // What the model chose after the pass's first token and after each accepted draft.
+      for (size_t r = 0; r < v.tokens.size(); ++r) {
+        drafter->Observe(r == 0 ? cached_.back() : drafts[r - 1], v.tokens[r]);
       }
     }
     cached_.insert(cached_.end(), drafts.begin(), drafts.end());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace fucina {
 namespace {
@@ -74,28 +75,18 @@ std::vector<int32_t> Drafter::Draft(int limit) {
   return draft;
 }
 
-void Drafter::Observe(int32_t token, std::span<const float> logits) {
-  const int k = options_.successors;
-  if (k <= 0 || logits.empty()) return;
+void Drafter::Observe(int32_t token, int32_t next) {
+  if (options_.successors <= 0) return;
   auto it = successors_.find(token);
   if (it == successors_.end()) {
     if (static_cast<int64_t>(successors_.size()) >= options_.max_recycled_tokens) return;
     it = successors_.emplace(token, std::vector<int32_t>()).first;
   }
-  // The k best by (logit descending, id ascending), one pass: most rows leave the small
-  // sorted list untouched after a comparison with its worst entry.
-  std::vector<int32_t>& best = it->second;
-  best.clear();
-  auto better = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
-    if (std::isnan(logits[id])) continue;
-    if (static_cast<int>(best.size()) == k && !better(id, best.back())) continue;
-    auto at = std::upper_bound(best.begin(), best.end(), id, better);
-    best.insert(at, id);
-    if (static_cast<int>(best.size()) > k) best.pop_back();
-  }
+  // Latest first, each once.
+  std::vector<int32_t>& list = it->second;
+  std::erase(list, next);
+  list.insert(list.begin(), next);
+  if (static_cast<int>(list.size()) > options_.successors) list.pop_back();
 }
 
 void Drafter::Record(int drafted, int accepted) {

@@ -5,10 +5,12 @@
 //   1. Suffix automata over the stream (prompt + generated tokens) and over an optional
 //      reference document: the longest suffix of the stream that occurred before (in either;
 //      ties go to the stream), at least min_match tokens long, proposes what followed it.
-//   2. Token Recycling: each token's most likely successors, harvested from the logits of
-//      every verify pass (Observe); with no match long enough, a chain of top-1 successors.
-//      A chain, not a tree: the verify pass is one causal forward over k + 1 positions
-//      (Model::ForwardStepAllLogits, a pipeline stage's segment), with no tree attention.
+//   2. Token Recycling: each token's recent successors as the model chose them in verify
+//      passes (Observe: the emitted tokens, so only token ids, never logits, and no scan of the
+//      vocabulary per row, which cost more than it saved on a 5 ms decode step); with no match
+//      long enough, a chain of the latest successors. A chain, not a tree: the verify pass is
+//      one causal forward over k + 1 positions (Model::ForwardStepAllLogits, a pipeline stage's
+//      segment), with no tree attention.
 //
 // The draft length follows the recent acceptance rate (an exponential average of accepted /
 // drafted): long while drafts land, 1 when they do not, and nothing at all when acceptance
@@ -29,7 +31,7 @@ namespace fucina {
 struct DrafterOptions {
   int max_draft = 8;   // tokens per verify pass at most (0: never drafts)
   int min_match = 2;   // shortest automaton match that drafts
-  int successors = 4;  // Token Recycling: successors kept per token
+  int successors = 4;  // Token Recycling: successors kept per token (latest first)
   // Token Recycling's memory bound: tokens with a successor list (successors x 4 B each).
   int64_t max_recycled_tokens = 1 << 16;
 };
@@ -44,9 +46,8 @@ class Drafter {
   void Accept(std::span<const int32_t> tokens);
   // Up to `limit` tokens proposed to follow the stream (fewer, or none: see the header).
   std::vector<int32_t> Draft(int limit);
-  // Token Recycling: `logits` (one row over the vocabulary) are the model's prediction of the
-  // token after `token`; its top successors are kept.
-  void Observe(int32_t token, std::span<const float> logits);
+  // Token Recycling: the model chose `next` after `token`.
+  void Observe(int32_t token, int32_t next);
   // The outcome of a verify pass of `drafted` (> 0) tokens of which `accepted` held.
   void Record(int drafted, int accepted);
 

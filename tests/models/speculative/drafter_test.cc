@@ -83,13 +83,10 @@ TEST(DrafterTest, AReferenceDocumentIsContinued) {
 
 TEST(DrafterTest, RecycledSuccessorsChainWhenNothingMatches) {
   Drafter d(DrafterOptions{.max_draft = 4, .successors = 2});
-  // The model said: after 3 comes 9 (then 4), after 9 comes 12.
-  std::vector<float> after3(16, 0.0f), after9(16, 0.0f);
-  after3[9] = 5.0f;
-  after3[4] = 4.0f;
-  after9[12] = 2.0f;
-  d.Observe(3, after3);
-  d.Observe(9, after9);
+  // The model chose 4 after 3, then 9 after 3 (the latest first), and 12 after 9.
+  d.Observe(3, 4);
+  d.Observe(3, 9);
+  d.Observe(9, 12);
   d.Accept(std::vector<int32_t>{1, 2, 3});
   EXPECT_EQ(d.Draft(4), (std::vector<int32_t>{9, 12}));  // nothing known after 12
 }
