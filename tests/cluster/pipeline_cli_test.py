@@ -68,6 +68,18 @@ class PipelineTestCase(cc.ClusterTestCase):
             self.assertEqual(got[i], ref, f"{what}: prompt {i}\n{c.logs()}")
         self.assertEqual(list(late_seeded.result().token_ids), seeded_ref, f"{what}: seeded")
 
+    def start(self, model, workers, remote, *flags):
+        """`serve --workers N`, or a coordinator and N worker processes; waits for the plan."""
+        c = self.cluster()
+        if remote:
+            c.coordinator(model, *flags)
+            for _ in range(workers):
+                c.worker()
+        else:
+            c.serve(model, workers, *flags)
+        self.wait_ready(c, workers)
+        return c
+
     def matrix(self, model, num_layers, processes=()):
         greedy_refs, seeded_ref = self.references(model)
         for workers in (1, 2, 3):
@@ -113,15 +125,8 @@ class SmolLM2ParityTest(PipelineTestCase):
         for workers, micro, remote in ((1, 1, False), (2, 2, True), (3, 4, True), (3, 3, False)):
             what = f"{workers} stage(s), --micro-batches {micro}, {'processes' if remote else 'serve'}"
             with self.subTest(topology=what):
-                c = self.cluster()
-                flags = ("--micro-batches", str(micro), "--max-step-tokens", "16", "--batch", "8")
-                if remote:
-                    c.coordinator(cc.SMOLLM2, *flags)
-                    for _ in range(workers):
-                        c.worker()
-                else:
-                    c.serve(cc.SMOLLM2, workers, *flags)
-                self.wait_ready(c, workers)
+                c = self.start(cc.SMOLLM2, workers, remote, "--micro-batches", str(micro),
+                               "--max-step-tokens", "16", "--batch", "8")
                 self.run_mixed(c, greedy_refs, seeded_ref, what)
                 c.close()
 
@@ -143,16 +148,8 @@ class SpeculativeTest(PipelineTestCase):
         for workers, remote in ((1, False), (2, True)):
             what = f"{workers} stage(s), {'processes' if remote else 'serve'}, --spec"
             with self.subTest(topology=what):
-                c = self.cluster()
-                flags = ("--spec", "--micro-batches", "2", "--max-step-tokens", "16",
-                         "--batch", "8")
-                if remote:
-                    c.coordinator(cc.SMOLLM2, *flags)
-                    for _ in range(workers):
-                        c.worker()
-                else:
-                    c.serve(cc.SMOLLM2, workers, *flags)
-                self.wait_ready(c, workers)
+                c = self.start(cc.SMOLLM2, workers, remote, "--spec", "--micro-batches", "2",
+                               "--max-step-tokens", "16", "--batch", "8")
                 self.run_mixed(c, greedy_refs, seeded_ref, what)
                 spec = c.api.Generate(copy, timeout=cc.RPC_S)
                 copy.speculative = False

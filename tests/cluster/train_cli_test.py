@@ -136,15 +136,21 @@ class TrainClusterTest(cc.ClusterTestCase):
         self.assertEqual(events[-2].workers, 1, events[-2])  # one replica: the pipeline
         self.assertTrue(all(0 < e.bytes_sent < 2000 for e in events[1:-1]), events)
 
-    def test_a_stage_killed_mid_pipelined_job_changes_nothing(self):
-        reference = checksum_of(self.embedded(4, "--workers", "1", "--threads", "1"))
+    def run_killing_one(self, iterations, **fields):
+        """A job on 2 worker processes, the second killed with SIGKILL once the first
+        generation is done; returns the reference checksum and the job's events."""
+        reference = checksum_of(self.embedded(iterations, "--workers", "1", "--threads", "1"))
         c, procs = self.processes(2, *FAST_DEATH)
-        stub, job = self.start(c, 4, pipeline=True)
+        stub, job = self.start(c, iterations, **fields)
         seen = []
         for event in stub.WatchJob(cc.tpb.WatchJobRequest(job_id=job.job_id), timeout=cc.RPC_S):
             seen.append(event)
             if event.generation == 1 and not event.HasField("train_reward"):
                 procs[1].p.send_signal(signal.SIGKILL)
+        return c, reference, seen
+
+    def test_a_stage_killed_mid_pipelined_job_changes_nothing(self):
+        c, reference, seen = self.run_killing_one(4, pipeline=True)
         last = seen[-1]
         # The survivor holds the whole model as the next plan's only stage, replays the log
         # and finishes the job with the uninterrupted run's parameters.
@@ -152,15 +158,7 @@ class TrainClusterTest(cc.ClusterTestCase):
         self.assertEqual(f"{last.checksum:016x}", reference)
 
     def test_a_worker_killed_mid_job_changes_nothing(self):
-        reference = checksum_of(self.embedded(6, "--workers", "1", "--threads", "1"))
-        c, procs = self.processes(2, *FAST_DEATH)
-        stub, job = self.start(c, 6)
-        events = stub.WatchJob(cc.tpb.WatchJobRequest(job_id=job.job_id), timeout=cc.RPC_S)
-        seen = []
-        for event in events:
-            seen.append(event)
-            if event.generation == 1 and not event.HasField("train_reward"):
-                procs[1].p.send_signal(signal.SIGKILL)
+        c, reference, seen = self.run_killing_one(6)
         last = seen[-1]
         self.assertEqual(last.state, cc.tpb.JOB_STATE_SUCCEEDED, f"{last}\n{c.logs()}")
         self.assertEqual(f"{last.checksum:016x}", reference)

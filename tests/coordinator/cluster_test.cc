@@ -111,6 +111,7 @@ std::unique_ptr<Cluster> StartCluster(const std::string& path, int stages, int e
 
 struct Output {
   std::vector<int32_t> ids;
+  std::vector<SampleResult> samples;
   std::string text;
   std::vector<std::string> deltas;
   Outcome outcome;
@@ -130,6 +131,7 @@ Output Drain(Request& r) {
   while (!r.done()) {
     if (auto d = r.Next(1000)) {
       out.ids.insert(out.ids.end(), d->ids.begin(), d->ids.end());
+      out.samples.insert(out.samples.end(), d->samples.begin(), d->samples.end());
       out.text += d->text;
       out.deltas.push_back(d->text);
     }
@@ -451,20 +453,47 @@ TEST_F(ClusterTest, LockstepBatchMatchesOneAtATime) {
 }
 
 TEST_F(ClusterTest, StopStringsNeverLeak) {
+  // With speculative decoding too: several tokens per step, the stop string inside them, and
+  // the logprobs of accepted drafts those of the verify step, equal to plain decoding's.
   const std::string path = FixturePath("dense");
-  auto cluster = StartCluster(path, 1, 0);
-  Coordinator& c = *cluster->coordinator;
-  Output full = Generate(c, Job(kPrompt, 24));
-  ASSERT_GE(full.text.size(), 8u);
-  // A stop string from the middle of the output, made of two tokens' text or more.
-  const std::string stop = full.text.substr(full.text.size() / 2, 3);
-  GenerateJob job = Job(kPrompt, 24);
-  job.stop = {stop};
-  Output cut = Generate(c, job);
-  ASSERT_TRUE(cut.outcome.status.ok());
-  EXPECT_EQ(cut.outcome.finish_reason, "stop");
-  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
-  for (const std::string& d : cut.deltas) EXPECT_EQ(d.find(stop), std::string::npos);
+  std::vector<int32_t> prompt = kPrompt;
+  prompt.insert(prompt.end(), kPrompt.begin(), kPrompt.end());
+  Output plain_full;
+  for (bool speculative : {false, true}) {
+    SCOPED_TRACE(speculative ? "speculative" : "plain");
+    CoordinatorOptions o;
+    o.scheduler.speculative = speculative;
+    auto cluster = StartCluster(path, 2, 0, o);
+    Coordinator& c = *cluster->coordinator;
+    GenerateJob whole = Job(prompt, 24);
+    whole.sampling.top_logprobs = 3;
+    Output full = Generate(c, whole);
+    ASSERT_GE(full.text.size(), 8u);
+    if (!speculative) plain_full = full;
+    EXPECT_EQ(full.ids, plain_full.ids);
+    ASSERT_EQ(full.samples.size(), plain_full.samples.size());
+    for (size_t i = 0; i < full.samples.size(); ++i) {
+      EXPECT_EQ(full.samples[i].logprob, plain_full.samples[i].logprob) << "token " << i;
+      ASSERT_EQ(full.samples[i].top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(full.samples[i].top[k].id, plain_full.samples[i].top[k].id);
+        EXPECT_EQ(full.samples[i].top[k].logprob, plain_full.samples[i].top[k].logprob);
+      }
+    }
+    // A stop string from the middle of the output, made of two tokens' text or more.
+    const std::string stop = full.text.substr(full.text.size() / 2, 3);
+    GenerateJob job = Job(prompt, 24);
+    job.stop = {stop};
+    Output cut = Generate(c, job);
+    ASSERT_TRUE(cut.outcome.status.ok());
+    EXPECT_EQ(cut.outcome.finish_reason, "stop");
+    EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+    for (const std::string& d : cut.deltas) EXPECT_EQ(d.find(stop), std::string::npos);
+    if (speculative) {
+      EXPECT_GT(MetricValue(*cluster->registry, "fucina_spec_decode_num_accepted_tokens_total"),
+                0);
+    }
+  }
 }
 
 TEST_F(ClusterTest, CancelFreesKvOnEveryStage) {

@@ -88,6 +88,20 @@ class RunTest(unittest.TestCase):
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("--spec-ref", bad.stderr)
 
+    def test_bench_spec_reports_ratios_and_identical_tokens(self):
+        for stages in ("0", "2"):
+            proc = subprocess.run([BIN, "bench", "spec", MODEL, "--gen", "24", "--repeats", "1",
+                                   "--stages", stages], capture_output=True, text=True,
+                                  timeout=300)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            rows = re.findall(r"^(copy|code|chat) +([\d.]+) +([\d.]+) +([\d.]+)x .* (yes|NO)$",
+                              proc.stdout, re.M)
+            self.assertEqual([r[0] for r in rows], ["copy", "code", "chat"], proc.stdout)
+            self.assertTrue(all(r[4] == "yes" for r in rows), proc.stdout)
+            copy = rows[0]
+            # Ratio as printed: spec over plain.
+            self.assertAlmostEqual(float(copy[3]), float(copy[2]) / float(copy[1]), delta=0.02)
+
     def test_repl_keeps_the_conversation(self):
         out = run("--repl", "--temp", "0", "--gen", "24",
                   stdin="What is the capital of France?\nAnd of Italy?\n").stdout

@@ -94,23 +94,28 @@ TEST(Rng, NextFloatInUnitIntervalAndReproducible) {
   EXPECT_TRUE(differs);
 }
 
+// The output of rng_ref.py (the Python re-implementation) run with `args`.
+void RunReference(const char* python, const std::string& args, std::string* out) {
+  const std::string cmd = std::string("'") + python + "' '" FUCINA_TEST_SOURCE_DIR
+                          "/models/sampler/rng_ref.py' " + args;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out->append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << cmd;
+}
+
 TEST(Rng, MatchesPythonReference) {
   const char* python = std::getenv("FUCINA_PYTHON");
   if (python == nullptr) GTEST_SKIP() << "FUCINA_PYTHON is not set (scripts/test.sh sets it)";
-  const std::string script = FUCINA_TEST_SOURCE_DIR "/models/sampler/rng_ref.py";
   constexpr int kCount = 2000;
   for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{42}, uint64_t{0xDEADBEEF},
                         std::numeric_limits<uint64_t>::max()}) {
     SCOPED_TRACE(seed);
-    const std::string cmd = std::string("'") + python + "' '" + script + "' " +
-                            std::to_string(seed) + " " + std::to_string(kCount);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
     std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-    ASSERT_EQ(pclose(pipe), 0) << cmd;
+    ASSERT_NO_FATAL_FAILURE(RunReference(
+        python, std::to_string(seed) + " " + std::to_string(kCount), &out));
     std::istringstream lines(out);
     Rng u(seed), f(seed);
     int count = 0;
@@ -126,15 +131,9 @@ TEST(Rng, MatchesPythonReference) {
   // PositionDraw: the first float of a generator keyed by seed and position.
   for (uint64_t seed : {uint64_t{0}, uint64_t{42}, std::numeric_limits<uint64_t>::max()}) {
     SCOPED_TRACE(seed);
-    const std::string cmd = std::string("'") + python + "' '" + script + "' position " +
-                            std::to_string(seed) + " " + std::to_string(kCount);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
     std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-    ASSERT_EQ(pclose(pipe), 0) << cmd;
+    ASSERT_NO_FATAL_FAILURE(RunReference(
+        python, "position " + std::to_string(seed) + " " + std::to_string(kCount), &out));
     std::istringstream lines(out);
     int64_t position = 0;
     uint64_t top24;
