@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/norm.h"
@@ -503,26 +502,6 @@ absl::StatusOr<std::vector<float>> Model::ForwardLastLogits(std::span<const int3
   auto kv = NewKvCache(static_cast<int64_t>(tokens.size()), GgmlType::kF32);
   if (!kv.ok()) return kv.status();
   return ForwardStep(**kv, tokens, 0);
-}
-
-absl::StatusOr<std::vector<int32_t>> Model::Generate(KvCache& kv,
-                                                     std::span<const int32_t> prompt,
-                                                     int64_t max_new_tokens,
-                                                     std::optional<int32_t> stop_token) {
-  kv.Clear();
-  std::vector<int32_t> out;
-  auto logits = ForwardStep(kv, prompt, 0);
-  while (logits.ok() && static_cast<int64_t>(out.size()) < max_new_tokens) {
-    const int32_t next = static_cast<int32_t>(
-        std::max_element(logits->begin(), logits->end()) - logits->begin());
-    out.push_back(next);
-    if (stop_token && next == *stop_token) break;
-    if (static_cast<int64_t>(out.size()) == max_new_tokens) break;
-    const int32_t step[] = {next};
-    logits = ForwardStep(kv, step, kv.len());
-  }
-  if (!logits.ok()) return logits.status();
-  return out;
 }
 
 }  // namespace fucina

@@ -105,11 +105,6 @@ class Model {
   // pass for all streams; returns [n, vocab]. Rows equal per-stream ForwardStep bit for bit.
   absl::StatusOr<std::vector<float>> ForwardStepBatch(std::span<KvCache* const> caches,
                                                       std::span<const int32_t> tokens);
-  // Greedy generation: resets kv, prefills the prompt, then appends argmax tokens until
-  // max_new_tokens or stop_token. Returns the generated ids.
-  absl::StatusOr<std::vector<int32_t>> Generate(KvCache& kv, std::span<const int32_t> prompt,
-                                                int64_t max_new_tokens,
-                                                std::optional<int32_t> stop_token);
 
   // ---- Shard pieces. ----
   // Rows of the embedding table: out[n, hidden]. Requires has_embeddings(); ids must be in

@@ -47,6 +47,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/lora.h"
 #include "models/engine/model.h"
+#include "models/engine/session.h"
 #include "models/engine/fixture.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/quantize.h"
@@ -407,24 +408,38 @@ class ParityTest : public testing::Test {
                 quantized ? " (reference top-20)" : " (whole vocabulary)");
   }
 
-  // Our greedy continuation (Model::Generate) against the reference's, up to the margin
-  // cut-off. Returns our continuations.
+  // Our greedy continuation (Session::Generate, the decode loop of run and serve) against the
+  // reference's, up to the margin cut-off; the speculative one (--spec) must equal it token for
+  // token. Returns our continuations.
   static std::vector<std::vector<int32_t>> CompareGreedy(Suite& s, int min_compared) {
     std::vector<std::vector<int32_t>> replies;
     for (size_t p = 0; p < s.prompts.size(); ++p) {
       const json& ref = s.reference["results"][p]["greedy"];
       const auto want = ref["tokens"].get<std::vector<int32_t>>();
       const auto margins = ref["margins"].get<std::vector<double>>();
-      auto kv = s.model->NewKvCache(static_cast<int64_t>(s.prompts[p].size()) + s.greedy_steps,
-                                    GgmlType::kF32);
-      EXPECT_TRUE(kv.ok()) << kv.status();
-      if (!kv.ok()) return replies;
-      std::optional<int32_t> stop;
-      if (!s.stop.empty()) stop = s.stop[0];
-      auto got = s.model->Generate(**kv, s.prompts[p], s.greedy_steps, stop);
-      EXPECT_TRUE(got.ok()) << got.status();
-      if (!got.ok()) return replies;
-      replies.push_back(*got);
+      GenerationOptions options;
+      options.max_tokens = s.greedy_steps;
+      options.sampling.temperature = 0;
+      options.ignore_eos = true;  // the reference stops at its stop token only
+      if (!s.stop.empty()) options.stop_tokens = {s.stop[0]};
+      absl::StatusOr<GenerationResult> got = absl::UnknownError("not run");
+      for (bool speculative : {false, true}) {
+        auto kv = s.model->NewKvCache(
+            static_cast<int64_t>(s.prompts[p].size()) + s.greedy_steps, GgmlType::kF32);
+        EXPECT_TRUE(kv.ok()) << kv.status();
+        if (!kv.ok()) return replies;
+        Session session(*s.model, *s.tokenizer, *std::move(kv));
+        options.speculative = speculative;
+        auto r = session.Generate(s.prompts[p], options);
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (!r.ok()) return replies;
+        if (speculative) {
+          EXPECT_EQ(r->tokens, got->tokens) << "prompt " << p << ": --spec changed the reply";
+        } else {
+          got = *std::move(r);
+        }
+      }
+      const std::vector<int32_t>& reply = replies.emplace_back(got->tokens);
       // Steps before the first near-tie are compared; the reference stops at its stop token
       // (or after greedy_steps), so a reply that ended is compared in full, end included.
       size_t cutoff = want.size();
@@ -446,14 +461,14 @@ class ParityTest : public testing::Test {
             << tag << ": the reference's top-2 margin fell below " << kGreedyMargin
             << " at step " << cutoff;
       }
-      const size_t n = std::min(cutoff, got->size());
-      EXPECT_GE(got->size(), cutoff) << tag << ": our reply ended early";
+      const size_t n = std::min(cutoff, reply.size());
+      EXPECT_GE(reply.size(), cutoff) << tag << ": our reply ended early";
       for (size_t i = 0; i < n; ++i) {
-        if ((*got)[i] != want[i]) {
+        if (reply[i] != want[i]) {
           // On a real Q4_1 model llama.cpp's own CPU builds (AMX vs AVX-512) disagree by up to
           // ~0.4 nats: a rounding tie of the Q8_1 activation quantizer going the other way
           // in a block holding an outlier moves that activation by a whole (large) step.
-          ADD_FAILURE() << tag << ": first difference at step " << i << ": ours " << (*got)[i]
+          ADD_FAILURE() << tag << ": first difference at step " << i << ": ours " << reply[i]
                         << " reference " << want[i] << " (reference margin " << margins[i]
                         << ")";
           break;
