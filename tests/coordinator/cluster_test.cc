@@ -555,7 +555,8 @@ TEST_F(ClusterTest, MetricsFollowRequests) {
 }
 
 TEST_F(ClusterTest, DeadWorkerFailsItsStreamsAndIsReplaced) {
-  // The same with speculative decoding on (a verify step fails like any other).
+  // The same with speculative decoding on: the stage dies during verify steps, which fail like
+  // any other.
   for (bool speculative : {false, true}) {
     SCOPED_TRACE(speculative ? "speculative" : "plain");
     const std::string path = FixturePath("dense");
@@ -590,6 +591,9 @@ TEST_F(ClusterTest, DeadWorkerFailsItsStreamsAndIsReplaced) {
     bool dead_seen = false;
     for (const WorkerRecord& w : (*c)->Workers()) dead_seen |= !w.alive;
     EXPECT_TRUE(dead_seen);
+    if (speculative) {  // the failed steps carried drafts
+      EXPECT_GT(MetricValue(*registry, "fucina_spec_decode_num_drafts_total"), 0);
+    }
   }
 }
 

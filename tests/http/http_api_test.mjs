@@ -992,6 +992,33 @@ describe("fucina HTTP API", {skip: SKIP}, () => {
     });
   });
 
+  describe("--spec", () => {
+    let server;
+    before(async () => (server = await startServer(["--spec"])));
+    after(() => stopServer(server));
+
+    test("speculative replies equal plain ones; a request opts out with speculative: false",
+         async () => {
+      const doc = "The lighthouse keeper climbed the spiral stairs every evening at dusk. He " +
+                  "trimmed the wick, polished the great lens until it shone.";
+      const body = {model: SERVED, max_tokens: 32, temperature: 0,
+                    messages: [{role: "user", content: `Repeat exactly: ${doc}`}]};
+      const spec = await postOk(server, "/v1/chat/completions", body);
+      const plain = await postOk(server, "/v1/chat/completions", {...body, speculative: false});
+      assert.equal(spec.choices[0].message.content, plain.choices[0].message.content);
+      assert.match(spec.choices[0].message.content, /lighthouse keeper/);
+      const seeded = {model: SERVED, prompt: "Once upon a time", max_tokens: 24,
+                      temperature: 1.0, seed: 5};
+      assert.equal((await postOk(server, "/v1/completions", seeded)).choices[0].text,
+                   (await postOk(server, "/v1/completions", {...seeded, speculative: false}))
+                       .choices[0].text);
+      assertOpenAiError(await post(server, "/v1/chat/completions",
+                                   {...body, speculative: "yes"}),
+                        400, {messageMatch: /speculative/});
+      assert.ok(await metric(server, "fucina_spec_decode_num_accepted_tokens_total") > 10);
+    });
+  });
+
   describe("--max-body 1000", () => {
     let server;
     before(async () => (server = await startServer(["--max-body", "1000"])));
