@@ -77,6 +77,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     c->max_token_bytes_ = std::max(c->max_token_bytes_, c->tokenizer_->TokenToPiece(id).size());
   }
   c->metrics_ = std::make_unique<Metrics>(registry, c->served_name_);
+  c->metrics_->SetQueueCapacity(options.scheduler.max_queue);
+  c->metrics_->SetWorkers(0, 0);
   c->es_metrics_ = std::make_unique<EsMetrics>(*registry);
   Coordinator* self = c.get();
   c->train_jobs_ = std::make_unique<TrainJobs>(
@@ -139,8 +141,15 @@ std::string Coordinator::Enroll(const std::string& address, const WorkerInfo& in
     w.last_seen = std::chrono::steady_clock::now();
     id = w.id;
     workers_.push_back(std::move(w));
+    CountWorkers();
   }
   return id;
+}
+
+void Coordinator::CountWorkers() {
+  int alive = 0;
+  for (const WorkerRecord& w : workers_) alive += w.alive;
+  if (metrics_) metrics_->SetWorkers(alive, static_cast<int>(workers_.size()) - alive);
 }
 
 bool Coordinator::Heartbeat(const std::string& worker_id, const wire::WorkerStats* stats) {
@@ -199,6 +208,7 @@ bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) 
                      w.address.c_str(), std::string(why.message()).c_str());
       }
     }
+    CountWorkers();
   }
   return changed;
 }

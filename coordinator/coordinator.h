@@ -130,6 +130,8 @@ class Coordinator {
   // Train replicas (TrainJobs' placement): every alive worker whole, or the serving plan's
   // stages as one pipelined replica once its shards are loaded.
   std::vector<EsGroup> TrainGroups(bool pipeline) const;
+  // Publishes the alive and dead worker counts (under mu_).
+  void CountWorkers();
   // Marks a worker dead without asking for a re-plan; true if it was alive.
   bool Forget(const std::string& worker_id, const absl::Status& why);
   std::string Enroll(const std::string& address, const WorkerInfo& info,

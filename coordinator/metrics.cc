@@ -65,6 +65,14 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
   activation_bytes_ = counter("fucina_coordinator_activation_bytes_total",
                               "Activation bytes the coordinator sent or received (stages pass "
                               "activations among themselves, so 0 in a healthy pipeline).");
+  queue_capacity_ = gauge("fucina_queue_capacity",
+                          "Requests the admission queue holds before refusing (--max-queue).");
+  auto& workers = prometheus::BuildGauge()
+                      .Name("fucina_workers")
+                      .Help("Workers registered with the coordinator, by state.")
+                      .Register(*registry_);
+  workers_alive_ = &workers.Add({{"model_name", model_name}, {"state", "alive"}});
+  workers_dead_ = &workers.Add({{"model_name", model_name}, {"state", "dead"}});
   spec_drafts_ = counter("fucina_spec_decode_num_drafts_total",
                          "Verify steps that carried drafts (speculative decoding).");
   spec_draft_tokens_ = counter("fucina_spec_decode_num_draft_tokens_total",
@@ -75,6 +83,11 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
                                 .Name("fucina_spec_decode_num_accepted_tokens_per_pos_total")
                                 .Help("Verify steps whose draft at this position was accepted.")
                                 .Register(*registry_);
+}
+
+void Metrics::SetWorkers(int alive, int dead) {
+  workers_alive_->Set(alive);
+  workers_dead_->Set(dead);
 }
 
 void Metrics::OnDraft(int drafted, int accepted) {

@@ -36,6 +36,10 @@ class Metrics {
   // One verify step of speculative decoding: `drafted` draft tokens (> 0), the first
   // `accepted` of them accepted (vLLM's spec_decode counters under our prefix).
   void OnDraft(int drafted, int accepted);
+  // Registered workers by state (the dashboard's "workers up", the worker-down alert).
+  void SetWorkers(int alive, int dead);
+  // The admission queue's size (--max-queue): the queue-saturated alert divides by it.
+  void SetQueueCapacity(int capacity) { queue_capacity_->Set(capacity); }
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -57,6 +61,9 @@ class Metrics {
   prometheus::Counter* forward_sent_;
   prometheus::Counter* forward_received_;
   prometheus::Counter* activation_bytes_;
+  prometheus::Gauge* queue_capacity_;
+  prometheus::Gauge* workers_alive_;
+  prometheus::Gauge* workers_dead_;
   prometheus::Counter* spec_drafts_;
   prometheus::Counter* spec_draft_tokens_;
   prometheus::Counter* spec_accepted_tokens_;

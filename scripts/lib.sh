@@ -21,10 +21,11 @@ FUCINA_APT_PACKAGES=(
   prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
   clang libclang-rt-14-dev
 )
-# Only the test suite needs these: Debian's grpcio (an independent gRPC client), promtool
-# (from prometheus) to lint live scrapes, HTTP load generators, and openssl for the cluster's
-# TLS certificates (scripts/make-cluster-certs.sh).
-FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf prometheus wrk hey openssl)
+# Only the test suite needs these: Debian's grpcio (an independent gRPC client), PyYAML,
+# promtool and prometheus (to lint live scrapes; the alerts and dashboards against a real
+# Prometheus), HTTP load generators, and openssl for the cluster's TLS certificates
+# (scripts/make-cluster-certs.sh).
+FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf python3-yaml prometheus wrk hey openssl)
 
 # Installs those of the given Debian packages that are missing.
 apt_install_missing() {
