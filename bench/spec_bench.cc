@@ -44,7 +44,7 @@ namespace {
 struct SpecBenchArgs {
   std::string model;
   int gen = 128;
-  int repeats = 3;
+  int repeats = 5;
   int threads = 0;
   int spec_max = 8;
   int stages = 0;  // 0: one process (Session); N: an embedded pipeline of N stages
