@@ -154,7 +154,10 @@ int RunSpecBench(const SpecBenchArgs& a) {
   for (const Workload& w : Workloads()) {
     std::string text = w.prompt;
     if (chat.ok()) {
-      auto rendered = chat->Render({{.role = "user", .content = w.prompt}}, ChatRenderOptions());
+      ChatMessage user;
+      user.role = "user";
+      user.content = w.prompt;
+      auto rendered = chat->Render({user}, ChatRenderOptions());
       if (!rendered.ok()) return Fail(rendered.status());
       text = *rendered;
     }

@@ -76,7 +76,9 @@ TEST_F(WorkerActorTest, TwoStagesMatchOneAndKeepSessions) {
 // segment's pos0 (below the sessions' length) drops the rejected rows on both stages; the
 // tokens and the logits after that are plain decoding's, bit for bit.
 TEST_F(WorkerActorTest, DraftsAreVerifiedAndRejectedRowsDroppedByTheNextPos0) {
-  WorkerActor whole({.threads = 1}), s0({.threads = 1}), s1({.threads = 1});
+  WorkerOptions single;
+  single.threads = 1;
+  WorkerActor whole(single), s0(single), s1(single);
   ASSERT_TRUE(whole.LoadShard(Shard(0, 0, 4, true, true)).ok());
   ASSERT_TRUE(s0.LoadShard(Shard(0, 0, 2, true, false)).ok());
   ASSERT_TRUE(s1.LoadShard(Shard(1, 2, 4, false, true)).ok());

@@ -292,7 +292,9 @@ TEST(Sampler, TheDrawIsThePositionsWhateverCameBefore) {
   Sampler s(p);
   std::vector<int32_t> history = {7};
   for (int i = 0; i < 100; ++i) {
-    if (i % 3 == 0) ASSERT_EQ(s.Sample(peaked, history).id, 0);
+    if (i % 3 == 0) {
+      ASSERT_EQ(s.Sample(peaked, history).id, 0);
+    }
     if (i % 5 == 0) history.push_back(7);  // a position sampled elsewhere
     const auto position = static_cast<int64_t>(history.size());
     const int32_t want = static_cast<int32_t>(3.0 * double(PositionDraw(11, position)));

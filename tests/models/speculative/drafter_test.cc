@@ -144,7 +144,8 @@ TEST(VerifyTest, EmitsWhatPlainSamplingGivesPositionByPosition) {
         history.push_back(id);
       }
       // Drafts that agree for the first two positions, then one that cannot.
-      std::vector<int32_t> drafts = {plain[0], plain[1], (plain[2] + 1) % kVocab, plain[3],
+      std::vector<int32_t> drafts = {plain[0], plain[1],
+                                     static_cast<int32_t>((plain[2] + 1) % kVocab), plain[3],
                                      plain[4]};
       std::vector<int32_t> verify_history = {4, 5};
       Sampler sampler(p);
