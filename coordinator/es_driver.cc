@@ -1,7 +1,5 @@
 #include "coordinator/es_driver.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -10,7 +8,6 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -519,18 +516,10 @@ absl::StatusOr<wire::EsSnapshotChunk> EsDriver::SnapshotGroup(const EsGroup& gro
   }
   std::vector<const gguf::File*> views;
   for (const auto& p : parts) views.push_back(p.get());
-  const std::string path =
-      (std::filesystem::temp_directory_path() /
-       absl::StrCat("fucina-es-", getpid(), "-", reinterpret_cast<uintptr_t>(this), "-",
-                    merged.file_name()))
-          .string();
-  absl::Status written = gguf::ConcatenateTensors(views, path);
-  std::ifstream in(path, std::ios::binary);
-  merged.mutable_data()->assign(std::istreambuf_iterator<char>(in), {});
-  const bool read = written.ok() && (static_cast<bool>(in) || in.eof());
-  std::remove(path.c_str());
-  if (!written.ok()) return written;
-  if (!read) return absl::InternalError(absl::StrCat(path, ": cannot read the merged file"));
+  auto bytes = gguf::FileBytes(
+      [&](const std::string& path) { return gguf::ConcatenateTensors(views, path); });
+  if (!bytes.ok()) return bytes.status();
+  *merged.mutable_data() = *std::move(bytes);
   return merged;
 }
 

@@ -257,12 +257,7 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::Forward
       emitted.push_back(result.token());
       finished = r->output->Deliver(result);
     }
-    if (r->drafter != nullptr) {
-      for (size_t i = 0; i < emitted.size(); ++i) {
-        r->drafter->Observe(i == 0 ? r->pending : emitted[i - 1], emitted[i]);
-      }
-      r->drafter->Accept(emitted);
-    }
+    if (r->drafter != nullptr) r->drafter->Emitted(r->pending, emitted);
     r->pending = emitted.back();
     if (finished) End(r, absl::OkStatus());
   }

@@ -1,19 +1,14 @@
 #include "worker/es_replica.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/engine/lora.h"
 #include "models/engine/model_size.h"
+#include "models/gguf/writer.h"
 
 namespace fucina {
 namespace {
@@ -288,20 +283,14 @@ absl::StatusOr<wire::EsSnapshotChunk> EsReplica::Snapshot() {
   }
   const bool lora = job_.mode() == "lora";
   const std::string name = lora ? "adapters.gguf" : "tensors.gguf";
-  const std::string path =
-      (std::filesystem::temp_directory_path() /
-       absl::StrCat("fucina-es-", getpid(), "-", reinterpret_cast<uintptr_t>(this), "-", name))
-          .string();
-  absl::Status s = lora ? model_->SaveLora(path) : trainer_->SaveTensors(path);
-  if (!s.ok()) return s;
-  std::ifstream in(path, std::ios::binary);
+  auto bytes = gguf::FileBytes([&](const std::string& path) {
+    return lora ? model_->SaveLora(path) : trainer_->SaveTensors(path);
+  });
+  if (!bytes.ok()) return bytes.status();
   wire::EsSnapshotChunk chunk;
   chunk.set_file_name(name);
   chunk.set_generation(generation_);
-  chunk.mutable_data()->assign(std::istreambuf_iterator<char>(in), {});
-  const bool read = static_cast<bool>(in) || in.eof();
-  std::remove(path.c_str());
-  if (!read) return absl::InternalError(absl::StrCat(path, ": cannot read the snapshot back"));
+  *chunk.mutable_data() = *std::move(bytes);
   return chunk;
 }
 

@@ -645,15 +645,12 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       session.sampler = std::make_unique<Sampler>(
           *SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)));
     }
-    // Each row sampled with the history up to it: the drafts are checked one by one.
+    // The history ends with the segment's tokens: the last one emitted, then the drafts.
     const int64_t k = seg.drafts();
     const std::span<const float> rows(&logits[next_row * vocab], (k + 1) * vocab);
     next_row += k + 1;
-    const std::span<const int32_t> drafts(seg.token_ids().data() + seg.token_ids_size() - k,
-                                          static_cast<size_t>(k));
-    session.history.resize(session.history.size() - k);
-    Verified verified = VerifyDrafts(*session.sampler, rows, vocab, drafts, session.history);
-    session.history.insert(session.history.end(), drafts.begin(), drafts.end());
+    Verified verified = VerifyDrafts(*session.sampler, rows, vocab, session.history,
+                                     static_cast<size_t>(k));
     for (int i = 0; i <= verified.accepted; ++i) {
       const SampleResult& sample = verified.samples[i];
       wire::TokenSample* out = nullptr;

@@ -78,16 +78,8 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
   bool done = false;
   while (!done) {
     const int64_t fed = kv_->len();  // the pass's tokens sit at [fed - drafts - 1, fed)
-    // Verified with the history up to t: the drafts are checked one by one.
-    cached_.resize(cached_.size() - drafts.size());
-    Verified v = VerifyDrafts(sampler, *logits, vocab, drafts, cached_);
-    if (drafter != nullptr) {
-      // What the model chose after the pass's first token and after each accepted draft.
-      for (size_t r = 0; r < v.tokens.size(); ++r) {
-        drafter->Observe(r == 0 ? cached_.back() : drafts[r - 1], v.tokens[r]);
-      }
-    }
-    cached_.insert(cached_.end(), drafts.begin(), drafts.end());
+    const int32_t first = cached_[cached_.size() - drafts.size() - 1];  // t
+    Verified v = VerifyDrafts(sampler, *logits, vocab, cached_, drafts.size());
     if (!drafts.empty()) {
       ++result.draft_passes;
       result.draft_tokens += static_cast<int64_t>(drafts.size());
@@ -132,7 +124,7 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
     if (done) break;
     const int32_t next = result.tokens.back();
     if (drafter != nullptr) {
-      drafter->Accept(std::span<const int32_t>(result.tokens).last(emitted));
+      drafter->Emitted(first, std::span<const int32_t>(result.tokens).last(emitted));
       // Drafts past max_tokens could never be emitted.
       const int64_t room = options.max_tokens - static_cast<int64_t>(result.tokens.size()) - 1;
       drafts = drafter->Draft(static_cast<int>(std::min<int64_t>(room, options.drafter.max_draft)));

@@ -1,8 +1,14 @@
 #include "models/gguf/writer.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -256,6 +262,26 @@ absl::Status ConcatenateTensors(std::span<const File* const> parts, const std::s
     }
   }
   return (*writer)->Finish();
+}
+
+absl::StatusOr<std::string> FileBytes(
+    const std::function<absl::Status(const std::string& path)>& write) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            absl::StrCat("fucina-", getpid(), "-", counter++, ".gguf"))
+                               .string();
+  absl::Status written = write(path);
+  std::string bytes;
+  bool read = false;
+  if (written.ok()) {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+    read = static_cast<bool>(in) || in.eof();
+  }
+  std::remove(path.c_str());
+  if (!written.ok()) return written;
+  if (!read) return absl::InternalError(absl::StrCat(path, ": cannot read the file back"));
+  return bytes;
 }
 
 }  // namespace fucina::gguf

@@ -85,6 +85,12 @@ class Writer {
 
 class File;
 
+// The bytes of the file `write` writes at the path it is given: a fresh temporary file, removed
+// afterwards. For writers that only write files (Writer, Model::SaveLora, ...) when the file is
+// wanted in memory (sent over the wire). Errors: `write`'s, and reading the file back.
+absl::StatusOr<std::string> FileBytes(
+    const std::function<absl::Status(const std::string& path)>& write);
+
 // Writes one GGUF at `path` holding every tensor of `parts` in order (bytes, types and dims as
 // they are) under the metadata of the first part (its alignment and split keys aside): the
 // files of a pipeline's stages, each with its own layers' tensors, as one. Errors: no parts, a

@@ -89,6 +89,11 @@ void Drafter::Observe(int32_t token, int32_t next) {
   if (static_cast<int>(list.size()) > options_.successors) list.pop_back();
 }
 
+void Drafter::Emitted(int32_t last, std::span<const int32_t> tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i) Observe(i == 0 ? last : tokens[i - 1], tokens[i]);
+  Accept(tokens);
+}
+
 void Drafter::Record(int drafted, int accepted) {
   if (drafted <= 0) return;
   rate_ = (1 - kRateWeight) * rate_ +

@@ -48,6 +48,9 @@ class Drafter {
   std::vector<int32_t> Draft(int limit);
   // Token Recycling: the model chose `next` after `token`.
   void Observe(int32_t token, int32_t next);
+  // A verify pass emitted `tokens` after the stream's `last` token: their successors are
+  // observed and the stream extended by them.
+  void Emitted(int32_t last, std::span<const int32_t> tokens);
   // The outcome of a verify pass of `drafted` (> 0) tokens of which `accepted` held.
   void Record(int drafted, int accepted);
 

@@ -26,11 +26,12 @@ struct Verified {
   int accepted = 0;
 };
 
-// `rows`: [drafts.size() + 1, vocab] logits of the pass. `history`: every token before t and t
-// itself (the penalty window and the position of row 0's sample is history.size()); drafts are
-// appended while they are checked and removed again, so it returns as it came.
+// `tokens`: every token through the pass's last one (t, then the `drafts` drafts, at its end):
+// what the cache holds after the pass. `rows`: [drafts + 1, vocab] logits of the pass. Row i is
+// sampled with the tokens through t and the first i drafts as its history (its position is that
+// history's length).
 Verified VerifyDrafts(Sampler& sampler, std::span<const float> rows, int64_t vocab,
-                      std::span<const int32_t> drafts, std::vector<int32_t>& history);
+                      std::span<const int32_t> tokens, size_t drafts);
 
 }  // namespace fucina
 

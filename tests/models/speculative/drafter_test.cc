@@ -147,15 +147,18 @@ TEST(VerifyTest, EmitsWhatPlainSamplingGivesPositionByPosition) {
       std::vector<int32_t> drafts = {plain[0], plain[1],
                                      static_cast<int32_t>((plain[2] + 1) % kVocab), plain[3],
                                      plain[4]};
-      std::vector<int32_t> verify_history = {4, 5};
+      // The pass's tokens: the history through the last emitted one (5), then the drafts.
+      auto pass = [](std::vector<int32_t> d) {
+        d.insert(d.begin(), {4, 5});
+        return d;
+      };
       Sampler sampler(p);
-      const Verified v = VerifyDrafts(sampler, rows, kVocab, drafts, verify_history);
+      const Verified v = VerifyDrafts(sampler, rows, kVocab, pass(drafts), drafts.size());
       EXPECT_EQ(v.accepted, 2);
       EXPECT_EQ(v.tokens, (std::vector<int32_t>{plain[0], plain[1], plain[2]}));
-      EXPECT_EQ(verify_history, (std::vector<int32_t>{4, 5}));
       // Every draft right: all accepted plus the sample after the last.
       drafts = {plain.begin(), plain.begin() + kRows - 1};
-      const Verified all = VerifyDrafts(sampler, rows, kVocab, drafts, verify_history);
+      const Verified all = VerifyDrafts(sampler, rows, kVocab, pass(drafts), drafts.size());
       EXPECT_EQ(all.accepted, kRows - 1);
       EXPECT_EQ(all.tokens, plain);
     }
