@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/fixture.h"
+#include "models/engine/model.h"
 
 namespace fucina {
 
@@ -53,6 +55,17 @@ inline FixtureOptions SmallQwen3Fixture(uint64_t seed) {
   o.init_std = 0.1;
   o.seed = seed;
   return o;
+}
+
+// The logits of every position of `prompt` (at most 16 tokens) on a fresh f32 cache of `m`;
+// empty (with a test failure) on an error.
+inline std::vector<float> PromptLogits(Model& m, std::span<const int32_t> prompt) {
+  auto kv = m.NewKvCache(16, GgmlType::kF32);
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  if (!kv.ok()) return {};
+  auto logits = m.ForwardStepAllLogits(**kv, prompt, 0);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>{};
 }
 
 inline void RemoveFixtureFiles(std::vector<std::string>* paths) {

@@ -45,13 +45,7 @@ class LoraTest : public testing::TestWithParam<int> {
     RemoveFixtureFiles(&paths_);
     delete pool_;
   }
-  static std::vector<float> Logits(Model& m) {
-    auto kv = m.NewKvCache(16, GgmlType::kF32);
-    EXPECT_TRUE(kv.ok());
-    auto logits = m.ForwardStepAllLogits(**kv, kPrompt, 0);
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return logits.ok() ? *logits : std::vector<float>{};
-  }
+  static std::vector<float> Logits(Model& m) { return PromptLogits(m, kPrompt); }
   const std::string& path() const { return paths_[GetParam()]; }
   static inline ThreadPool* pool_ = nullptr;
   static inline std::vector<std::string> paths_;

@@ -84,13 +84,7 @@ class MergeTest : public testing::Test {
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? *std::move(m) : nullptr;
   }
-  static std::vector<float> Logits(Model& m) {
-    auto kv = m.NewKvCache(16, GgmlType::kF32);
-    EXPECT_TRUE(kv.ok());
-    auto logits = m.ForwardStepAllLogits(**kv, kPrompt, 0);
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return logits.ok() ? *logits : std::vector<float>{};
-  }
+  static std::vector<float> Logits(Model& m) { return PromptLogits(m, kPrompt); }
   // Rank-3 adapters on `targets` of `model_path` with B drawn from `seed` (nonzero), saved.
   static std::string WriteAdapters(const std::string& model_path, const std::string& out,
                                    std::vector<LoraTarget> targets, uint64_t seed) {
