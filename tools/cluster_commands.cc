@@ -66,6 +66,9 @@ struct ModelArgs {
   int threads = 0;
   std::string memory_budget;
   std::string max_request_bytes = "16M";
+  // SIGTERM: seconds in-flight HTTP and gRPC requests get to finish (a pod's termination grace
+  // must cover it).
+  double drain_timeout_s = 30;
   SecurityArgs security;
   CoordinatorOptions options;
   HttpOptions http;
@@ -101,6 +104,10 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
       ->capture_default_str();
   cmd->add_option("--http-min-rate", a->http.min_request_rate,
                   "Bytes per second an HTTP request must average past --http-request-timeout")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout", a->drain_timeout_s,
+                  "Seconds SIGINT/SIGTERM waits for in-flight HTTP and gRPC requests to finish "
+                  "(no new ones are accepted meanwhile)")
       ->capture_default_str();
   cmd->add_option("--served-model-name", o.served_name,
                   "Model id clients use (default: the file's stem; general.name is an alias)");
@@ -190,6 +197,10 @@ absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
       return absl::InvalidArgumentError(
           absl::StrCat(flag, " must be in (0, 86400] seconds, got ", seconds));
     }
+  }
+  if (!(a.drain_timeout_s >= 0 && a.drain_timeout_s <= 86400)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--drain-timeout must be in [0, 86400] seconds, got ", a.drain_timeout_s));
   }
   if (!(a.http.min_request_rate > 0 && std::isfinite(a.http.min_request_rate))) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -315,8 +326,17 @@ int RunCoordinator(ModelArgs a, bool embedded) {
     c.AddWorkers(actors);
   }
   WaitForStop();
+  {
+    // Both front ends stop accepting at once and share one deadline for what they hold.
+    const auto grace = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::duration<double>(a.drain_timeout_s));
+    std::thread grpc_drain([&] {
+      server->server->Shutdown(std::chrono::system_clock::now() + grace);
+    });
+    if (http) http->Drain(std::chrono::steady_clock::now() + grace);
+    grpc_drain.join();
+  }
   http.reset();
-  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   // Before the server goes: the coordinator's threads (heartbeat watcher, scheduler) call the
   // ready listener, which points at the server.
   coordinator->reset();

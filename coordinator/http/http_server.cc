@@ -1,11 +1,14 @@
 #include "coordinator/http/http_server.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <list>
 #include <mutex>
 #include <sstream>
@@ -286,8 +289,12 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{io};
   std::string address;
   std::atomic<bool> stopping{false};
+  // Readable once draining: wakes connections idle between requests (never read, so it stays
+  // readable).
+  int drain_fd = ::eventfd(0, EFD_CLOEXEC);
   std::thread accept_thread;
-  std::mutex mu;  // connections
+  std::mutex mu;                     // connections, and Connection::done under it
+  std::condition_variable finished;  // a connection's thread is done
   struct Connection {
     tcp::socket socket;
     std::thread thread;
@@ -322,6 +329,8 @@ struct HttpServer::Impl {
   // `overflow`: only /health and /metrics are served, anything else is 503.
   void Route(const HttpRequest& req, HttpExchange& ex, bool overflow);
   void Reap();
+  // Ends the accept thread and closes the listening socket (idempotent).
+  void StopAccepting();
 };
 
 void HttpServer::Impl::Reap() {
@@ -396,7 +405,11 @@ void HttpServer::Impl::AcceptReady() {
     try {
       conn->thread = std::thread([this, raw] {
         Serve(*raw);
-        raw->done = true;
+        {
+          std::lock_guard<std::mutex> done_lock(mu);
+          raw->done = true;
+        }
+        finished.notify_all();
       });
     } catch (const std::system_error&) {
       continue;  // no thread to be had: the connection is closed, the server goes on
@@ -466,8 +479,8 @@ void HttpServer::Impl::Serve(Connection& conn) {
     if (buffer.size() == 0) {
       const double wait_s = first ? std::min(options.idle_timeout_s, options.request_timeout_s)
                                   : options.idle_timeout_s;
-      pollfd p{conn.socket.native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(wait_s * 1000)) <= 0) break;
+      pollfd p[2] = {{conn.socket.native_handle(), POLLIN, 0}, {drain_fd, POLLIN, 0}};
+      if (::poll(p, 2, static_cast<int>(wait_s * 1000)) <= 0 || p[1].revents != 0) break;
     }
     DeadlineSocket stream(conn.socket, options.request_timeout_s, options.min_request_rate);
     http::request_parser<http::string_body> parser;
@@ -617,20 +630,43 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-HttpServer::~HttpServer() {
-  impl_->stopping = true;
+void HttpServer::Impl::StopAccepting() {
+  stopping = true;
+  if (!accept_thread.joinable()) return;
   beast::error_code ec;
   // Wake the accept thread's poll with a connection to ourselves, then close.
   {
-    tcp::socket wake(impl_->io);
-    wake.connect(impl_->acceptor.local_endpoint(), ec);
+    tcp::socket wake(io);
+    wake.connect(acceptor.local_endpoint(), ec);
   }
-  impl_->accept_thread.join();
-  impl_->acceptor.close(ec);
-  for (auto& o : impl_->overflow) o.socket.close(ec);
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  for (auto& c : impl_->connections) c->socket.shutdown(tcp::socket::shutdown_both, ec);
+  accept_thread.join();
+  acceptor.close(ec);
+  for (auto& o : overflow) o.socket.close(ec);
+  overflow.clear();
+}
+
+void HttpServer::Drain(std::chrono::steady_clock::time_point deadline) {
+  impl_->StopAccepting();
+  const uint64_t one = 1;
+  // Should the write fail, idle connections still close at their idle timeout or the deadline.
+  if (impl_->drain_fd >= 0) (void)!::write(impl_->drain_fd, &one, sizeof(one));
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->finished.wait_until(lock, deadline, [&] {
+    return std::all_of(impl_->connections.begin(), impl_->connections.end(),
+                       [](const auto& c) { return c->done.load(); });
+  });
+}
+
+HttpServer::~HttpServer() {
+  impl_->StopAccepting();
+  beast::error_code ec;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (auto& c : impl_->connections) c->socket.shutdown(tcp::socket::shutdown_both, ec);
+  }
+  // Unlocked: a finishing connection thread takes mu to mark itself done.
   for (auto& c : impl_->connections) c->thread.join();
+  if (impl_->drain_fd >= 0) ::close(impl_->drain_fd);
 }
 
 const std::string& HttpServer::address() const { return impl_->address; }

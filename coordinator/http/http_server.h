@@ -10,9 +10,12 @@
 // /health and /metrics as usual, anything else 503 with Retry-After.
 // A client that disconnects has its request cancelled (its KV freed) within one poll interval; a
 // client that only half-closes (shutdown(SHUT_WR) after its request) still gets its response.
+// Drain (SIGTERM, a pod being stopped) stops accepting, lets every request already received run
+// to its last byte, and closes idle keep-alive connections at once.
 #ifndef FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
 #define FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
 
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -63,6 +66,11 @@ class HttpServer {
       Coordinator& coordinator, std::shared_ptr<prometheus::Registry> registry,
       const HttpOptions& options);
   ~HttpServer();
+
+  // Stops accepting connections and waits until every request already being read or answered
+  // has finished, or until `deadline`; connections idle between requests close at once. The
+  // destructor then cuts whatever is left.
+  void Drain(std::chrono::steady_clock::time_point deadline);
 
   const std::string& address() const;  // host:bound-port
 

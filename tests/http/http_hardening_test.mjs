@@ -456,4 +456,43 @@ describe("HTTP hardening", {skip: SKIP}, () => {
       assert.equal(done.responses[0]?.status, 200);
     });
   });
+
+  // SIGTERM (a pod being stopped): the request in flight finishes whole, a connection idle
+  // between requests does not hold the exit, new connections are refused, and the exit is clean.
+  describe("SIGTERM drains", () => {
+    test("a streamed request in flight finishes; idle keep-alive connections close", async () => {
+      const server = await startServer(["--drain-timeout", "120", "--http-idle-timeout", "600"]);
+      live.delete(server);
+      const exited = new Promise((resolve) => server.child.once("exit", (code, sig) =>
+        resolve({code, sig})));
+      // An idle keep-alive connection: one answered request, then it stays open.
+      const idle = await exchange(server, rawRequest("GET", "/health"),
+                                  {timeoutMs: 300, keepOpen: true});
+      assert.equal(idle.responses[0]?.status, 200);
+      assert.equal(idle.closed, false);
+      const stream = exchange(server, rawRequest("POST", "/v1/completions", {body:
+          {prompt: "Once upon a time", max_tokens: 64, ignore_eos: true, stream: true,
+           temperature: 0}}), {timeoutMs: 120000});
+      // SIGTERM once the stream is under way (its headers and first events are out).
+      const t0 = performance.now();
+      for (;;) {
+        const m = await request(server, "GET", "/metrics");
+        if (/^fucina_num_requests_running(?:\{[^}]*\})? 1$/m.test(m.body)) break;
+        assert.ok(performance.now() - t0 < 10000, "the stream never started");
+        await sleep(10);
+      }
+      server.child.kill("SIGTERM");
+      const done = await stream;
+      const res = done.responses[0];
+      assert.equal(res?.status, 200, done.data.toString());
+      assert.ok(res.complete, "the stream was cut");
+      assert.match(res.body, /"finish_reason":"length"/);
+      assert.match(res.body, /data: \[DONE\]\n\n$/);
+      const {code, sig} = await exited;
+      assert.equal(sig, null);
+      assert.equal(code, 0, server.stderr);
+      idle.socket.destroy();
+      await assert.rejects(request(server, "GET", "/health"), /ECONNREFUSED/);
+    });
+  });
 });
