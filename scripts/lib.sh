@@ -50,7 +50,7 @@ ensure_test_apt_packages() { apt_install_missing "${FUCINA_TEST_APT_PACKAGES[@]}
 
 # Rust (cargo) builds the kept Rust libraries with C APIs (minijinja for chat templates).
 # Debian's rustc is too old for their crates: use rustup's toolchain, never install one here.
-FUCINA_MIN_RUST="1.85"
+FUCINA_MIN_RUST="1.87"
 ensure_rust() {
   [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
   command -v cargo >/dev/null \

@@ -21,6 +21,7 @@
 #include "models/engine/merge.h"
 #include "models/engine/model.h"
 #include "models/engine/session.h"
+#include "models/grammar/grammar.h"
 #include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
 #include "tools/bench_stats.h"
@@ -55,7 +56,35 @@ struct RunArgs {
   bool spec = false;
   std::string spec_ref;
   int spec_max = 8;
+  // Constrained decoding: at most one of these (TEXT, or @FILE for a file's content).
+  std::string json_schema, regex, lark;
+  int grammar_timeout_ms = static_cast<int>(kDefaultGrammarCompileLimit.count());
 };
+
+// The grammar the flags ask for (none when no flag is given); "@FILE" reads FILE.
+absl::StatusOr<GrammarSpec> GrammarFromFlags(const RunArgs& a) {
+  GrammarSpec spec;
+  int given = 0;
+  for (const auto& [flag, value, kind] :
+       {std::tuple{"--json-schema", &a.json_schema, GrammarSpec::Kind::kJsonSchema},
+        std::tuple{"--regex", &a.regex, GrammarSpec::Kind::kRegex},
+        std::tuple{"--lark", &a.lark, GrammarSpec::Kind::kLark}}) {
+    if (value->empty()) continue;
+    if (++given > 1) {
+      return absl::InvalidArgumentError("give at most one of --json-schema, --regex, --lark");
+    }
+    spec.kind = kind;
+    spec.text = *value;
+    if (kind != GrammarSpec::Kind::kRegex && value->front() == '@') {
+      std::ifstream in(value->substr(1), std::ios::binary);
+      if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", value->substr(1)));
+      std::stringstream text;
+      text << in.rdbuf();
+      spec.text = text.str();
+    }
+  }
+  return spec;
+}
 
 absl::Status ValidateRunArgs(const RunArgs& a) {
   const auto& range = CheckFlagRange;
@@ -64,7 +93,8 @@ absl::Status ValidateRunArgs(const RunArgs& a) {
                          range("--gen", a.gen, 1, kMaxContext),
                          range("--streams", a.streams, 1, 1024),
                          range("--bench", a.bench, 0, 1000),
-                         range("--spec-max", a.spec_max, 1, 64)}) {
+                         range("--spec-max", a.spec_max, 1, 64),
+                         range("--grammar-timeout", a.grammar_timeout_ms, 1, 600'000)}) {
     if (!s.ok()) return s;
   }
   return ValidateSamplingParams(a.sampling, 0, SamplingFieldNames::kFlags);
@@ -218,6 +248,27 @@ int RunModel(RunArgs args) {
     text << in.rdbuf();
     options.spec_reference = (*tokenizer)->Encode(text.str(), false, false);
   }
+  // The grammar compiles once; each reply starts from a copy of its initial state.
+  std::unique_ptr<GrammarMatcher> grammar, reply_grammar;
+  {
+    auto spec = GrammarFromFlags(args);
+    if (!spec.ok()) return Fail(spec.status());
+    if (!spec->empty()) {
+      auto vocab = GrammarVocab::Create(**tokenizer);
+      if (!vocab.ok()) return Fail(vocab.status());
+      auto compiled =
+          (*vocab)->Compile(*spec, std::chrono::milliseconds(args.grammar_timeout_ms));
+      if (!compiled.ok()) return Fail(compiled.status());
+      grammar = *std::move(compiled);
+    }
+  }
+  auto generate = [&](std::span<const int32_t> ids, const TokenCallback& on_token) {
+    if (grammar != nullptr) {
+      reply_grammar = grammar->Clone();
+      options.constraint = reply_grammar.get();
+    }
+    return session.Generate(ids, options, on_token);
+  };
   const bool tty = isatty(STDOUT_FILENO);
   auto print = [](int32_t, std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -244,7 +295,7 @@ int RunModel(RunArgs args) {
   };
 
   if (!prompt.empty() && args.chat.empty() && !args.repl) {
-    auto r = session.Generate(prompt, options, print);
+    auto r = generate(prompt, print);
     if (!r.ok()) return Fail(r.status());
     finish(*r);
     return 0;
@@ -265,7 +316,7 @@ int RunModel(RunArgs args) {
     auto text = chat_template->Render(messages, render);
     if (!text.ok()) return Fail(text.status());
     const std::vector<int32_t> ids = (*tokenizer)->Encode(*text, true, true);
-    auto r = session.Generate(ids, options, print);
+    auto r = generate(ids, print);
     if (!r.ok()) return Fail(r.status());
     finish(*r);
     messages.push_back(Message("assistant", r->text));
@@ -329,6 +380,14 @@ void RegisterRunCommand(CLI::App& app, int* exit_code) {
   run->add_option("--spec-ref", a->spec_ref,
                   "A document the output may copy from (drafts continue its text); implies --spec");
   run->add_option("--spec-max", a->spec_max, "Longest draft per pass")->capture_default_str();
+  run->add_option("--json-schema", a->json_schema,
+                  "Constrain the reply to this JSON schema (JSON text, or @FILE)");
+  run->add_option("--regex", a->regex, "Constrain the reply to this regular expression");
+  run->add_option("--lark", a->lark,
+                  "Constrain the reply to this Lark grammar (llguidance's dialect; text or @FILE)");
+  run->add_option("--grammar-timeout", a->grammar_timeout_ms,
+                  "Milliseconds a grammar may take to compile before it is refused")
+      ->capture_default_str();
   run->callback([a, exit_code] { *exit_code = RunModel(*a); });
 }
 

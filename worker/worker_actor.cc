@@ -649,8 +649,10 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     const int64_t k = seg.drafts();
     const std::span<const float> rows(&logits[next_row * vocab], (k + 1) * vocab);
     next_row += k + 1;
-    Verified verified = VerifyDrafts(*session.sampler, rows, vocab, session.history,
-                                     static_cast<size_t>(k));
+    absl::StatusOr<Verified> checked = VerifyDrafts(*session.sampler, rows, vocab,
+                                                    session.history, static_cast<size_t>(k));
+    if (!checked.ok()) return checked.status();
+    const Verified& verified = *checked;
     for (int i = 0; i <= verified.accepted; ++i) {
       const SampleResult& sample = verified.samples[i];
       wire::TokenSample* out = nullptr;

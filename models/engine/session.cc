@@ -79,7 +79,14 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
   while (!done) {
     const int64_t fed = kv_->len();  // the pass's tokens sit at [fed - drafts - 1, fed)
     const int32_t first = cached_[cached_.size() - drafts.size() - 1];  // t
-    Verified v = VerifyDrafts(sampler, *logits, vocab, cached_, drafts.size());
+    absl::StatusOr<Verified> verified =
+        VerifyDrafts(sampler, *logits, vocab, cached_, drafts.size(), options.constraint);
+    if (!verified.ok()) {
+      // The cache holds the pass: keep it consistent with what is known.
+      cached_.resize(kv_->len());
+      return verified.status();
+    }
+    Verified& v = *verified;
     if (!drafts.empty()) {
       ++result.draft_passes;
       result.draft_tokens += static_cast<int64_t>(drafts.size());
@@ -116,6 +123,10 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
         done = true;
       }
     }
+    if (v.stopped && !done) {
+      result.finish_reason = "stop";  // the grammar is complete
+      done = true;
+    }
     // The cache keeps the pass's first token and the drafts that were emitted but the last
     // emitted token: plain decoding has fed exactly those.
     const int64_t keep = fed - static_cast<int64_t>(drafts.size()) + emitted - 1;
@@ -128,6 +139,13 @@ absl::StatusOr<GenerationResult> Session::Generate(std::span<const int32_t> prom
       // Drafts past max_tokens could never be emitted.
       const int64_t room = options.max_tokens - static_cast<int64_t>(result.tokens.size()) - 1;
       drafts = drafter->Draft(static_cast<int>(std::min<int64_t>(room, options.drafter.max_draft)));
+      if (options.constraint != nullptr && !drafts.empty()) {
+        // Drafts the grammar refuses (it has accepted `next` already) could never be
+        // accepted: not worth a row.
+        absl::StatusOr<size_t> ok = options.constraint->Validate(drafts);
+        if (!ok.ok()) return ok.status();
+        drafts.resize(*ok);
+      }
     }
     std::vector<int32_t> step = {next};
     step.insert(step.end(), drafts.begin(), drafts.end());

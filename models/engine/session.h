@@ -35,6 +35,10 @@ struct GenerationOptions {
   bool speculative = false;
   std::vector<int32_t> spec_reference;  // a document the output may copy from (tokens)
   DrafterOptions drafter;
+  // Constrained decoding (a GrammarMatcher, models/grammar; null: none), owned by the caller:
+  // every token is sampled among those it allows, drafts it refuses are cut before the pass,
+  // and the reply ends ("stop") once it is complete.
+  TokenConstraint* constraint = nullptr;
 };
 
 struct GenerationResult {

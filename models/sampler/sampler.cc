@@ -108,10 +108,17 @@ Sampler::Sampler(SamplingParams params) : params_(params) {}
 
 void Sampler::Reset(uint64_t seed) { params_.seed = seed; }
 
-void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> history) {
+void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> history,
+                     std::span<const uint32_t> allowed) {
   work_.assign(logits.begin(), logits.end());
   for (float& x : work_) {
     if (std::isnan(x)) x = kNegInf;
+  }
+  if (!allowed.empty()) {
+    for (size_t i = 0; i < work_.size(); ++i) {
+      const size_t w = i >> 5;
+      if (w >= allowed.size() || ((allowed[w] >> (i & 31)) & 1u) == 0) work_[i] = kNegInf;
+    }
   }
   ApplyLogitBias(work_, params_.logit_bias);
   ApplyPenalties(work_, history, params_);
@@ -136,15 +143,17 @@ void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> his
 }
 
 std::vector<Candidate> Sampler::Candidates(std::span<const float> logits,
-                                           std::span<const int32_t> history) {
-  Filter(logits, history);
+                                           std::span<const int32_t> history,
+                                           std::span<const uint32_t> allowed) {
+  Filter(logits, history, allowed);
   return candidates_;
 }
 
-SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
+                             std::span<const uint32_t> allowed) {
   SampleResult result{-1, kNegInf, {}};
   if (logits.empty()) return result;
-  Filter(logits, history);
+  Filter(logits, history, allowed);
 
   if (params_.temperature <= 0.0f) {
     result.id = candidates_[0].id;

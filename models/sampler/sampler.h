@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "models/sampler/rng.h"
 
 namespace fucina {
@@ -114,6 +115,19 @@ void ApplyTopP(std::vector<Candidate>& candidates, float p);
 // max_logit + ln(p) (p <= 0: all).
 void ApplyMinP(std::vector<Candidate>& candidates, float p);
 
+// Which tokens may come next, and the token that did (constrained decoding: a grammar,
+// models/grammar). Masks are one bit per token: bit (i % 32) of word i / 32.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual absl::Status Mask(std::vector<uint32_t>* mask) = 0;
+  virtual absl::Status Accept(int32_t token) = 0;
+  // How many of `tokens` it accepts in order from here, without advancing (drafts).
+  virtual absl::StatusOr<size_t> Validate(std::span<const int32_t> tokens) = 0;
+  // Nothing more may follow: the reply ends after the last accepted token.
+  virtual bool stopped() const = 0;
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
@@ -121,13 +135,17 @@ class Sampler {
   // `logits`: one row over the vocabulary (NaN is treated as -inf; at least one entry must be
   // finite for the result to be meaningful). `history`: every token before the one sampled
   // (prompt + generated), for the penalties and the draw: the sampled token's position is
-  // history.size(). An empty row yields id -1.
-  SampleResult Sample(std::span<const float> logits, std::span<const int32_t> history);
+  // history.size(). `allowed` (empty: all): a TokenConstraint's mask; the others are -inf
+  // before every stage, so the draw is among allowed tokens only (logprobs stay raw). An empty
+  // row yields id -1.
+  SampleResult Sample(std::span<const float> logits, std::span<const int32_t> history,
+                      std::span<const uint32_t> allowed = {});
 
   // The candidates the final draw chooses from, with their tempered logits (temperature > 0),
   // or the single greedy choice; does not touch the RNG.
   std::vector<Candidate> Candidates(std::span<const float> logits,
-                                    std::span<const int32_t> history);
+                                    std::span<const int32_t> history,
+                                    std::span<const uint32_t> allowed = {});
 
   // Samples from now on use `seed`.
   void Reset(uint64_t seed);
@@ -135,8 +153,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  // Fills candidates_ (penalties + filters + temperature) from `logits`.
-  void Filter(std::span<const float> logits, std::span<const int32_t> history);
+  // Fills candidates_ (mask + penalties + filters + temperature) from `logits`.
+  void Filter(std::span<const float> logits, std::span<const int32_t> history,
+              std::span<const uint32_t> allowed);
 
   SamplingParams params_;
   // Scratch reused across calls so a sample over a 150k vocabulary does not allocate.

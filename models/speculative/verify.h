@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "models/sampler/sampler.h"
 
 namespace fucina {
@@ -24,14 +25,21 @@ struct Verified {
   std::vector<int32_t> tokens;
   std::vector<SampleResult> samples;  // one per token (logprobs of the verify pass)
   int accepted = 0;
+  bool stopped = false;  // the constraint is complete after the last token
 };
 
 // `tokens`: every token through the pass's last one (t, then the `drafts` drafts, at its end):
 // what the cache holds after the pass. `rows`: [drafts + 1, vocab] logits of the pass. Row i is
 // sampled with the tokens through t and the first i drafts as its history (its position is that
 // history's length).
-Verified VerifyDrafts(Sampler& sampler, std::span<const float> rows, int64_t vocab,
-                      std::span<const int32_t> tokens, size_t drafts);
+//
+// `constraint` (constrained decoding; may be null): row i is sampled among the tokens its mask
+// allows after the accepted drafts before it, and every emitted token advances it. A draft the
+// grammar refuses is never accepted (it cannot equal a masked sample). Once the constraint has
+// stopped, the pass ends (`stopped`). Its errors are returned.
+absl::StatusOr<Verified> VerifyDrafts(Sampler& sampler, std::span<const float> rows,
+                                      int64_t vocab, std::span<const int32_t> tokens,
+                                      size_t drafts, TokenConstraint* constraint = nullptr);
 
 }  // namespace fucina
 

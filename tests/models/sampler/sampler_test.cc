@@ -462,5 +462,40 @@ TEST(ValidateSamplingParams, EveryFieldHasItsRange) {
   EXPECT_TRUE(ValidateSamplingParams(p, 0).ok());
 }
 
+// A constraint's mask: only allowed tokens are drawn, greedy or sampled (whatever the seed);
+// logprobs stay those of the raw distribution.
+TEST(Sampler, AMaskRestrictsTheDrawButNotTheLogprobs) {
+  const std::vector<float> logits = {5.0f, 4.0f, 3.0f, 2.0f, 1.0f, 0.5f, 0.0f, -1.0f,
+                                     -2.0f, -3.0f, -4.0f, -5.0f, 6.0f, 1.5f, 2.5f, 3.5f,
+                                     0.1f, 0.2f, 0.3f, 0.4f, 0.6f, 0.7f, 0.8f, 0.9f,
+                                     1.1f, 1.2f, 1.3f, 1.4f, 1.6f, 1.7f, 1.8f, 1.9f, 7.0f};
+  // Allowed: tokens 2, 9 and 32 (the last, in the mask's second word).
+  const std::vector<uint32_t> mask = {(1u << 2) | (1u << 9), 1u};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.top_logprobs = 1;
+  SampleResult r = Sampler(greedy).Sample(logits, {}, mask);
+  EXPECT_EQ(r.id, 32);
+  const std::vector<uint32_t> no_32 = {(1u << 2) | (1u << 9), 0u};
+  r = Sampler(greedy).Sample(logits, {}, no_32);
+  EXPECT_EQ(r.id, 2);
+  // The raw distribution: the unmasked softmax.
+  const SampleResult unmasked = Sampler(greedy).Sample(logits, {});
+  EXPECT_EQ(unmasked.id, 32);
+  ASSERT_EQ(r.top.size(), 1u);
+  EXPECT_EQ(r.top[0].id, 32);
+  EXPECT_FLOAT_EQ(r.top[0].logprob, unmasked.logprob);
+  SamplingParams sampled;
+  sampled.temperature = 1.5f;
+  sampled.top_k = 0;
+  sampled.top_p = 1;
+  sampled.min_p = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    sampled.seed = seed;
+    const int32_t id = Sampler(sampled).Sample(logits, {}, no_32).id;
+    EXPECT_TRUE(id == 2 || id == 9) << "seed " << seed << ": " << id;
+  }
+}
+
 }  // namespace
 }  // namespace fucina

@@ -153,12 +153,12 @@ TEST(VerifyTest, EmitsWhatPlainSamplingGivesPositionByPosition) {
         return d;
       };
       Sampler sampler(p);
-      const Verified v = VerifyDrafts(sampler, rows, kVocab, pass(drafts), drafts.size());
+      const Verified v = *VerifyDrafts(sampler, rows, kVocab, pass(drafts), drafts.size());
       EXPECT_EQ(v.accepted, 2);
       EXPECT_EQ(v.tokens, (std::vector<int32_t>{plain[0], plain[1], plain[2]}));
       // Every draft right: all accepted plus the sample after the last.
       drafts = {plain.begin(), plain.begin() + kRows - 1};
-      const Verified all = VerifyDrafts(sampler, rows, kVocab, pass(drafts), drafts.size());
+      const Verified all = *VerifyDrafts(sampler, rows, kVocab, pass(drafts), drafts.size());
       EXPECT_EQ(all.accepted, kRows - 1);
       EXPECT_EQ(all.tokens, plain);
     }
