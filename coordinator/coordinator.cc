@@ -510,6 +510,26 @@ absl::StatusOr<std::vector<int32_t>> Coordinator::EncodeChat(std::vector<ChatMes
   return ids;
 }
 
+absl::Status Coordinator::CheckGrammar(const GrammarSpec& spec) const {
+  if (spec.empty()) return absl::OkStatus();
+  std::shared_ptr<const GrammarVocab> vocab;
+  {
+    std::lock_guard<std::mutex> lock(grammar_mu_);
+    if (grammar_vocab_ == nullptr) {
+      auto made = GrammarVocab::Create(*tokenizer_);
+      if (!made.ok()) return made.status();
+      grammar_vocab_ = *std::move(made);
+    }
+    vocab = grammar_vocab_;
+  }
+  auto matcher = vocab->Compile(spec, options_.grammar_timeout);
+  if (matcher.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(matcher.status().message(), "; --grammar-timeout sets the limit"));
+  }
+  return matcher.status();
+}
+
 absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
                                            const ::fucina::v1::GenerateRequest& request) {
   const CoordinatorOptions& o = c.options();
@@ -539,6 +559,26 @@ absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
                                              c.tokenizer().vocab_size(), &job);
       !st.ok()) {
     return st;
+  }
+  const ::fucina::v1::Constraint& k = s.constraint();
+  switch (k.kind_case()) {
+    case ::fucina::v1::Constraint::kJsonSchema:
+      job.grammar = GrammarSpec::JsonSchema(k.json_schema());
+      break;
+    case ::fucina::v1::Constraint::kJsonObject:
+      if (k.json_object()) job.grammar = GrammarSpec::JsonObject();
+      break;
+    case ::fucina::v1::Constraint::kRegex:
+      job.grammar = GrammarSpec::Regex(k.regex());
+      break;
+    case ::fucina::v1::Constraint::kLark:
+      job.grammar = GrammarSpec::Lark(k.lark());
+      break;
+    case ::fucina::v1::Constraint::KIND_NOT_SET:
+      break;
+  }
+  if (absl::Status st = c.CheckGrammar(job.grammar); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.constraint: ", st.message()));
   }
   absl::StatusOr<std::vector<int32_t>> prompt;
   switch (request.input_case()) {

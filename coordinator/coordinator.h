@@ -30,6 +30,7 @@
 #include "models/engine/config.h"
 #include "models/engine/kv_cache.h"
 #include "models/gguf/gguf.h"
+#include "models/grammar/grammar.h"
 #include "models/tokenizer/tokenizer.h"
 #include "worker/worker_client.h"
 
@@ -58,6 +59,8 @@ struct CoordinatorOptions {
   int64_t max_tokens = 128;
   int heartbeat_ms = 1000;
   int dead_after_ms = 3000;
+  // A request's grammar that takes longer to compile is refused (--grammar-timeout).
+  std::chrono::milliseconds grammar_timeout = kDefaultGrammarCompileLimit;
 };
 
 struct WorkerRecord {
@@ -114,6 +117,10 @@ class Coordinator {
                                                   const ChatRenderOptions& options,
                                                   std::string* rendered = nullptr) const;
   size_t max_token_bytes() const { return max_token_bytes_; }
+  // Compiles a request's grammar once, so a bad one is refused (INVALID_ARGUMENT with the
+  // engine's own message, or naming --grammar-timeout) before the request is queued. The
+  // model's token table for it is built on first use and kept.
+  absl::Status CheckGrammar(const GrammarSpec& spec) const;
   Metrics& metrics() { return *metrics_; }
   // Evolution-strategies train jobs over the alive workers (fucina.v1.Train).
   TrainJobs& train_jobs() { return *train_jobs_; }
@@ -147,6 +154,8 @@ class Coordinator {
   size_t max_token_bytes_ = 1;  // the longest text one token stands for
   ChatTemplate chat_template_ = ChatTemplate::ChatMl();
   std::unique_ptr<Metrics> metrics_;
+  mutable std::mutex grammar_mu_;  // grammar_vocab_
+  mutable std::shared_ptr<const GrammarVocab> grammar_vocab_;
 
   mutable std::mutex mu_;  // workers_, plan_, last_failure_, next_id_, stopping_
   std::condition_variable cv_;

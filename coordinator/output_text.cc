@@ -10,7 +10,7 @@ namespace fucina {
 OutputText::OutputText(const Tokenizer& tokenizer, const GenerateJob& job, int64_t max_tokens)
     : tokenizer_(tokenizer), job_(job), max_tokens_(max_tokens) {}
 
-OutputText::Step OutputText::Push(int32_t id) {
+OutputText::Step OutputText::Push(int32_t id, bool complete) {
   ++tokens_;
   Step step;
   const bool stop_token =
@@ -21,7 +21,11 @@ OutputText::Step OutputText::Push(int32_t id) {
     step.finish_reason = "stop";  // the token itself is not text of the reply
   } else {
     held_ += ValidUtf8(utf8_.Push(tokenizer_.TokenToPiece(id)));
-    if (tokens_ >= max_tokens_) step.finish_reason = "length";
+    if (complete) {
+      step.finish_reason = "stop";
+    } else if (tokens_ >= max_tokens_) {
+      step.finish_reason = "length";
+    }
   }
   if (!step.finish_reason.empty()) held_ += ValidUtf8(utf8_.Flush());
   // Stop strings: cut at the first occurrence; otherwise hold back the longest tail that could

@@ -28,8 +28,9 @@ class OutputText {
     std::string finish_reason;  // "stop" | "length" when the reply ends with this token
     std::string stop_sequence;  // the stop string that ended it, if one did
   };
-  // The next sampled token. After a step with a finish reason, nothing more is pushed.
-  Step Push(int32_t id);
+  // The next sampled token; `complete`: the reply's grammar is complete with it (it ends with
+  // "stop"). After a step with a finish reason, nothing more is pushed.
+  Step Push(int32_t id, bool complete = false);
 
   int64_t tokens() const { return tokens_; }
   int64_t max_tokens() const { return max_tokens_; }

@@ -150,6 +150,10 @@ int PipelineDriver::LaunchGroup(int g) {
       seg->set_prefill_only(true);
     } else {
       *seg->mutable_sampling() = SamplingToWire(r->output->job().sampling);
+      if (const GrammarSpec& g = r->output->job().grammar; !g.empty()) {
+        seg->mutable_sampling()->set_grammar_kind(GrammarKindName(g.kind));
+        seg->mutable_sampling()->set_grammar(g.text);
+      }
     }
   }
   if (group.order.empty()) return left;

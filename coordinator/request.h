@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "models/grammar/grammar.h"
 #include "models/sampler/sampler.h"
 
 namespace fucina {
@@ -27,6 +28,9 @@ struct GenerateJob {
   bool ignore_eos = false;
   // Speculative decoding (verify steps of drafts, same output); unset: the server's default.
   std::optional<bool> speculative;
+  // Constrained decoding (compiled once by the front end to refuse a bad one; the last stage
+  // holds the matcher).
+  GrammarSpec grammar;
 };
 
 // A piece of output: text that is safe to show (complete UTF-8, no part of a stop string) and

@@ -36,7 +36,7 @@ bool RequestOutput::Deliver(const wire::SegmentResult& result) {
   for (const wire::TokenLogprob& t : result.top()) sample.top.push_back({t.id(), t.logprob()});
   delta.ids.push_back(result.token());
   delta.samples.push_back(std::move(sample));
-  OutputText::Step step = text_.Push(result.token());
+  OutputText::Step step = text_.Push(result.token(), result.grammar_done());
   delta.text = std::move(step.text);
   request_->Push(std::move(delta));
   if (step.finish_reason.empty()) return false;

@@ -69,6 +69,7 @@ struct ModelArgs {
   // SIGTERM: seconds in-flight HTTP and gRPC requests get to finish (a pod's termination grace
   // must cover it).
   double drain_timeout_s = 30;
+  int grammar_timeout_ms = static_cast<int>(kDefaultGrammarCompileLimit.count());
   SecurityArgs security;
   CoordinatorOptions options;
   HttpOptions http;
@@ -146,6 +147,10 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
                 "Speculative decoding without a draft model: drafts from suffix automata over "
                 "each request's tokens, checked by one verify step through the pipeline (same "
                 "output, fewer steps); a request may opt out (\"speculative\": false)");
+  cmd->add_option("--grammar-timeout", a->grammar_timeout_ms,
+                  "Milliseconds a request's grammar (response_format, guided_*, constraint) may "
+                  "take to compile before the request is refused")
+      ->capture_default_str();
   cmd->add_option("--spec-max", o.scheduler.max_draft, "Longest draft per verify step")
       ->capture_default_str();
   cmd->add_option("--expert-workers", o.expert_workers,
@@ -180,6 +185,7 @@ absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
            range("--micro-batches", o.scheduler.micro_batches, 0, 64),
            range("--max-step-tokens", o.scheduler.max_step_tokens, 1, kMaxContext),
            range("--spec-max", o.scheduler.max_draft, 1, 64),
+           range("--grammar-timeout", a.grammar_timeout_ms, 1, 600'000),
            range("--max-queue", o.scheduler.max_queue, 1, 1 << 20),
            range("--expert-workers", o.expert_workers, 0, 1024),
            range("--gen", o.max_tokens, 1, kMaxContext),
@@ -271,6 +277,7 @@ int RunCoordinator(ModelArgs a, bool embedded) {
                        .api_key = a.http.api_key});
 
   auto registry = std::make_shared<prometheus::Registry>();
+  a.options.grammar_timeout = std::chrono::milliseconds(a.grammar_timeout_ms);
   auto coordinator = Coordinator::Create(a.options, registry);
   if (!coordinator.ok()) return Fail(coordinator.status());
   Coordinator& c = **coordinator;

@@ -404,6 +404,7 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
   }
   next_stage_ = std::move(next_stage);
   model_ = *std::move(model);
+  grammar_vocab_.reset();  // another model's tokens
   shard_ = request;
   wire::LoadShardResponse response;
   response.set_weight_bytes(weight_bytes_);
@@ -487,6 +488,38 @@ absl::StatusOr<WorkerActor::Session*> WorkerActor::SessionOrNew(uint64_t id) {
   return &s;
 }
 
+absl::StatusOr<std::unique_ptr<GrammarMatcher>> WorkerActor::CompileGrammar(
+    const wire::Sampling& sampling) {
+  // The coordinator compiled it already under its --grammar-timeout; the limit here only
+  // guards the executor against a grammar no coordinator checked.
+  constexpr size_t kMaxGrammarBytes = 4 << 20;
+  constexpr std::chrono::milliseconds kLimit{10'000};
+  GrammarSpec spec;
+  spec.text = sampling.grammar();
+  const std::string& kind = sampling.grammar_kind();
+  if (kind == "json_schema") {
+    spec.kind = GrammarSpec::Kind::kJsonSchema;
+  } else if (kind == "regex") {
+    spec.kind = GrammarSpec::Kind::kRegex;
+  } else if (kind == "lark") {
+    spec.kind = GrammarSpec::Kind::kLark;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown grammar kind '", kind, "'"));
+  }
+  if (spec.text.size() > kMaxGrammarBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a grammar of ", spec.text.size(),
+                                                   " bytes (at most ", kMaxGrammarBytes, ")"));
+  }
+  if (grammar_vocab_ == nullptr) {
+    auto tokenizer = Tokenizer::FromGguf(model_->file());
+    if (!tokenizer.ok()) return tokenizer.status();
+    auto vocab = GrammarVocab::Create(**tokenizer);
+    if (!vocab.ok()) return vocab.status();
+    grammar_vocab_ = *std::move(vocab);
+  }
+  return grammar_vocab_->Compile(spec, kLimit);
+}
+
 absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     const wire::ForwardRequest& request) {
   if (model_ == nullptr || model_->experts_only()) {
@@ -524,6 +557,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   std::vector<int> ok;
   int64_t new_kv_bytes = 0;
   absl::flat_hash_map<uint64_t, int> seen;
+  std::vector<std::unique_ptr<GrammarMatcher>> grammars(request.segments_size());
   for (int i = 0; i < request.segments_size(); ++i) {
     const wire::Segment& seg = request.segments(i);
     absl::Status s = seen.contains(seg.session_id())
@@ -531,6 +565,16 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
                                "session ", seg.session_id(), " appears twice in one step"))
                          : CheckSegment(seg, &new_kv_bytes);
     seen[seg.session_id()] = i;
+    if (s.ok() && model_->has_head() && seg.has_sampling() &&
+        !seg.sampling().grammar_kind().empty()) {
+      auto compiled = CompileGrammar(seg.sampling());
+      if (compiled.ok()) {
+        grammars[i] = *std::move(compiled);
+      } else {
+        s = absl::Status(compiled.status().code(), absl::StrCat("session ", seg.session_id(),
+                                                                ": ", compiled.status().message()));
+      }
+    }
     if (s.ok()) {
       ok.push_back(i);
     } else {
@@ -644,15 +688,28 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       // Validated with the segment, before any row ran.
       session.sampler = std::make_unique<Sampler>(
           *SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)));
+      session.grammar = std::move(grammars[ok[j]]);
     }
     // The history ends with the segment's tokens: the last one emitted, then the drafts.
     const int64_t k = seg.drafts();
     const std::span<const float> rows(&logits[next_row * vocab], (k + 1) * vocab);
     next_row += k + 1;
-    absl::StatusOr<Verified> checked = VerifyDrafts(*session.sampler, rows, vocab,
-                                                    session.history, static_cast<size_t>(k));
-    if (!checked.ok()) return checked.status();
+    absl::StatusOr<Verified> checked =
+        VerifyDrafts(*session.sampler, rows, vocab, session.history, static_cast<size_t>(k),
+                     session.grammar.get());
+    if (!checked.ok()) {
+      // Only a grammar fails here (its matcher gave up, e.g. a lexer grown too complex): that
+      // request ends with the reason, the others in the step go on.
+      response.mutable_results()->RemoveLast();
+      session.grammar.reset();
+      wire::SegmentError* e = response.add_errors();
+      e->set_index(ok[j]);
+      e->set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+      e->set_message(absl::StrCat("session ", seg.session_id(), ": ", checked.status().message()));
+      continue;
+    }
     const Verified& verified = *checked;
+    result->set_grammar_done(verified.stopped);
     for (int i = 0; i <= verified.accepted; ++i) {
       const SampleResult& sample = verified.samples[i];
       wire::TokenSample* out = nullptr;

@@ -27,6 +27,7 @@
 #include "absl/container/node_hash_map.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/engine/model.h"
+#include "models/grammar/grammar.h"
 #include "models/sampler/sampler.h"
 #include "worker/es_replica.h"
 #include "worker/serial_executor.h"
@@ -110,6 +111,7 @@ class WorkerActor : public WorkerClient {
     std::unique_ptr<KvCache> kv;
     std::vector<int32_t> history;       // tokens in kv (the last stage's penalty window)
     std::unique_ptr<Sampler> sampler;   // last stage, set by a segment's sampling
+    std::unique_ptr<GrammarMatcher> grammar;  // last stage: the reply's grammar, if any
     int32_t top_logprobs = 0;
   };
   class RemoteExperts;
@@ -164,6 +166,10 @@ class WorkerActor : public WorkerClient {
   int64_t kv_bytes_per_session_ = 0;
   // node_hash_map: Session pointers stay valid while a step creates other sessions.
   absl::node_hash_map<uint64_t, Session> sessions_;
+  // The last stage's token table for grammars, built from the model's metadata on first use.
+  std::shared_ptr<const GrammarVocab> grammar_vocab_;
+  // A segment's grammar, compiled (on the executor) when it arrives with its sampling.
+  absl::StatusOr<std::unique_ptr<GrammarMatcher>> CompileGrammar(const wire::Sampling& sampling);
   int64_t forwarded_positions_ = 0;
   int64_t expert_tokens_ = 0;
   std::vector<int64_t> expert_counts_;  // [num_experts]: (row, expert) pairs computed here

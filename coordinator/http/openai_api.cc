@@ -43,26 +43,80 @@ void SendError(HttpExchange& ex, ApiDialect dialect, int status, const std::stri
 
 namespace {
 
-// response_format until constrained decoding exists: the shape is checked, then refused.
-absl::Status CheckResponseFormat(const json& j) {
-  if (!j.contains("response_format") || j["response_format"].is_null()) return absl::OkStatus();
-  const json& f = j["response_format"];
-  if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
-    return absl::InvalidArgumentError("field 'response_format' must be an object with a 'type'");
-  }
-  const std::string type = f["type"].get<std::string>();
-  if (type == "text") return absl::OkStatus();
-  if (type == "json_object" || type == "json_schema") {
-    if (type == "json_schema" &&
-        (!f.contains("json_schema") || !f["json_schema"].is_object())) {
-      return absl::InvalidArgumentError(
-          "response_format.json_schema must be an object with the schema");
+// The reply's grammar: OpenAI's response_format (json_object; json_schema with its schema,
+// enforced whatever `strict` says) or vLLM's extensions guided_json, guided_regex,
+// guided_grammar (a Lark grammar) and guided_choice. At most one of them.
+absl::StatusOr<GrammarSpec> ReadGrammar(const json& j) {
+  GrammarSpec spec;
+  std::string from;
+  auto set = [&](const char* field, GrammarSpec g) -> absl::Status {
+    if (!from.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("fields '", from, "' and '", field,
+                                                     "' both constrain the reply: give one"));
     }
-    return absl::InvalidArgumentError("response_format '" + type +
-                                      "' is not supported yet: it needs constrained decoding");
+    from = field;
+    spec = std::move(g);
+    return absl::OkStatus();
+  };
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    const json& f = j["response_format"];
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
+      return absl::InvalidArgumentError("field 'response_format' must be an object with a 'type'");
+    }
+    const std::string type = f["type"].get<std::string>();
+    if (type == "json_object") {
+      if (absl::Status s = set("response_format", GrammarSpec::JsonObject()); !s.ok()) return s;
+    } else if (type == "json_schema") {
+      const auto js = f.find("json_schema");
+      if (js == f.end() || !js->is_object() || !js->contains("schema") ||
+          !(*js)["schema"].is_object()) {
+        return absl::InvalidArgumentError(
+            "response_format.json_schema must be an object whose 'schema' is the JSON schema");
+      }
+      if (js->contains("strict") && !(*js)["strict"].is_null() && !(*js)["strict"].is_boolean()) {
+        return absl::InvalidArgumentError("response_format.json_schema.strict must be a boolean");
+      }
+      if (absl::Status s = set("response_format", GrammarSpec::JsonSchema((*js)["schema"].dump()));
+          !s.ok()) {
+        return s;
+      }
+    } else if (type != "text") {
+      return absl::InvalidArgumentError("response_format.type '" + type +
+                                        "' is not one of text, json_object, json_schema");
+    }
   }
-  return absl::InvalidArgumentError("response_format.type '" + type +
-                                    "' is not one of text, json_object, json_schema");
+  if (const auto g = j.find("guided_json"); g != j.end() && !g->is_null()) {
+    if (!g->is_object() && !g->is_string()) {
+      return absl::InvalidArgumentError("field 'guided_json' must be a JSON schema (an object or its text)");
+    }
+    if (absl::Status s = set("guided_json", GrammarSpec::JsonSchema(
+                                                g->is_string() ? g->get<std::string>() : g->dump()));
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (const auto& [field, kind] : {std::pair{"guided_regex", GrammarSpec::Kind::kRegex},
+                                    std::pair{"guided_grammar", GrammarSpec::Kind::kLark}}) {
+    const auto g = j.find(field);
+    if (g == j.end() || g->is_null()) continue;
+    if (!g->is_string()) return absl::InvalidArgumentError(absl::StrCat("field '", field, "' must be a string"));
+    if (absl::Status s = set(field, GrammarSpec{kind, g->get<std::string>()}); !s.ok()) return s;
+  }
+  if (const auto g = j.find("guided_choice"); g != j.end() && !g->is_null()) {
+    if (!g->is_array() || g->empty()) {
+      return absl::InvalidArgumentError("field 'guided_choice' must be a non-empty array of strings");
+    }
+    // One JSON-string-free Lark rule: the choices as literals.
+    std::string lark = "start: ";
+    for (size_t i = 0; i < g->size(); ++i) {
+      if (!(*g)[i].is_string()) {
+        return absl::InvalidArgumentError("field 'guided_choice' must be a non-empty array of strings");
+      }
+      lark += (i > 0 ? " | " : "") + json((*g)[i].get<std::string>()).dump();
+    }
+    if (absl::Status s = set("guided_choice", GrammarSpec::Lark(lark)); !s.ok()) return s;
+  }
+  return spec;
 }
 
 json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
@@ -150,7 +204,10 @@ absl::Status ReadCommon(const json& j, const Coordinator& c, GenerateJob* job, C
     }
   }
   if (absl::Status s = ReadGenerationFields(j, c, std::move(fields), job); !s.ok()) return s;
-  return CheckResponseFormat(j);
+  auto grammar = ReadGrammar(j);
+  if (!grammar.ok()) return grammar.status();
+  job->grammar = *std::move(grammar);
+  return c.CheckGrammar(job->grammar);
 }
 
 }  // namespace

@@ -10,10 +10,15 @@
 namespace fucina {
 namespace {
 
-// Takes ownership of an error string from the C ABI.
+// Takes ownership of an error string from the C ABI. The engine appends a dump of its state
+// (the tokens so far, counters, the grammar) after "\n<state>": kept out of messages a client
+// sees, and the rest bounded.
 std::string TakeError(char* err) {
   std::string msg = err != nullptr ? err : "unknown error";
   fucina_grammar_free(err);
+  if (const size_t at = msg.find("\n<state>"); at != std::string::npos) msg.resize(at);
+  constexpr size_t kMaxMessage = 2000;
+  if (msg.size() > kMaxMessage) msg = msg.substr(0, kMaxMessage) + "...";
   return msg;
 }
 

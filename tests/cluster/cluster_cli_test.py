@@ -14,6 +14,7 @@ here (--cluster-token-file); the TLS tests make their certificates with
 scripts/make-cluster-certs.sh (openssl).
 """
 import collections
+import json
 import os
 import re
 import secrets
@@ -646,6 +647,50 @@ class SmolLM2ClusterTest(ClusterTestCase):
 
 
 # ---- 6. faults ----
+
+@unittest.skipUnless(HAVE_SMOLLM2, NO_SMOLLM2)
+class ConstraintTest(ClusterTestCase):
+    """sampling.constraint on the public gRPC API, with worker processes: the last stage holds
+    the matcher (its token table built from the model it loaded), so replies follow the
+    grammar and end when it is complete, the same as one process; a bad grammar is refused
+    with INVALID_ARGUMENT before it is queued."""
+
+    def request(self, **constraint):
+        return pb.GenerateRequest(prompt="Is the sky blue? Answer:", max_tokens=24,
+                                  sampling=pb.Sampling(temperature=0,
+                                                       constraint=pb.Constraint(**constraint)))
+
+    def test_grammar_through_worker_processes_matches_one_process(self):
+        cases = [dict(regex=" (yes|no)\\."), dict(lark='start: " " WORD "."\nWORD: /[a-z]{1,8}/'),
+                 dict(json_schema='{"type":"object","properties":{"a":{"enum":["x","y"]}},'
+                                  '"required":["a"],"additionalProperties":false}')]
+        one = self.cluster()
+        one.serve(SMOLLM2, 1)
+        self.wait_ready(one, 1)
+        want = [self.generate(one, self.request(**k)) for k in cases]
+        one.close()
+        c = self.cluster()
+        c.coordinator(SMOLLM2)
+        c.worker(), c.worker()
+        self.wait_ready(c, 2)
+        for k, w in zip(cases, want):
+            r = self.generate(c, self.request(**k))
+            self.assertEqual(r.finish_reason, "stop", (k, r.text))
+            self.assertEqual(r.text, w.text, k)
+            self.assertEqual(list(r.token_ids), list(w.token_ids), k)
+        self.assertRegex(want[0].text, r"^ (yes|no)\.$")
+        self.assertRegex(want[1].text, r"^ [a-z]{1,8}\.$")
+        self.assertIn(json.loads(want[2].text)["a"], ("x", "y"))
+        for bad, says in ((dict(regex="(unclosed"), "regex"),
+                          (dict(json_schema="{not json"), "not valid JSON"),
+                          (dict(lark="start: nowhere"), "nowhere")):
+            with self.assertRaises(grpc.RpcError) as ctx:
+                c.api.Generate(self.request(**bad), timeout=RPC_S)
+            self.assertEqual(ctx.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("sampling.constraint", ctx.exception.details())
+            self.assertIn(says, ctx.exception.details())
+        c.close()
+
 
 @unittest.skipUnless(HAVE_TOKENIZER, NO_TOKENIZER)
 class FaultTest(ClusterTestCase):
