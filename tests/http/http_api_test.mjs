@@ -798,14 +798,17 @@ describe("fucina HTTP API", {skip: SKIP}, () => {
                           {messageMatch: /n=1/});
       });
 
-      test("response_format json_object / json_schema: 400 not supported", async () => {
+      // Constrained replies themselves: structured_output_test.mjs. Here, the shapes.
+      test("response_format: its shape is checked; text is the default", async () => {
         assertOpenAiError(await post(server, "/v1/chat/completions",
-                                     chat({response_format: {type: "json_object"}})), 400,
-                          {messageMatch: /not supported/});
+                                     chat({response_format: {type: "json_schema"}})), 400,
+                          {messageMatch: /'schema'/});
         assertOpenAiError(await post(server, "/v1/chat/completions",
-                                     chat({response_format: {type: "json_schema", json_schema:
-                                       {name: "x", schema: {type: "object"}}}})), 400,
-                          {messageMatch: /not supported/});
+                                     chat({response_format: {type: "yaml"}})), 400,
+                          {messageMatch: /not one of text, json_object, json_schema/});
+        assertOpenAiError(await post(server, "/v1/chat/completions",
+                                     chat({response_format: "json"})), 400,
+                          {messageMatch: /must be an object/});
         // `text` is the default format and must keep working.
         await postOk(server, "/v1/chat/completions", chat({response_format: {type: "text"}}));
       });
