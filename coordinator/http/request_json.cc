@@ -1,5 +1,7 @@
 #include "coordinator/http/request_json.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace fucina::http_api {
@@ -168,8 +170,10 @@ absl::StatusOr<std::vector<ChatMessage>> ReadChatMessages(const json& body) {
   return out;
 }
 
-absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools) {
+absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools,
+                               std::optional<std::string>* forced_tool) {
   *parse_tools = false;
+  forced_tool->reset();
   json tools = nullptr;
   if (const auto t = body.find("tools"); t != body.end() && !t->is_null()) {
     if (!t->is_array()) return Invalid("field 'tools' must be an array");
@@ -194,16 +198,31 @@ absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools) {
         return Invalid("field 'tool_choice' must be none, auto, required or a named function");
       }
     } else if (c->is_object()) {
+      const auto fn = c->find("function");
+      if (c->value("type", json()) != "function" || fn == c->end() || !fn->is_object() ||
+          !fn->contains("name") || !(*fn)["name"].is_string()) {
+        return Invalid(
+            "field 'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
       choice = "named";
+      *forced_tool = (*fn)["name"].get<std::string>();
     } else {
       return Invalid("field 'tool_choice' must be a string or an object");
     }
   }
-  if (choice == "required" || choice == "named") {
-    return Invalid("field 'tool_choice': '" + choice +
-                   "' is not supported yet: it needs constrained decoding");
-  }
   if (choice == "none") return json(nullptr);
+  if (choice == "required" || choice == "named") {
+    if (tools.is_null()) return Invalid("field 'tool_choice': '" + choice + "' needs 'tools'");
+    if (choice == "required") *forced_tool = "";
+    if (choice == "named") {
+      const bool declared = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
+        return t["function"]["name"] == **forced_tool;
+      });
+      if (!declared) {
+        return Invalid("field 'tool_choice' names '" + **forced_tool + "', which is not in 'tools'");
+      }
+    }
+  }
   *parse_tools = !tools.is_null();
   return tools;
 }

@@ -50,9 +50,11 @@ absl::StatusOr<std::optional<std::string>> StringMember(const json& obj, const c
 absl::StatusOr<std::vector<ChatMessage>> ReadChatMessages(const json& body);
 
 // OpenAI `tools` / `tool_choice`: the tools to render (null when none or tool_choice is none);
-// *parse_tools says whether replies are scanned for tool calls. required / named choices are
-// refused until constrained decoding exists.
-absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools);
+// *parse_tools says whether replies are scanned for tool calls; *forced_tool is set for
+// tool_choice `required` ("" : any declared tool) or a named function (its name, which must be
+// declared), whose call the reply is then held to (constrained decoding).
+absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools,
+                               std::optional<std::string>* forced_tool);
 
 // Responses API `instructions` + `input` (a string, or message items whose content is a string
 // or input_text / output_text parts).

@@ -180,7 +180,9 @@ TEST(HttpJson, WrongTypesNameTheField) {
                     http_api::ReadResponsesInput),
             "input[0].content[0].type must be a string, got an array");
   bool parse_tools = false;
-  auto tools = http_api::ReadTools(json::parse(R"({"tools":[{"type":5}]})"), &parse_tools);
+  std::optional<std::string> forced_tool;
+  auto tools = http_api::ReadTools(json::parse(R"({"tools":[{"type":5}]})"), &parse_tools,
+                                   &forced_tool);
   ASSERT_FALSE(tools.ok());
   EXPECT_NE(tools.status().message().find("tools[0]"), std::string::npos);
   // Invalid UTF-8 (a path or Host echoed in an error) is replaced, never thrown.

@@ -34,7 +34,8 @@ std::string CheckBody(std::string_view body) {
   auto messages = http_api::ReadChatMessages(*j);
   err += CheckReader(messages, "ReadChatMessages");
   bool parse_tools = false;
-  auto tools = http_api::ReadTools(*j, &parse_tools);
+  std::optional<std::string> forced_tool;
+  auto tools = http_api::ReadTools(*j, &parse_tools, &forced_tool);
   err += CheckReader(tools, "ReadTools");
   err += CheckReader(http_api::ReadResponsesInput(*j), "ReadResponsesInput");
   err += CheckReader(http_api::ReadAnthropicMessages(*j), "ReadAnthropicMessages");

@@ -813,18 +813,6 @@ describe("fucina HTTP API", {skip: SKIP}, () => {
         await postOk(server, "/v1/chat/completions", chat({response_format: {type: "text"}}));
       });
 
-      test("tool_choice required or named: 400", async () => {
-        const tools = [{type: "function", function: {name: "get_weather",
-                                                     parameters: {type: "object"}}}];
-        assertOpenAiError(await post(server, "/v1/chat/completions",
-                                     chat({tools, tool_choice: "required"})), 400,
-                          {messageMatch: /not supported/});
-        assertOpenAiError(await post(server, "/v1/chat/completions",
-                                     chat({tools, tool_choice: {type: "function",
-                                                                function: {name: "get_weather"}}})),
-                          400, {messageMatch: /not supported/});
-      });
-
       test("unknown model: 404 in both dialects", async () => {
         for (const p of ["/v1/chat/completions", "/v1/completions", "/v1/responses"]) {
           const body = {model: "gpt-nonexistent", messages: FRANCE_MESSAGES, prompt: "Hi",

@@ -221,6 +221,65 @@ describe("structured outputs", {skip: SKIP}, () => {
     assert.equal((await fetch(`${server.base}/health`)).status, 200);
   });
 
+  const TOOLS = [
+    {type: "function", function: {name: "get_weather", description: "The weather in a city",
+      parameters: {type: "object", properties: {city: {type: "string", maxLength: 20},
+                                                unit: {enum: ["c", "f"]}},
+                   required: ["city", "unit"], additionalProperties: false}}},
+    {type: "function", function: {name: "get_time", description: "The time in a time zone",
+      parameters: {type: "object", properties: {zone: {type: "string", maxLength: 20}},
+                   required: ["zone"], additionalProperties: false}}},
+  ];
+  const toolChat = (tool_choice, extra = {}) => ({
+    model: "smollm2", max_tokens: MAX_TOKENS, temperature: 0, tools: TOOLS, tool_choice,
+    messages: [{role: "user", content: "What is the weather like in Paris?"}], ...extra});
+  const checkCall = (call, names) => {
+    assert.ok(names.includes(call.function.name), call.function.name);
+    const params = TOOLS.find((t) => t.function.name === call.function.name).function.parameters;
+    const args = JSON.parse(call.function.arguments);
+    assert.ok(ajv.validate(params, args), `${call.function.arguments}: ${ajv.errorsText()}`);
+    assert.match(call.id, /^call_/);
+  };
+
+  test("tool_choice named and required force a valid call (SDK, streamed and not)", async () => {
+    for (const [choice, names] of [[{type: "function", function: {name: "get_time"}}, ["get_time"]],
+                                   ["required", ["get_weather", "get_time"]]]) {
+      for (const sampling of [{temperature: 0}, {temperature: 0.9, seed: 5}]) {
+        const r = await oa.chat.completions.create(toolChat(choice, sampling));
+        const c = r.choices[0];
+        assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c));
+        assert.equal(c.message.tool_calls.length, 1);
+        checkCall(c.message.tool_calls[0], names);
+      }
+      // Streamed: the deltas assemble into the same call.
+      const stream = await oa.chat.completions.create({...toolChat(choice), stream: true});
+      const call = {id: "", function: {name: "", arguments: ""}};
+      let finish = null;
+      for await (const chunk of stream) {
+        const d = chunk.choices[0]?.delta;
+        for (const t of d?.tool_calls ?? []) {
+          call.id += t.id ?? "";
+          call.function.name += t.function?.name ?? "";
+          call.function.arguments += t.function?.arguments ?? "";
+        }
+        finish = chunk.choices[0]?.finish_reason ?? finish;
+      }
+      assert.equal(finish, "tool_calls");
+      checkCall(call, names);
+    }
+  });
+
+  test("tool_choice naming an undeclared tool, or with no tools: 400", async () => {
+    let r = await post(server, "/v1/chat/completions",
+                       toolChat({type: "function", function: {name: "launch"}}));
+    assert.equal(r.status, 400);
+    assert.match(r.json.error.message, /'launch', which is not in 'tools'/);
+    r = await post(server, "/v1/chat/completions",
+                   {messages: [{role: "user", content: "hi"}], tool_choice: "required"});
+    assert.equal(r.status, 400);
+    assert.match(r.json.error.message, /needs 'tools'/);
+  });
+
   test("bad schemas, regexes and grammars are 400s naming the problem", async () => {
     const cases = [
       [{response_format: {type: "json_schema", json_schema: {name: "x", schema: {type: "nonsense"}}}},
