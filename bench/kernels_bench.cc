@@ -244,6 +244,7 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code) {
   RegisterClusterAggregateBench(*bench, exit_code);
   RegisterEsBench(*bench, exit_code);
   RegisterSpecBench(*bench, exit_code);
+  RegisterGrammarBench(*bench, exit_code);
 }
 
 }  // namespace fucina::cli

@@ -34,6 +34,7 @@
 #include "models/engine/session.h"
 #include "models/hub/pull.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tools/bench_stats.h"
 #include "tools/command_status.h"
 #include "tools/commands.h"
 #include "worker/worker_actor.h"
@@ -103,11 +104,6 @@ absl::StatusOr<Run> RunPipelined(Coordinator& c, const std::vector<int32_t>& pro
   run.tokens_per_second = static_cast<double>(run.result.tokens.size() - 1) /
                           std::max(std::chrono::duration<double>(last - first).count(), 1e-9);
   return run;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int RunSpecBench(const SpecBenchArgs& a) {

@@ -27,6 +27,7 @@ void RegisterClusterAggregateBench(CLI::App& bench, int* exit_code);
 // two single-thread `train es` at once, and bytes per generation against the parameter count.
 void RegisterEsBench(CLI::App& bench, int* exit_code);
 void RegisterSpecBench(CLI::App& bench, int* exit_code);
+void RegisterGrammarBench(CLI::App& bench, int* exit_code);
 
 }  // namespace fucina::cli
 
