@@ -1,5 +1,6 @@
 // Anthropic dialect: POST /v1/messages (system, content blocks, stop_sequences, thinking
 // blocks), JSON or the message_start .. message_stop event stream.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "coordinator/http/api.h"
 #include "coordinator/http/api_common.h"
 #include "coordinator/http/reply_parser.h"
+#include "coordinator/http/request_json.h"
 
 namespace fucina {
 
@@ -14,9 +16,17 @@ using namespace http_api;  // NOLINT
 
 namespace {
 
-std::string StopReason(const Outcome& o) {
+std::string StopReason(const Outcome& o, const ReplyParser& parser) {
+  if (parser.tool_calls() > 0) return "tool_use";
   if (o.finish_reason == "length") return "max_tokens";
   return o.stop_sequence.empty() ? "end_turn" : "stop_sequence";
+}
+
+// A parsed call as a tool_use block (its arguments as the input object).
+json ToolUse(const ToolCall& call) {
+  json input = json::parse(call.arguments, nullptr, false);
+  if (!input.is_object()) input = json::object();
+  return {{"type", "tool_use"}, {"id", RandomId("toolu_")}, {"name", call.name}, {"input", input}};
 }
 
 }  // namespace
@@ -39,6 +49,16 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   auto messages = ReadAnthropicMessages(*j);
   if (!messages.ok()) return SendStatus(ex, d, messages.status());
   ChatRenderOptions render;
+  bool parse_tools = false;
+  std::optional<std::string> forced_tool;
+  auto tools = ReadAnthropicTools(*j, &parse_tools, &forced_tool);
+  if (!tools.ok()) return SendStatus(ex, d, tools.status());
+  render.tools = *tools;
+  if (forced_tool.has_value()) {
+    if (absl::Status s = ForceToolCall(c_, *tools, *forced_tool, &job); !s.ok()) {
+      return SendStatus(ex, d, s);
+    }
+  }
   auto thinking_switch = ReadAnthropicThinking(*j);
   if (!thinking_switch.ok()) return SendStatus(ex, d, thinking_switch.status());
   render.enable_thinking = *thinking_switch;
@@ -47,11 +67,18 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
   const std::string id = RandomId("msg_");
-  ReplyParser parser(think.parse, think.open, /*parse_tools=*/false);
+  ReplyParser parser(think.parse, think.open, parse_tools);
   if (!stream->value_or(false)) {
     std::string text, thinking;
+    json calls = json::array();
     auto take = [&](const std::vector<ReplyEvent>& events) {
-      for (const ReplyEvent& e : events) (e.kind == ReplyEvent::kReasoning ? thinking : text) += e.text;
+      for (const ReplyEvent& e : events) {
+        if (e.kind == ReplyEvent::kToolCall) {
+          calls.push_back(ToolUse(e.call));
+        } else {
+          (e.kind == ReplyEvent::kReasoning ? thinking : text) += e.text;
+        }
+      }
     };
     Outcome o = Relay(**request, ex, [&](const Delta& delta) {
       take(parser.Push(delta.text));
@@ -63,14 +90,15 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
     if (!thinking.empty()) {
       content.push_back({{"type", "thinking"}, {"thinking", thinking}, {"signature", ""}});
     }
-    content.push_back({{"type", "text"}, {"text", text}});
+    if (!text.empty() || calls.empty()) content.push_back({{"type", "text"}, {"text", text}});
+    for (json& call : calls) content.push_back(std::move(call));
     ex.Respond(200, "application/json",
                Dump(json{{"id", id},
                     {"type", "message"},
                     {"role", "assistant"},
                     {"model", c_.served_name()},
                     {"content", content},
-                    {"stop_reason", StopReason(o)},
+                    {"stop_reason", StopReason(o, parser)},
                     {"stop_sequence", o.stop_sequence.empty() ? json(nullptr)
                                                               : json(o.stop_sequence)},
                     {"usage", {{"input_tokens", o.prompt_tokens},
@@ -98,6 +126,20 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   ReplyEvent::Kind open_kind = ReplyEvent::kContent;
   bool open = false;
   auto send = [&](const ReplyEvent& e) {
+    if (e.kind == ReplyEvent::kToolCall) {
+      // A whole block: start (input empty), the input as one JSON delta, stop.
+      if (open) event("content_block_stop", {{"index", index}});
+      open = false;
+      json block = ToolUse(e.call);
+      const std::string input = block["input"].dump();
+      block["input"] = json::object();
+      ++index;
+      return event("content_block_start", {{"index", index}, {"content_block", block}}) &&
+             event("content_block_delta",
+                   {{"index", index},
+                    {"delta", {{"type", "input_json_delta"}, {"partial_json", input}}}}) &&
+             event("content_block_stop", {{"index", index}});
+    }
     if (!open || e.kind != open_kind) {
       if (open) event("content_block_stop", {{"index", index}});
       ++index;
@@ -126,14 +168,14 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
     return;
   }
   for (const ReplyEvent& e : parser.Finish()) send(e);
-  if (!open) {
+  if (index < 0) {
     // An empty reply still has one (empty) text block.
     event("content_block_start", {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}});
     index = 0;
     open = true;
   }
-  event("content_block_stop", {{"index", index}});
-  event("message_delta", {{"delta", {{"stop_reason", StopReason(o)},
+  if (open) event("content_block_stop", {{"index", index}});
+  event("message_delta", {{"delta", {{"stop_reason", StopReason(o, parser)},
                                      {"stop_sequence", o.stop_sequence.empty()
                                                            ? json(nullptr)
                                                            : json(o.stop_sequence)}}},

@@ -203,6 +203,37 @@ absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
   return ids;
 }
 
+absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::string& name,
+                           GenerateJob* job) {
+  if (!job->grammar.empty()) {
+    return absl::InvalidArgumentError(
+        "tool_choice forces a tool call: the reply cannot also follow response_format or "
+        "guided_*");
+  }
+  const bool think = c.chat_template().source().find("<think>") != std::string::npos;
+  json calls = json::array();
+  for (const json& t : tools) {
+    const json& fn = t["function"];
+    if (!name.empty() && fn["name"] != name) continue;
+    json params = fn.contains("parameters") && fn["parameters"].is_object()
+                      ? fn["parameters"]
+                      : json{{"type", "object"}};
+    calls.push_back({{"type", "object"},
+                     {"properties", {{"name", {{"const", fn["name"]}}}, {"arguments", params}}},
+                     {"required", {"name", "arguments"}},
+                     {"additionalProperties", false}});
+  }
+  const json schema = calls.size() == 1 ? calls[0] : json{{"anyOf", calls}};
+  std::string lark = "start: ";
+  if (think) lark += "(\"</think>\\n\\n\")? ";
+  lark += "\"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json " + schema.dump() + "\n";
+  job->grammar = GrammarSpec::Lark(std::move(lark));
+  if (absl::Status s = c.CheckGrammar(job->grammar); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tools: a parameters schema: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 std::string RandomId(const std::string& prefix) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   static const char kHex[] = "0123456789abcdef";

@@ -83,6 +83,14 @@ absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
                                                 ThinkMode* think = nullptr);
 
 std::string RandomId(const std::string& prefix);
+
+// tool_choice that forces a call (OpenAI required / named, Anthropic any / tool): holds the
+// reply to a hermes `<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>` block, N one
+// of `tools` (OpenAI's shape) or `name` when not empty, its arguments to that tool's parameter
+// schema; the reply parser then reads it as any call. A template with a think block may first
+// close one the prompt opened. INVALID_ARGUMENT when a schema does not compile.
+absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::string& name,
+                           GenerateJob* job);
 int64_t UnixTime();
 // Both serialize with Dump (invalid UTF-8 replaced, never thrown).
 std::string SseData(const json& j);                          // "data: {...}\n\n"

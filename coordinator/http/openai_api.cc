@@ -119,30 +119,6 @@ absl::StatusOr<GrammarSpec> ReadGrammar(const json& j) {
   return spec;
 }
 
-// The grammar of a forced tool call, in the hermes format the reply parser reads:
-// `<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>`, with N one of the declared
-// tools (or `name`) and the arguments held to that tool's parameter schema. A template with a
-// think block may close one the prompt opened first.
-GrammarSpec ForcedToolCallGrammar(const json& tools, const std::string& name, bool think) {
-  json calls = json::array();
-  for (const json& t : tools) {
-    const json& fn = t["function"];
-    if (!name.empty() && fn["name"] != name) continue;
-    json params = fn.contains("parameters") && fn["parameters"].is_object()
-                      ? fn["parameters"]
-                      : json{{"type", "object"}};
-    calls.push_back({{"type", "object"},
-                     {"properties", {{"name", {{"const", fn["name"]}}}, {"arguments", params}}},
-                     {"required", {"name", "arguments"}},
-                     {"additionalProperties", false}});
-  }
-  const json schema = calls.size() == 1 ? calls[0] : json{{"anyOf", calls}};
-  std::string lark = "start: ";
-  if (think) lark += "(\"</think>\\n\\n\")? ";
-  lark += "\"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json " + schema.dump() + "\n";
-  return GrammarSpec::Lark(std::move(lark));
-}
-
 json LogprobJson(const Tokenizer& tok, int32_t id, float logprob) {
   // `token` must be valid UTF-8 (JSON); `bytes` keeps the raw piece, as OpenAI's does.
   const std::string raw = tok.TokenToPiece(id);
@@ -255,11 +231,8 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
                                    "tool_choice forces a tool call: the reply cannot also "
                                    "follow response_format or guided_*"));
     }
-    const bool think = c_.chat_template().source().find("<think>") != std::string::npos;
-    job.grammar = ForcedToolCallGrammar(*tools, *forced_tool, think);
-    if (absl::Status s = c_.CheckGrammar(job.grammar); !s.ok()) {
-      return SendStatus(ex, d, absl::InvalidArgumentError(
-                                   absl::StrCat("tools: a parameters schema: ", s.message())));
+    if (absl::Status s = ForceToolCall(c_, *tools, *forced_tool, &job); !s.ok()) {
+      return SendStatus(ex, d, s);
     }
   }
   ChatRenderOptions render;

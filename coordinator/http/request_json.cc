@@ -227,6 +227,57 @@ absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools,
   return tools;
 }
 
+absl::StatusOr<json> ReadAnthropicTools(const json& body, bool* parse_tools,
+                                        std::optional<std::string>* forced_tool) {
+  *parse_tools = false;
+  forced_tool->reset();
+  json tools = json::array();
+  if (const auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) return Invalid("field 'tools' must be an array");
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      if (!tool.is_object() || !tool.contains("name") || !tool["name"].is_string() ||
+          !tool.contains("input_schema") || !tool["input_schema"].is_object() ||
+          (tool.contains("description") && !tool["description"].is_string())) {
+        return Invalid(absl::StrCat("field 'tools': tools[", i,
+                                    "] must be {\"name\": ..., \"input_schema\": {...}}"));
+      }
+      json fn = {{"name", tool["name"]}, {"parameters", tool["input_schema"]}};
+      if (tool.contains("description")) fn["description"] = tool["description"];
+      tools.push_back({{"type", "function"}, {"function", fn}});
+    }
+  }
+  std::string type = "auto";
+  if (const auto c = body.find("tool_choice"); c != body.end() && !c->is_null()) {
+    if (!c->is_object() || !c->contains("type") || !(*c)["type"].is_string()) {
+      return Invalid("field 'tool_choice' must be an object with a 'type'");
+    }
+    type = (*c)["type"].get<std::string>();
+    if (type != "auto" && type != "any" && type != "tool" && type != "none") {
+      return Invalid("field 'tool_choice': type '" + type + "' is not auto, any, tool or none");
+    }
+    if (type == "tool") {
+      if (!c->contains("name") || !(*c)["name"].is_string()) {
+        return Invalid("field 'tool_choice': type 'tool' needs the tool's 'name'");
+      }
+      *forced_tool = (*c)["name"].get<std::string>();
+      const bool declared = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
+        return t["function"]["name"] == **forced_tool;
+      });
+      if (!declared) {
+        return Invalid("field 'tool_choice' names '" + **forced_tool + "', which is not in 'tools'");
+      }
+    }
+    if (type == "any") *forced_tool = "";
+  }
+  if (type == "none" || tools.empty()) {
+    if (forced_tool->has_value()) return Invalid("field 'tool_choice': '" + type + "' needs 'tools'");
+    return json(nullptr);
+  }
+  *parse_tools = true;
+  return tools;
+}
+
 absl::StatusOr<std::vector<ChatMessage>> ReadResponsesInput(const json& body) {
   std::vector<ChatMessage> out;
   auto instructions = StringMember(body, "instructions", "");

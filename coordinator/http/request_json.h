@@ -55,6 +55,11 @@ absl::StatusOr<std::vector<ChatMessage>> ReadChatMessages(const json& body);
 // declared), whose call the reply is then held to (constrained decoding).
 absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools,
                                std::optional<std::string>* forced_tool);
+// Anthropic `tools` ({name, description, input_schema}) / `tool_choice` ({type: auto | any |
+// tool | none, name}): the tools in OpenAI's shape, for the chat template, and the same
+// outputs as ReadTools (any: forced_tool ""; tool: its name, which must be declared).
+absl::StatusOr<json> ReadAnthropicTools(const json& body, bool* parse_tools,
+                                        std::optional<std::string>* forced_tool);
 
 // Responses API `instructions` + `input` (a string, or message items whose content is a string
 // or input_text / output_text parts).

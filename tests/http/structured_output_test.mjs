@@ -269,6 +269,36 @@ describe("structured outputs", {skip: SKIP}, () => {
     }
   });
 
+  test("Anthropic tool_choice tool and any force a valid tool_use (SDK, streamed and not)", async () => {
+    const {Anthropic} = npm("@anthropic-ai/sdk");
+    const an = new Anthropic({baseURL: server.base, apiKey: "unused", maxRetries: 0});
+    const tools = TOOLS.map((t) => ({name: t.function.name, description: t.function.description,
+                                     input_schema: t.function.parameters}));
+    for (const [choice, names] of [[{type: "tool", name: "get_weather"}, ["get_weather"]],
+                                   [{type: "any"}, ["get_weather", "get_time"]]]) {
+      const body = {model: "smollm2", max_tokens: MAX_TOKENS, temperature: 0, tools,
+                    tool_choice: choice,
+                    messages: [{role: "user", content: "What is the weather like in Paris?"}]};
+      const plain = await an.messages.create(body);
+      const streamed = await an.messages.stream(body).finalMessage();
+      for (const m of [plain, streamed]) {
+        assert.equal(m.stop_reason, "tool_use", JSON.stringify(m));
+        const uses = m.content.filter((b) => b.type === "tool_use");
+        assert.equal(uses.length, 1, JSON.stringify(m.content));
+        assert.ok(names.includes(uses[0].name), uses[0].name);
+        assert.match(uses[0].id, /^toolu_/);
+        const schema = tools.find((t) => t.name === uses[0].name).input_schema;
+        assert.ok(ajv.validate(schema, uses[0].input), `${JSON.stringify(uses[0].input)}: ${ajv.errorsText()}`);
+      }
+      assert.deepEqual(streamed.content.find((b) => b.type === "tool_use").input,
+                       plain.content.find((b) => b.type === "tool_use").input);
+    }
+    const bad = await post(server, "/v1/messages", {max_tokens: 8, tools,
+      tool_choice: {type: "tool", name: "launch"}, messages: [{role: "user", content: "hi"}]});
+    assert.equal(bad.status, 400);
+    assert.match(bad.json.error.message, /'launch', which is not in 'tools'/);
+  });
+
   test("tool_choice naming an undeclared tool, or with no tools: 400", async () => {
     let r = await post(server, "/v1/chat/completions",
                        toolChat({type: "function", function: {name: "launch"}}));
