@@ -9,44 +9,20 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/models/smollm2_fixture.h"
+
 namespace fucina {
 namespace {
 
-class SessionTest : public testing::Test {
+class SessionTest : public SmolLm2Test {
  protected:
-  static void SetUpTestSuite() {
-    const char* path = std::getenv("FUCINA_DEFAULT_MODEL");
-    if (path == nullptr) return;
-    pool_ = new ThreadPool(2);
-    auto model = Model::Load(path, {}, *pool_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-    auto tok = Tokenizer::FromGguf(model_->file());
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tokenizer_ = tok->release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete model_;
-    delete pool_;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "FUCINA_DEFAULT_MODEL (the SmolLM2 GGUF) unset";
-  }
   std::unique_ptr<Session> NewSession(int64_t ctx = 512) {
     auto kv = model_->NewKvCache(ctx, GgmlType::kF32);
     EXPECT_TRUE(kv.ok());
     return std::make_unique<Session>(*model_, *tokenizer_, *std::move(kv));
   }
   std::vector<int32_t> Encode(const std::string& s) { return tokenizer_->Encode(s, true, true); }
-
-  static ThreadPool* pool_;
-  static Model* model_;
-  static Tokenizer* tokenizer_;
 };
-ThreadPool* SessionTest::pool_ = nullptr;
-Model* SessionTest::model_ = nullptr;
-Tokenizer* SessionTest::tokenizer_ = nullptr;
 
 TEST_F(SessionTest, SecondTurnReusesThePrefixAndMatchesAColdRun) {
   GenerationOptions greedy;

@@ -12,36 +12,26 @@
 
 #include "models/engine/model.h"
 #include "models/engine/session.h"
+#include "tests/models/smollm2_fixture.h"
 
 namespace fucina {
 namespace {
 
 using ::testing::HasSubstr;
 
-class GrammarTest : public testing::Test {
+class GrammarTest : public SmolLm2Test {
  protected:
   static void SetUpTestSuite() {
-    const char* path = std::getenv("FUCINA_DEFAULT_MODEL");
-    if (path == nullptr) return;
-    pool_ = new ThreadPool(2);
-    auto model = Model::Load(path, {}, *pool_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-    auto tok = Tokenizer::FromGguf(model_->file());
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tokenizer_ = tok->release();
+    SmolLm2Test::SetUpTestSuite();
+    if (tokenizer_ == nullptr) return;
     auto vocab = GrammarVocab::Create(*tokenizer_);
     ASSERT_TRUE(vocab.ok()) << vocab.status();
     vocab_ = new std::shared_ptr<const GrammarVocab>(*std::move(vocab));
   }
   static void TearDownTestSuite() {
     delete vocab_;
-    delete tokenizer_;
-    delete model_;
-    delete pool_;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "FUCINA_DEFAULT_MODEL (the SmolLM2 GGUF) unset";
+    vocab_ = nullptr;
+    SmolLm2Test::TearDownTestSuite();
   }
   static const GrammarVocab& vocab() { return **vocab_; }
   std::unique_ptr<GrammarMatcher> Compile(const GrammarSpec& spec) {
@@ -60,16 +50,8 @@ class GrammarTest : public testing::Test {
            !tokenizer_->TokenToPiece(id).empty();
   }
 
-  static ThreadPool* pool_;
-  static Model* model_;
-  static Tokenizer* tokenizer_;
-  static std::shared_ptr<const GrammarVocab>* vocab_;
+  static inline std::shared_ptr<const GrammarVocab>* vocab_ = nullptr;
 };
-
-ThreadPool* GrammarTest::pool_ = nullptr;
-Model* GrammarTest::model_ = nullptr;
-Tokenizer* GrammarTest::tokenizer_ = nullptr;
-std::shared_ptr<const GrammarVocab>* GrammarTest::vocab_ = nullptr;
 
 // The allowed set of a finite language is exactly the tokens whose text is a non-empty prefix
 // of one of its strings: checked over the whole vocabulary.
