@@ -2,6 +2,7 @@
 
 Environment: FUCINA_BIN (the fucina binary), FUCINA_DEFAULT_MODEL (the SmolLM2 GGUF).
 """
+import json
 import os
 import re
 import subprocess
@@ -112,6 +113,35 @@ class RunTest(unittest.TestCase):
         out = run("1,504,3575,282,4649", "--gen", "4", "--bench", "1").stdout
         self.assertRegex(out, r"(?m)^prefill: [0-9.]+ t/s$")
         self.assertRegex(out, r"(?m)^decode: [0-9.]+ t/s$")
+
+    def test_grammar_flags_hold_the_reply(self):
+        out = run("--prompt", "Is the sky blue? Answer:", "--temp", "0", "--gen", "16",
+                  "--regex", r" (yes|no)\.", "--threads", "2").stdout
+        self.assertRegex(out, r"^ (yes|no)\.\n$")
+        with tempfile.TemporaryDirectory() as tmp:
+            schema = os.path.join(tmp, "schema.json")
+            with open(schema, "w") as f:
+                f.write('{"type":"object","properties":{"size":{"enum":["small","large"]}},'
+                        '"required":["size"],"additionalProperties":false}')
+            for sampling in (("--temp", "0"), ("--temp", "1", "--seed", "4")):
+                out = run("--chat", "How big is Paris?", "--gen", "40", "--json-schema",
+                          "@" + schema, "--threads", "2", *sampling).stdout
+                self.assertIn(json.loads(out)["size"], ("small", "large"), out)
+            lark = os.path.join(tmp, "g.lark")
+            with open(lark, "w") as f:
+                f.write('start: "colour: " C\nC: "red" | "green" | "blue"\n')
+            out = run("--prompt", "My favourite", "--temp", "0", "--gen", "16", "--lark", "@" + lark,
+                      "--threads", "2").stdout
+            self.assertRegex(out, r"^colour: (red|green|blue)\n$")
+        p = run("--prompt", "hi", "--regex", "(unclosed", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("invalid regex", p.stderr)
+        p = run("--prompt", "hi", "--regex", "a", "--lark", "start: \"a\"", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("at most one of --json-schema, --regex, --lark", p.stderr)
+        p = run("--prompt", "hi", "--json-schema", "@/nonexistent/schema.json", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("cannot open /nonexistent/schema.json", p.stderr)
 
     def test_errors_are_clear(self):
         p = run("--prompt", "hi", "--cache-type", "q4", check=False)
