@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Decode and prefill speed of `fucina run --bench` against llama.cpp (node-llama-cpp) on the same
-# files and thread counts, measured in one run; prints each figure and our/reference ratio.
+# files and thread counts, measured in one run; prints each figure and our/reference ratio. The
+# reference figures are each the better of llama.cpp's flash attention off and on (the column
+# fa says which won: prefill/decode).
 #   bench/engine_vs_reference.sh [MODEL.gguf ...]
 # With no model: SmolLM2-135M (Q4_1) and a Qwen3-0.6B-shaped random model (28 layers, hidden
 # 1024, ffn 3072, 16/8 heads, head 128, vocab 151936, tied) made by our quantizer as q8_0 and
@@ -43,15 +45,16 @@ if [ ${#models[@]} -eq 0 ]; then
 fi
 
 ids=$(node -e "console.log(Array.from({length: $PROMPT}, (_, i) => 1000 + ((i * 7919) % 5000)).join(','))")
-printf '%-40s %3s | %10s %10s %6s | %10s %10s %6s\n' model thr "pp ours" "pp ref" ratio "tg ours" "tg ref" ratio
+printf '%-40s %3s | %10s %10s %6s | %10s %10s %6s | %s\n' model thr "pp ours" "pp ref" ratio "tg ours" "tg ref" ratio fa
 for m in "${models[@]}"; do
   for t in $THREADS; do
     ours=$("$fucina" run "$m" "$ids" --gen "$GEN" --bench "$REPEATS" --threads "$t" --cache-type f16)
     ref=$(node "$FUCINA_ROOT/bench/llamacpp_speed.mjs" "$m" "$t" "$PROMPT" "$GEN" "$REPEATS")
     pp_o=$(echo "$ours" | awk '/^prefill:/ {print $2}'); tg_o=$(echo "$ours" | awk '/^decode:/ {print $2}')
     pp_r=$(echo "$ref" | awk '/^prefill:/ {print $2}'); tg_r=$(echo "$ref" | awk '/^decode:/ {print $2}')
-    printf '%-40s %3s | %10s %10s %6.2f | %10s %10s %6.2f\n' "$(basename "$m")" "$t" \
+    fa=$(echo "$ref" | awk '/^prefill:/ {p=$NF} /^decode:/ {d=$NF} END {gsub(/\)/, "", p); gsub(/\)/, "", d); print p "/" d}')
+    printf '%-40s %3s | %10s %10s %6.2f | %10s %10s %6.2f | %s\n' "$(basename "$m")" "$t" \
       "$pp_o" "$pp_r" "$(awk "BEGIN {print $pp_o / $pp_r}")" "$tg_o" "$tg_r" \
-      "$(awk "BEGIN {print $tg_o / $tg_r}")"
+      "$(awk "BEGIN {print $tg_o / $tg_r}")" "$fa"
   done
 done
