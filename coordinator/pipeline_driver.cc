@@ -150,10 +150,7 @@ int PipelineDriver::LaunchGroup(int g) {
       seg->set_prefill_only(true);
     } else {
       *seg->mutable_sampling() = SamplingToWire(r->output->job().sampling);
-      if (const GrammarSpec& g = r->output->job().grammar; !g.empty()) {
-        seg->mutable_sampling()->set_grammar_kind(GrammarKindName(g.kind));
-        seg->mutable_sampling()->set_grammar(g.text);
-      }
+      GrammarToWire(r->output->job().grammar, seg->mutable_sampling());
     }
   }
   if (group.order.empty()) return left;

@@ -1,5 +1,7 @@
 #include "worker/sampling_wire.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace fucina {
 
 wire::Sampling SamplingToWire(const SamplingParams& p) {
@@ -38,6 +40,49 @@ absl::StatusOr<SamplingParams> SamplingFromWire(const wire::Sampling& s, int32_t
   for (const wire::TokenBias& b : s.logit_bias()) p.logit_bias.push_back({b.id(), b.bias()});
   if (absl::Status st = ValidateSamplingParams(p, vocab_size); !st.ok()) return st;
   return p;
+}
+
+void GrammarToWire(const GrammarSpec& grammar, wire::Sampling* sampling) {
+  if (grammar.empty()) return;
+  sampling->set_grammar_kind(GrammarKindName(grammar.kind));
+  sampling->set_grammar(grammar.text);
+}
+
+absl::StatusOr<GrammarSpec> GrammarFromWire(const wire::Sampling& sampling) {
+  if (sampling.grammar_kind().empty()) return GrammarSpec();
+  const std::optional<GrammarSpec::Kind> kind = GrammarKindFromName(sampling.grammar_kind());
+  if (!kind.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown grammar kind '", sampling.grammar_kind(), "'"));
+  }
+  if (sampling.grammar().size() > kMaxWireGrammarBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a grammar of ", sampling.grammar().size(),
+                                                   " bytes (at most ", kMaxWireGrammarBytes,
+                                                   ")"));
+  }
+  return GrammarSpec{*kind, sampling.grammar()};
+}
+
+void VerifiedToWire(const Verified& verified, wire::SegmentResult* result) {
+  result->set_grammar_done(verified.stopped);
+  for (int i = 0; i <= verified.accepted; ++i) {
+    const SampleResult& sample = verified.samples[i];
+    wire::TokenSample* out = nullptr;
+    if (i < verified.accepted) out = result->add_accepted();
+    auto* tops = out != nullptr ? out->mutable_top() : result->mutable_top();
+    if (out != nullptr) {
+      out->set_id(sample.id);
+      out->set_logprob(sample.logprob);
+    } else {
+      result->set_token(sample.id);
+      result->set_logprob(sample.logprob);
+    }
+    for (const TokenLogprob& t : sample.top) {
+      wire::TokenLogprob* top = tops->Add();
+      top->set_id(t.id);
+      top->set_logprob(t.logprob);
+    }
+  }
 }
 
 }  // namespace fucina

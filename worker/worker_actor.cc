@@ -11,36 +11,10 @@
 #include "models/engine/model_size.h"
 #include "models/speculative/verify.h"
 #include "worker/activations.h"
+#include "worker/forward_reply.h"
 #include "worker/sampling_wire.h"
 
 namespace fucina {
-
-absl::StatusOr<wire::ForwardResponse> MergeChainReply(
-    wire::ForwardResponse own, const std::vector<int>& index, const std::string& next_worker,
-    absl::StatusOr<wire::ForwardResponse> later) {
-  if (!later.ok()) {
-    if (!IsWorkerFailure(later.status())) return later.status();  // about the request
-    wire::ForwardResponse failure;
-    wire::ChainFailure* f = failure.mutable_chain_failure();
-    f->set_worker_id(next_worker);
-    f->set_code(static_cast<int>(later.status().code()));
-    f->set_message(std::string(later.status().message()));
-    return failure;
-  }
-  if (later->has_chain_failure()) return later;  // names a stage further on
-  wire::ForwardResponse merged;
-  *merged.mutable_errors() = std::move(*own.mutable_errors());
-  for (wire::SegmentError& e : *later->mutable_errors()) {
-    if (e.index() < 0 || e.index() >= static_cast<int>(index.size())) {
-      return absl::InternalError(absl::StrCat("stage ", next_worker, " reported segment ",
-                                              e.index(), " of ", index.size()));
-    }
-    e.set_index(index[e.index()]);
-    *merged.add_errors() = std::move(e);
-  }
-  *merged.mutable_results() = std::move(*later->mutable_results());
-  return merged;
-}
 
 // The expert FFN of a stage whose MoE experts live partly on other workers: pairs (token,
 // slot) are grouped by owner, each peer gets one ExpertForward per layer step with the rows it
@@ -492,24 +466,9 @@ absl::StatusOr<std::unique_ptr<GrammarMatcher>> WorkerActor::CompileGrammar(
     const wire::Sampling& sampling) {
   // The coordinator compiled it already under its --grammar-timeout; the limit here only
   // guards the executor against a grammar no coordinator checked.
-  constexpr size_t kMaxGrammarBytes = 4 << 20;
   constexpr std::chrono::milliseconds kLimit{10'000};
-  GrammarSpec spec;
-  spec.text = sampling.grammar();
-  const std::string& kind = sampling.grammar_kind();
-  if (kind == "json_schema") {
-    spec.kind = GrammarSpec::Kind::kJsonSchema;
-  } else if (kind == "regex") {
-    spec.kind = GrammarSpec::Kind::kRegex;
-  } else if (kind == "lark") {
-    spec.kind = GrammarSpec::Kind::kLark;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown grammar kind '", kind, "'"));
-  }
-  if (spec.text.size() > kMaxGrammarBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a grammar of ", spec.text.size(),
-                                                   " bytes (at most ", kMaxGrammarBytes, ")"));
-  }
+  absl::StatusOr<GrammarSpec> spec = GrammarFromWire(sampling);
+  if (!spec.ok()) return spec.status();
   if (grammar_vocab_ == nullptr) {
     auto tokenizer = Tokenizer::FromGguf(model_->file());
     if (!tokenizer.ok()) return tokenizer.status();
@@ -517,7 +476,7 @@ absl::StatusOr<std::unique_ptr<GrammarMatcher>> WorkerActor::CompileGrammar(
     if (!vocab.ok()) return vocab.status();
     grammar_vocab_ = *std::move(vocab);
   }
-  return grammar_vocab_->Compile(spec, kLimit);
+  return grammar_vocab_->Compile(*spec, kLimit);
 }
 
 absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
@@ -578,10 +537,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     if (s.ok()) {
       ok.push_back(i);
     } else {
-      wire::SegmentError* e = response.add_errors();
-      e->set_index(i);
-      e->set_code(static_cast<int>(s.code()));
-      e->set_message(std::string(s.message()));
+      AddSegmentError(i, s, &response);
     }
   }
   if (ok.empty()) {
@@ -702,32 +658,13 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       // request ends with the reason, the others in the step go on.
       response.mutable_results()->RemoveLast();
       session.grammar.reset();
-      wire::SegmentError* e = response.add_errors();
-      e->set_index(ok[j]);
-      e->set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
-      e->set_message(absl::StrCat("session ", seg.session_id(), ": ", checked.status().message()));
+      AddSegmentError(ok[j],
+                      absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(), ": ",
+                                                              checked.status().message())),
+                      &response);
       continue;
     }
-    const Verified& verified = *checked;
-    result->set_grammar_done(verified.stopped);
-    for (int i = 0; i <= verified.accepted; ++i) {
-      const SampleResult& sample = verified.samples[i];
-      wire::TokenSample* out = nullptr;
-      if (i < verified.accepted) out = result->add_accepted();
-      auto* tops = out != nullptr ? out->mutable_top() : result->mutable_top();
-      if (out != nullptr) {
-        out->set_id(sample.id);
-        out->set_logprob(sample.logprob);
-      } else {
-        result->set_token(sample.id);
-        result->set_logprob(sample.logprob);
-      }
-      for (const TokenLogprob& t : sample.top) {
-        wire::TokenLogprob* top = tops->Add();
-        top->set_id(t.id);
-        top->set_logprob(t.logprob);
-      }
-    }
+    VerifiedToWire(*checked, result);
   }
   observe();
   return response;

@@ -30,6 +30,7 @@
 #include "models/grammar/grammar.h"
 #include "models/sampler/sampler.h"
 #include "worker/es_replica.h"
+#include "worker/forward_reply.h"
 #include "worker/serial_executor.h"
 #include "worker/worker_client.h"
 
@@ -46,14 +47,6 @@ struct WorkerOptions {
   // its error fails the LoadShard.
   std::function<absl::StatusOr<std::string>(const wire::LoadShardRequest& request)> locate_model;
 };
-
-// A chained Forward's reply: what this stage found (`own`: its segment errors) merged with the
-// next stage's reply to the segments it was given (next's segment j is this call's index[j]).
-// A worker failure of the next stage (or one it reports further on) becomes a chain_failure
-// naming that stage, so the caller does not blame this one; other errors pass through.
-absl::StatusOr<wire::ForwardResponse> MergeChainReply(
-    wire::ForwardResponse own, const std::vector<int>& index, const std::string& next_worker,
-    absl::StatusOr<wire::ForwardResponse> later);
 
 // The model loading options a LoadShard asks for (stage < 0: an experts-only shard).
 LoadOptions LoadOptionsFor(const wire::LoadShardRequest& request);

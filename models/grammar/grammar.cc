@@ -34,6 +34,14 @@ const char* GrammarKindName(GrammarSpec::Kind kind) {
   return "";
 }
 
+std::optional<GrammarSpec::Kind> GrammarKindFromName(std::string_view name) {
+  for (GrammarSpec::Kind kind : {GrammarSpec::Kind::kJsonSchema, GrammarSpec::Kind::kRegex,
+                                 GrammarSpec::Kind::kLark}) {
+    if (name == GrammarKindName(kind)) return kind;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<std::shared_ptr<const GrammarVocab>> GrammarVocab::Create(
     const Tokenizer& tokenizer) {
   const int32_t n = tokenizer.vocab_size();

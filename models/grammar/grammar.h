@@ -16,8 +16,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +48,8 @@ struct GrammarSpec {
 
 // "json_schema", "regex", "lark" ("" for kNone): the names the wire and the flags use.
 const char* GrammarKindName(GrammarSpec::Kind kind);
+// The kind GrammarKindName names; nullopt for any other name (kNone included).
+std::optional<GrammarSpec::Kind> GrammarKindFromName(std::string_view name);
 
 // The longest a grammar may take to compile by default before it is refused.
 inline constexpr std::chrono::milliseconds kDefaultGrammarCompileLimit{2000};
