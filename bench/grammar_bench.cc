@@ -20,13 +20,9 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_format.h"
-#include "kernels/cpu/thread_pool.h"
-#include "models/chat/chat_template.h"
-#include "models/engine/model.h"
 #include "models/engine/session.h"
 #include "models/grammar/grammar.h"
-#include "models/hub/pull.h"
-#include "models/tokenizer/tokenizer.h"
+#include "bench/bench_model.h"
 #include "tools/bench_stats.h"
 #include "tools/command_status.h"
 #include "tools/commands.h"
@@ -82,18 +78,14 @@ std::vector<Named> Grammars() {
 }
 
 int RunGrammarBench(const GrammarBenchArgs& a) {
-  auto path = ResolveModel(a.model, /*progress=*/false);
-  if (!path.ok()) return Fail(path.status());
-  ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::Default().num_threads());
-  auto model = Model::Load(*path, {}, pool);
-  if (!model.ok()) return Fail(model.status());
-  auto tokenizer = Tokenizer::FromGguf((*model)->file());
-  if (!tokenizer.ok()) return Fail(tokenizer.status());
-  std::printf("model: %s  threads: %d  gen: %d  repeats: %d  greedy\n", path->c_str(),
-              pool.num_threads(), a.gen, a.repeats);
+  auto loaded = LoadBenchModel(a.model, a.threads);
+  if (!loaded.ok()) return Fail(loaded.status());
+  const BenchModel& b = *loaded;
+  std::printf("model: %s  threads: %d  gen: %d  repeats: %d  greedy\n", b.path.c_str(),
+              b.pool->num_threads(), a.gen, a.repeats);
 
   auto t0 = Clock::now();
-  auto vocab = GrammarVocab::Create(**tokenizer);
+  auto vocab = GrammarVocab::Create(*b.tokenizer);
   if (!vocab.ok()) return Fail(vocab.status());
   std::printf("token table: %d tokens in %.1f ms\n", (*vocab)->vocab_size(), Ms(Clock::now() - t0));
   std::printf("%-8s %12s\n", "grammar", "compile ms");
@@ -108,17 +100,9 @@ int RunGrammarBench(const GrammarBenchArgs& a) {
     std::printf("%-8s %12.2f\n", g.name, Median(ms));
   }
 
-  std::string text = "A JSON list of 40 users with ids, names and tags:";
-  auto chat = ChatTemplate::FromGguf((*model)->file());
-  if (chat.ok()) {
-    ChatMessage user;
-    user.role = "user";
-    user.content = text;
-    auto rendered = chat->Render({user}, ChatRenderOptions());
-    if (!rendered.ok()) return Fail(rendered.status());
-    text = *rendered;
-  }
-  const std::vector<int32_t> prompt = (*tokenizer)->Encode(text, !chat.ok(), true);
+  auto encoded = b.EncodeUserTurn("A JSON list of 40 users with ids, names and tags:");
+  if (!encoded.ok()) return Fail(encoded.status());
+  const std::vector<int32_t>& prompt = *encoded;
   auto records = (*vocab)->Compile(GrammarSpec::JsonSchema(kRecords));
   if (!records.ok()) return Fail(records.status());
 
@@ -126,9 +110,9 @@ int RunGrammarBench(const GrammarBenchArgs& a) {
   GenerationResult constrained;
   for (int r = 0; r < a.repeats; ++r) {
     for (bool constrain : {true, false}) {
-      auto kv = (*model)->NewKvCache(prompt.size() + a.gen + 8, GgmlType::kF16);
+      auto kv = b.model->NewKvCache(prompt.size() + a.gen + 8, GgmlType::kF16);
       if (!kv.ok()) return Fail(kv.status());
-      Session session(**model, **tokenizer, *std::move(kv));
+      Session session(*b.model, *b.tokenizer, *std::move(kv));
       GenerationOptions o;
       o.sampling.temperature = 0.0f;
       std::unique_ptr<GrammarMatcher> m;

@@ -28,12 +28,8 @@
 
 #include "absl/strings/str_format.h"
 #include "coordinator/coordinator.h"
-#include "kernels/cpu/thread_pool.h"
-#include "models/chat/chat_template.h"
-#include "models/engine/model.h"
 #include "models/engine/session.h"
-#include "models/hub/pull.h"
-#include "models/tokenizer/tokenizer.h"
+#include "bench/bench_model.h"
 #include "tools/bench_stats.h"
 #include "tools/command_status.h"
 #include "tools/commands.h"
@@ -107,22 +103,17 @@ absl::StatusOr<Run> RunPipelined(Coordinator& c, const std::vector<int32_t>& pro
 }
 
 int RunSpecBench(const SpecBenchArgs& a) {
-  auto path = ResolveModel(a.model, /*progress=*/false);
-  if (!path.ok()) return Fail(path.status());
-  ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::Default().num_threads());
-  auto model = Model::Load(*path, {}, pool);
-  if (!model.ok()) return Fail(model.status());
-  auto tokenizer = Tokenizer::FromGguf((*model)->file());
-  if (!tokenizer.ok()) return Fail(tokenizer.status());
-  auto chat = ChatTemplate::FromGguf((*model)->file());
+  auto loaded = LoadBenchModel(a.model, a.threads);
+  if (!loaded.ok()) return Fail(loaded.status());
+  const BenchModel& b = *loaded;
   std::printf("model: %s  threads: %d  gen: %d  repeats: %d  spec-max: %d  greedy  %s\n",
-              path->c_str(), pool.num_threads(), a.gen, a.repeats, a.spec_max,
+              b.path.c_str(), b.pool->num_threads(), a.gen, a.repeats, a.spec_max,
               a.stages > 0 ? absl::StrFormat("embedded pipeline of %d stages", a.stages).c_str()
                            : "one process");
   std::unique_ptr<Coordinator> coordinator;
   if (a.stages > 0) {
     CoordinatorOptions o;
-    o.model_path = *path;
+    o.model_path = b.path;
     o.context = 2048;
     o.scheduler.max_draft = a.spec_max;
     auto c = Coordinator::Create(o, std::make_shared<prometheus::Registry>());
@@ -132,7 +123,7 @@ int RunSpecBench(const SpecBenchArgs& a) {
     std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>> workers;
     for (int i = 0; i < a.stages; ++i) {
       WorkerOptions wo;
-      wo.threads = std::max(1, pool.num_threads() / a.stages);
+      wo.threads = std::max(1, b.pool->num_threads() / a.stages);
       workers.emplace_back(WorkerInfo{"", wo.threads, 0},
                            std::make_shared<WorkerActor>(wo, [self](const wire::Peer& p) {
                              return self->ClientFor(p.worker_id());
@@ -148,16 +139,9 @@ int RunSpecBench(const SpecBenchArgs& a) {
               "accepted/draft", "tokens/pass", "identical");
   bool all_identical = true;
   for (const Workload& w : Workloads()) {
-    std::string text = w.prompt;
-    if (chat.ok()) {
-      ChatMessage user;
-      user.role = "user";
-      user.content = w.prompt;
-      auto rendered = chat->Render({user}, ChatRenderOptions());
-      if (!rendered.ok()) return Fail(rendered.status());
-      text = *rendered;
-    }
-    const std::vector<int32_t> prompt = (*tokenizer)->Encode(text, !chat.ok(), true);
+    auto encoded = b.EncodeUserTurn(w.prompt);
+    if (!encoded.ok()) return Fail(encoded.status());
+    const std::vector<int32_t>& prompt = *encoded;
     GenerationOptions o;
     o.max_tokens = a.gen;
     o.sampling.temperature = 0.0f;
@@ -173,10 +157,10 @@ int RunSpecBench(const SpecBenchArgs& a) {
           (speculative ? spec : plain) = std::move(run->result);
           continue;
         }
-        auto kv = (*model)->NewKvCache(static_cast<int64_t>(prompt.size()) + a.gen + 8,
+        auto kv = b.model->NewKvCache(static_cast<int64_t>(prompt.size()) + a.gen + 8,
                                        GgmlType::kF16);
         if (!kv.ok()) return Fail(kv.status());
-        Session session(**model, **tokenizer, *std::move(kv));
+        Session session(*b.model, *b.tokenizer, *std::move(kv));
         o.speculative = speculative;
         auto result = session.Generate(prompt, o);
         if (!result.ok()) return Fail(result.status());
