@@ -185,6 +185,19 @@ TEST(HttpJson, WrongTypesNameTheField) {
                                    &forced_tool);
   ASSERT_FALSE(tools.ok());
   EXPECT_NE(tools.status().message().find("tools[0]"), std::string::npos);
+  // Anthropic's shapes: a tool without its input_schema, a tool_choice of another type, a
+  // named tool that is not declared, a forced choice with no tools.
+  for (const auto& [body, says] :
+       {std::pair{R"({"tools":[{"name":"f"}]})", "tools[0]"},
+        std::pair{R"({"tools":[{"name":"f","input_schema":{}}],"tool_choice":{"type":"all"}})",
+                  "type 'all'"},
+        std::pair{R"({"tools":[{"name":"f","input_schema":{}}],"tool_choice":{"type":"tool","name":"g"}})",
+                  "'g', which is not in 'tools'"},
+        std::pair{R"({"tool_choice":{"type":"any"}})", "needs 'tools'"}}) {
+    auto a = http_api::ReadAnthropicTools(json::parse(body), &parse_tools, &forced_tool);
+    ASSERT_FALSE(a.ok()) << body;
+    EXPECT_NE(a.status().message().find(says), std::string::npos) << a.status();
+  }
   // Invalid UTF-8 (a path or Host echoed in an error) is replaced, never thrown.
   EXPECT_EQ(http_api::Dump(json("a\xff")), "\"a\xEF\xBF\xBD\"");
 }

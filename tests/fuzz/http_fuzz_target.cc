@@ -37,6 +37,8 @@ std::string CheckBody(std::string_view body) {
   std::optional<std::string> forced_tool;
   auto tools = http_api::ReadTools(*j, &parse_tools, &forced_tool);
   err += CheckReader(tools, "ReadTools");
+  err += CheckReader(http_api::ReadAnthropicTools(*j, &parse_tools, &forced_tool),
+                     "ReadAnthropicTools");
   err += CheckReader(http_api::ReadResponsesInput(*j), "ReadResponsesInput");
   err += CheckReader(http_api::ReadAnthropicMessages(*j), "ReadAnthropicMessages");
   err += CheckReader(http_api::ReadAnthropicThinking(*j), "ReadAnthropicThinking");
