@@ -8,7 +8,7 @@
 // summation order (same integer block sums, same per-block scales).
 //
 // The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
-// on AVX-512, 4 x 2 on AVX2; docs/kernels.md), so each loaded block serves every row or column
+// on AVX-512, 4 x 6 for float weights, 4 x 2 on AVX2; docs/kernels.md), so each loaded block serves every row or column
 // of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
 // rows keeps those rows in L2 while every activation tile streams past them.
 #ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
@@ -37,6 +37,10 @@ FUCINA_GEMM_LEGACY_DECLS
 FUCINA_GEMM_ONE_DECL(GemmQ4_KQ8_K)
 FUCINA_GEMM_ONE_DECL(GemmQ5_KQ8_K)
 FUCINA_GEMM_ONE_DECL(GemmQ6_KQ8_K)
+// Float weights against f32 activations (gemm_float_avx512.cc).
+FUCINA_GEMM_ONE_DECL(GemmF32F32)
+FUCINA_GEMM_ONE_DECL(GemmF16F32)
+FUCINA_GEMM_ONE_DECL(GemmBf16F32)
 }  // namespace avx512
 
 }  // namespace fucina

@@ -122,6 +122,9 @@ Table Avx512TableWithGemm() {
   SetGemm(t, T::kQ4_K, avx512::GemmQ4_KQ8_K);
   SetGemm(t, T::kQ5_K, avx512::GemmQ5_KQ8_K);
   SetGemm(t, T::kQ6_K, avx512::GemmQ6_KQ8_K);
+  SetGemm(t, T::kF32, avx512::GemmF32F32);
+  SetGemm(t, T::kF16, avx512::GemmF16F32);
+  SetGemm(t, T::kBF16, avx512::GemmBf16F32);
   return t;
 }
 

@@ -23,7 +23,8 @@ namespace {
 
 constexpr GgmlType kTiledTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
-                                    GgmlType::kQ5_K, GgmlType::kQ6_K};
+                                    GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF32,
+                                    GgmlType::kF16,  GgmlType::kBF16};
 
 std::vector<Isa> SimdIsas() {
   std::vector<Isa> isas;
@@ -84,6 +85,12 @@ std::vector<Shape> Shapes(int block) {
     }
   }
   s.push_back({67, 40 * block, 11});
+  if (block == 1) {
+    // Float weights: k past the kernels' 1024-element chunks with a ragged tail, and k
+    // between one vector and two.
+    s.push_back({23, 2085, 14});
+    s.push_back({6, 17, 7});
+  }
   if (block == 32) {
     s.push_back({130, 48 * block, 33});
     s.push_back({21, 131 * block, 10});  // k past the kernels' 128-block activation chunks.
@@ -99,7 +106,8 @@ TEST(GemmTest, TiledKernelsArePresentWhereImplemented) {
     }
   }
   if (DetectedIsa() >= Isa::kAvx512) {
-    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF32,
+                          GgmlType::kF16, GgmlType::kBF16}) {
       EXPECT_NE(GetCpuTraits(type, Isa::kAvx512)->gemm, nullptr) << TypeName(type);
     }
   }
@@ -137,10 +145,25 @@ TEST_P(GemmTypeTest, MatchesScalarVecDotOnEveryIsaAndShape) {
       for (int64_t r = 0; r < sh.rows; ++r) {
         ref->to_float(w.data() + r * w_stride, wd.data(), sh.k);
         for (int64_t c = 0; c < sh.m; ++c) {
-          const float expected = ref->vec_dot(sh.k, w.data() + r * w_stride, x.data() + c * x_stride);
-          // Each of the ~k / block float additions may round (a few more for the lanes).
-          const double mag = Magnitude(wd.data(), xf.data() + c * sh.k, sh.k, block);
-          const double tol = 2.4e-7 * static_cast<double>(sh.k / block + 2) * mag + 1e-30;
+          double expected, mag, tol;
+          if (block == 1) {
+            // Float weights: every product is exact in f32, so the oracle is the exact sum
+            // (in double), and the kernel's error is that of its own f32 additions: k / 16
+            // per lane, one per 1024-element chunk, 4 for the lane tree.
+            expected = 0;
+            mag = 0;
+            for (int64_t j = 0; j < sh.k; ++j) {
+              const double p = static_cast<double>(wd[j]) * xf[c * sh.k + j];
+              expected += p;
+              mag += std::fabs(p);
+            }
+            tol = 1.2e-7 * static_cast<double>(sh.k / 16 + sh.k / 1024 + 8) * mag + 1e-30;
+          } else {
+            expected = ref->vec_dot(sh.k, w.data() + r * w_stride, x.data() + c * x_stride);
+            // Each of the ~k / block float additions may round (a few more for the lanes).
+            mag = Magnitude(wd.data(), xf.data() + c * sh.k, sh.k, block);
+            tol = 2.4e-7 * static_cast<double>(sh.k / block + 2) * mag + 1e-30;
+          }
           const float got = y[c * y_stride + r];
           ASSERT_NEAR(got, expected, tol)
               << TypeName(type) << " " << IsaName(isa) << " rows=" << sh.rows << " k=" << sh.k
@@ -175,7 +198,9 @@ TEST(GemmTest, MatMulTiledPathMatchesReference) {
   const Case cases[] = {{GgmlType::kQ4_1, 577, 576, 37}, {GgmlType::kQ8_0, 203, 1536, 9},
                         {GgmlType::kQ4_0, 1001, 64, 70}, {GgmlType::kQ4_K, 131, 768, 13},
                         {GgmlType::kQ6_K, 66, 512, 5},   {GgmlType::kQ5_1, 9, 96, 1},
-                        {GgmlType::kQ5_K, 40, 1024, 9},  {GgmlType::kQ6_K, 300, 1024, 1}};
+                        {GgmlType::kQ5_K, 40, 1024, 9},  {GgmlType::kQ6_K, 300, 1024, 1},
+                        {GgmlType::kF16, 131, 1100, 15}, {GgmlType::kBF16, 70, 2048, 7},
+                        {GgmlType::kF32, 33, 200, 1}};
   for (const Case& c : cases) {
     const std::vector<float> wf = RandomRows(c.rows * c.cols, 11);
     const std::vector<float> x = RandomRows(c.m * c.cols, 12);

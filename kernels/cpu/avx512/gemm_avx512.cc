@@ -36,28 +36,6 @@ namespace {
 constexpr int kRm = 4;  // weight rows per tile (fixed; short edges repeat the last row).
 constexpr int kMaxRn = 4;  // activation rows per tile (1..4 instantiated).
 
-// Sums of 4 vectors: lane i = horizontal sum of v[i].
-FUCINA_ALWAYS_INLINE __m128 Reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
-  // 128-bit chunks q0..q3: fold q2,q3 onto q0,q1 for two vectors at once.
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
-  // Chunk i now holds 4 partial sums of v[i].
-  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0,
-                                                                        0, 0, 0, 0, 0, 0, 0, 0),
-                                                      t));
-}
-
-// Stores lanes r < rows of v (rows in 1..4).
-FUCINA_ALWAYS_INLINE void StoreRows(float* y, int rows, __m128 v) {
-  _mm_mask_storeu_ps(y, static_cast<__mmask8>((1u << rows) - 1), v);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Legacy formats.
 

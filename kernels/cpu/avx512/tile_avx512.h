@@ -1,5 +1,6 @@
 // Private to kernels/cpu/avx512: register transposes shared by the row-transposed tile kernels
-// (gemm_avx512.cc for the legacy formats, gemm_k_avx512.cc for the k-quants).
+// (gemm_avx512.cc for the legacy formats, gemm_k_avx512.cc for the k-quants), and the
+// horizontal reductions of the dot-product tiles (gemm_avx512.cc, gemm_float_avx512.cc).
 //
 // A tile holds 16 weight rows, one per int32 lane: the same 16-byte piece of each row is loaded
 // and transposed so that vector k holds dword k (4 consecutive bytes) of every row. Lane 4l + i
@@ -140,6 +141,30 @@ FUCINA_TILE_INLINE void PrefetchTile(const uint8_t* const* rp, size_t row_bytes)
       _mm_prefetch(reinterpret_cast<const char*>(rp[r] + o), _MM_HINT_T1);
     }
   }
+}
+
+// Sums of 4 vectors: lane i = horizontal sum of v[i].
+FUCINA_TILE_INLINE __m128 Reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  // 128-bit chunks q0..q3: fold q2,q3 onto q0,q1 for two vectors at once.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
+  // Chunk i now holds 4 partial sums of v[i].
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0,
+                                                                        0, 0, 0, 0, 0, 0, 0, 0),
+                                                      t));
+}
+
+// Stores (or adds to y) lanes r < rows of v (rows in 1..4).
+FUCINA_TILE_INLINE void StoreRows(float* y, int rows, __m128 v, bool accumulate = false) {
+  const __mmask8 mask = static_cast<__mmask8>((1u << rows) - 1);
+  if (accumulate) v = _mm_add_ps(v, _mm_maskz_loadu_ps(mask, y));
+  _mm_mask_storeu_ps(y, mask, v);
 }
 
 // A 64-byte aligned per-thread buffer of at least `bytes`, grow-only (freed at thread exit).

@@ -1,0 +1,155 @@
+// AVX-512 tile kernels for float weights (F32, F16, BF16) against f32 activations, for
+// kernels/cpu/gemm_isa.h.
+//
+// Both operands are contiguous along k, so a tile is a block of dot products: 4 weight rows x
+// up to 6 activation rows, 24 accumulators of 16 lanes. Per 16 elements of k the tile loads
+// (and widens to f32 in registers) one vector of each weight row and one of each activation
+// row, and issues 24 FMAs: 10 loads and 4 conversions for 24 FMAs, so the two FMA ports stay
+// the bottleneck. The 16 lanes of each accumulator are summed once at the end (Reduce4).
+//
+// Numerics: every product is an exact f32 product of the weight (f16 and bf16 widen exactly)
+// and the f32 activation, as in the per-row vec_dot; only the summation order differs (16
+// lane partial sums, then a tree).
+//
+// k is processed in chunks of kKChunk elements, the outer loop after the activation group:
+// one chunk of 6 activation rows (24 KiB) stays in L1 while every row tile of the call (the
+// caller passes ~256 KiB of weight rows, which stay in L2) passes over it, and partial sums
+// are added into y between chunks.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/avx512/tile_avx512.h"
+#include "kernels/cpu/gemm_isa.h"
+#include "kernels/fp16.h"
+
+namespace fucina::avx512 {
+namespace {
+
+#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
+
+constexpr int kFRows = 4;       // weight rows per tile (short edges repeat the last row).
+constexpr int kFCols = 6;       // activation rows per tile (1..6 instantiated).
+constexpr int64_t kKChunk = 1024;  // elements of k per pass over the row tiles.
+
+// 16 weights at p as f32; the masked forms read only the lanes of `m`, the rest are zero.
+struct F32Row {
+  using T = float;
+  static FUCINA_ALWAYS_INLINE __m512 Load(const T* p) { return _mm512_loadu_ps(p); }
+  static FUCINA_ALWAYS_INLINE __m512 Load(const T* p, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, p);
+  }
+};
+struct F16Row {
+  using T = f16_t;
+  static FUCINA_ALWAYS_INLINE __m512 Load(const T* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static FUCINA_ALWAYS_INLINE __m512 Load(const T* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+struct Bf16Row {
+  using T = bf16_t;
+  // bf16 is the upper half of an f32: zero-extend to 32 bits and shift into place.
+  static FUCINA_ALWAYS_INLINE __m512 Widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static FUCINA_ALWAYS_INLINE __m512 Load(const T* p) {
+    return Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static FUCINA_ALWAYS_INLINE __m512 Load(const T* p, __mmask16 m) {
+    return Widen(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+
+// y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn.
+template <typename L, int kRn>
+FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
+                                    const float* const* xc, int rows, float* y, size_t y_stride,
+                                    bool accumulate) {
+  __m512 acc[kFRows][kRn];
+  for (int r = 0; r < kFRows; ++r) {
+    for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 w[kFRows];
+    for (int r = 0; r < kFRows; ++r) w[r] = L::Load(wr[r] + i);
+    for (int c = 0; c < kRn; ++c) {
+      const __m512 x = _mm512_loadu_ps(xc[c] + i);
+      for (int r = 0; r < kFRows; ++r) acc[r][c] = _mm512_fmadd_ps(w[r], x, acc[r][c]);
+    }
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512 w[kFRows];
+    for (int r = 0; r < kFRows; ++r) w[r] = L::Load(wr[r] + i, m);
+    for (int c = 0; c < kRn; ++c) {
+      const __m512 x = _mm512_maskz_loadu_ps(m, xc[c] + i);
+      for (int r = 0; r < kFRows; ++r) acc[r][c] = _mm512_fmadd_ps(w[r], x, acc[r][c]);
+    }
+  }
+  for (int c = 0; c < kRn; ++c) {
+    StoreRows(y + c * y_stride, rows, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]),
+              accumulate);
+  }
+}
+
+template <typename L>
+void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+               size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  using T = typename L::T;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  for (int64_t c0 = 0; c0 < cols; c0 += kFCols) {
+    const int nc = static_cast<int>(cols - c0 < kFCols ? cols - c0 : kFCols);
+    for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
+      const int64_t n = k - k0 < kKChunk ? k - k0 : kKChunk;
+      const float* xc[kFCols];
+      for (int c = 0; c < kFCols; ++c) {
+        xc[c] = reinterpret_cast<const float*>(xb + (c0 + (c < nc ? c : 0)) * x_stride) + k0;
+      }
+      for (int64_t r0 = 0; r0 < rows; r0 += kFRows) {
+        const int nr = static_cast<int>(rows - r0 < kFRows ? rows - r0 : kFRows);
+        const T* wr[kFRows];
+        for (int r = 0; r < kFRows; ++r) {
+          wr[r] = reinterpret_cast<const T*>(wb + (r0 + (r < nr ? r : nr - 1)) * w_stride) + k0;
+        }
+        float* yt = y + c0 * y_stride + r0;
+        const bool acc = k0 > 0;
+        switch (nc) {
+          case 6: FloatTile<L, 6>(n, wr, xc, nr, yt, y_stride, acc); break;
+          case 5: FloatTile<L, 5>(n, wr, xc, nr, yt, y_stride, acc); break;
+          case 4: FloatTile<L, 4>(n, wr, xc, nr, yt, y_stride, acc); break;
+          case 3: FloatTile<L, 3>(n, wr, xc, nr, yt, y_stride, acc); break;
+          case 2: FloatTile<L, 2>(n, wr, xc, nr, yt, y_stride, acc); break;
+          default: FloatTile<L, 1>(n, wr, xc, nr, yt, y_stride, acc); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void GemmF32F32(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmFloat<F32Row>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmF16F32(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmFloat<F16Row>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmBf16F32(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                 size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmFloat<Bf16Row>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+
+}  // namespace fucina::avx512
