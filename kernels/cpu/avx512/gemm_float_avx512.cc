@@ -70,16 +70,26 @@ struct Bf16Row {
 };
 
 // y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn.
+// ahead > 0 (decode-shaped calls, which read each weight once): the same elements of the rows
+// `ahead` bytes further on (the next tile) are requested into L2 as this tile reads its own,
+// one request per 64-byte line: 4 short row streams alone keep too few lines in flight.
 template <typename L, int kRn>
 FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
                                     const float* const* xc, int rows, float* y, size_t y_stride,
-                                    bool accumulate) {
+                                    bool accumulate, size_t ahead) {
+  using T = typename L::T;
+  constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line.
   __m512 acc[kFRows][kRn];
   for (int r = 0; r < kFRows; ++r) {
     for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
   }
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    if (ahead != 0 && i % kLine == 0) {
+      for (int r = 0; r < kFRows; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+      }
+    }
     __m512 w[kFRows];
     for (int r = 0; r < kFRows; ++r) w[r] = L::Load(wr[r] + i);
     for (int c = 0; c < kRn; ++c) {
@@ -116,6 +126,8 @@ void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const vo
       for (int c = 0; c < kFCols; ++c) {
         xc[c] = reinterpret_cast<const float*>(xb + (c0 + (c < nc ? c : 0)) * x_stride) + k0;
       }
+      // Decode-shaped: one pass over the weights, prefetched one tile ahead.
+      const size_t ahead = cols <= kFCols ? kFRows * w_stride : 0;
       for (int64_t r0 = 0; r0 < rows; r0 += kFRows) {
         const int nr = static_cast<int>(rows - r0 < kFRows ? rows - r0 : kFRows);
         const T* wr[kFRows];
@@ -125,12 +137,12 @@ void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const vo
         float* yt = y + c0 * y_stride + r0;
         const bool acc = k0 > 0;
         switch (nc) {
-          case 6: FloatTile<L, 6>(n, wr, xc, nr, yt, y_stride, acc); break;
-          case 5: FloatTile<L, 5>(n, wr, xc, nr, yt, y_stride, acc); break;
-          case 4: FloatTile<L, 4>(n, wr, xc, nr, yt, y_stride, acc); break;
-          case 3: FloatTile<L, 3>(n, wr, xc, nr, yt, y_stride, acc); break;
-          case 2: FloatTile<L, 2>(n, wr, xc, nr, yt, y_stride, acc); break;
-          default: FloatTile<L, 1>(n, wr, xc, nr, yt, y_stride, acc); break;
+          case 6: FloatTile<L, 6>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          case 5: FloatTile<L, 5>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          case 4: FloatTile<L, 4>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          case 3: FloatTile<L, 3>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          case 2: FloatTile<L, 2>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          default: FloatTile<L, 1>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
         }
       }
     }
