@@ -308,11 +308,23 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedB
       PrefetchNextTile<sizeof(W)>(rp, ahead, b * sizeof(W), j);
       P::Prep(rp, b * sizeof(W), q, &d, &m);
     }
+    // The columns' integer sums advance together, dword k of every column before dword k + 1:
+    // each sum is a chain of 8 dependent vpdpbusd (5 cycles each), and with the chains
+    // interleaved in program order the two ports see kRn independent ones at every step
+    // (column by column, the scheduler filled with waiting links and ran at ~1/3 of the
+    // ports' rate).
+    __m512i sum[kRn];
     for (int c = 0; c < kRn; ++c) {
-      const uint8_t* yq = xc[c] + b * sizeof(X) + offsetof(X, qs);
-      __m512i sum = P::kOffset != 0 ? _mm512_set1_epi32(meta.corr[c][j]) : _mm512_setzero_si512();
-      for (int k = 0; k < 8; ++k) sum = _mm512_dpbusd_epi32(sum, q[k], BroadcastDword(yq + 4 * k));
-      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+      sum[c] = P::kOffset != 0 ? _mm512_set1_epi32(meta.corr[c][j]) : _mm512_setzero_si512();
+    }
+    for (int k = 0; k < 8; ++k) {
+      for (int c = 0; c < kRn; ++c) {
+        const uint8_t* yq = xc[c] + b * sizeof(X) + offsetof(X, qs);
+        sum[c] = _mm512_dpbusd_epi32(sum[c], q[k], BroadcastDword(yq + 4 * k));
+      }
+    }
+    for (int c = 0; c < kRn; ++c) {
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[c]),
                                _mm512_mul_ps(d, _mm512_set1_ps(meta.d[c][j])), acc[c]);
       if constexpr (P::kHasMin) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(meta.s[c][j]), acc[c]);
     }

@@ -189,26 +189,39 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
       __m512i lo[8], hi[8];
       __m512 sd[2];
       if constexpr (kPacked) {
-        for (int k = 0; k < 8; ++k) {
-          lo[k] = _mm512_load_si512(&pk[b].lo[t][k]);
-          hi[k] = _mm512_load_si512(&pk[b].hi[t][k]);
-        }
         sd[0] = _mm512_load_ps(&pk[b].sd[t][0]);
         sd[1] = _mm512_load_ps(&pk[b].sd[t][1]);
       } else {
         u.Quants(rp, off, t, lo, hi, sd);
       }
-      for (int c = 0; c < kRn; ++c) {
-        const uint8_t* yq = xc[c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
-        __m512i sum_lo = _mm512_setzero_si512();
-        __m512i sum_hi = _mm512_setzero_si512();
+      // The integer sums of a group of columns advance together, dword k of every column
+      // before dword k + 1 (as in gemm_avx512.cc's TransposedTile): each sum is a chain of 8
+      // dependent vpdpbusd. The packed copy is read one dword step at a time, so only two
+      // weight vectors are live and all columns fit in one group; unpacked quants occupy 16
+      // registers, leaving room for groups of 2.
+      constexpr int kGroup = kPacked ? kRn : 2;
+      for (int c0 = 0; c0 < kRn; c0 += kGroup) {
+        constexpr int kMax = kGroup;
+        const int nc = kRn - c0 < kMax ? kRn - c0 : kMax;
+        __m512i sum_lo[kMax], sum_hi[kMax];
+        for (int c = 0; c < kMax; ++c) sum_lo[c] = sum_hi[c] = _mm512_setzero_si512();
         for (int k = 0; k < 8; ++k) {
-          sum_lo = _mm512_dpbusd_epi32(sum_lo, lo[k], BroadcastDword(yq + 4 * k));
-          sum_hi = _mm512_dpbusd_epi32(sum_hi, hi[k], BroadcastDword(yq + 32 + 4 * k));
+          const __m512i qlo = kPacked ? _mm512_load_si512(&pk[b].lo[t][k]) : lo[k];
+          const __m512i qhi = kPacked ? _mm512_load_si512(&pk[b].hi[t][k]) : hi[k];
+          for (int c = 0; c < nc; ++c) {
+            const uint8_t* yq =
+                xc[c0 + c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
+            sum_lo[c] = _mm512_dpbusd_epi32(sum_lo[c], qlo, BroadcastDword(yq + 4 * k));
+            sum_hi[c] = _mm512_dpbusd_epi32(sum_hi[c], qhi, BroadcastDword(yq + 32 + 4 * k));
+          }
         }
-        const __m512 dx = _mm512_set1_ps(meta.d[c][j]);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo), _mm512_mul_ps(sd[0], dx), acc[c]);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi), _mm512_mul_ps(sd[1], dx), acc[c]);
+        for (int c = 0; c < nc; ++c) {
+          const __m512 dx = _mm512_set1_ps(meta.d[c0 + c][j]);
+          acc[c0 + c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo[c]), _mm512_mul_ps(sd[0], dx),
+                                        acc[c0 + c]);
+          acc[c0 + c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi[c]), _mm512_mul_ps(sd[1], dx),
+                                        acc[c0 + c]);
+        }
       }
     }
     __m512i mins[4];
