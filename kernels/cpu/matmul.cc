@@ -19,15 +19,20 @@ int64_t RowsPerItem(int64_t rows, size_t row_bytes, int threads) {
   return std::max<int64_t>(grain, 1);
 }
 
-// Decode-shaped tiled calls stream every weight byte once, and the kernels prefetch one tile
-// of 16 rows ahead: items of ~64 KiB keep most of that prefetch inside the thread's own item
-// (with 16-row items it mostly fetched rows another thread was about to read), while at least
-// two items per thread still balance the load.
+// Decode-shaped tiled calls (one group of activation rows: a single stream, or a few lockstep
+// ones) stream every weight byte once, and the kernels prefetch one tile of 16 rows ahead:
+// items of ~64 KiB keep most of that prefetch inside the thread's own item (with 16-row items
+// it mostly fetched rows another thread was about to read), and each item pays its start-up
+// (activation metadata, the first tile's prefetch) once for many tiles, while at least two
+// items per thread still balance the load.
 int64_t DecodeRowsPerItem(int64_t rows, size_t row_bytes, int threads) {
   const int64_t grain =
       std::max<int64_t>(32, static_cast<int64_t>((64 << 10) / std::max<size_t>(row_bytes, 1)));
   return std::max<int64_t>(1, std::min(grain, rows / (2 * threads)));
 }
+
+// Activation rows the tiled kernels take in one pass over the weights (their widest tile).
+constexpr int64_t kDecodeColumns = 8;
 
 // Tiled kernels compute up to 16 weight rows at a time: work items are multiples of 16 rows.
 int64_t RoundUp16(int64_t n) { return std::max<int64_t>(16, (n + 15) & ~int64_t{15}); }
@@ -74,8 +79,9 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
     };
     if (pool != nullptr) {
       const int threads = pool->num_threads();
-      const int64_t grain = RoundUp16(m == 1 ? DecodeRowsPerItem(w.rows, w.row_stride, threads)
-                                             : RowsPerItem(w.rows, w.row_stride, threads));
+      const int64_t grain =
+          RoundUp16(m <= kDecodeColumns ? DecodeRowsPerItem(w.rows, w.row_stride, threads)
+                                        : RowsPerItem(w.rows, w.row_stride, threads));
       pool->ParallelFor(w.rows, grain, tiles_job);
     } else {
       tiles_job(0, w.rows, 0);
