@@ -82,9 +82,22 @@ absl::StatusOr<std::shared_ptr<const GrammarVocab>> GrammarVocab::Create(
 
 GrammarVocab::~GrammarVocab() { fucina_grammar_vocab_free(vocab_); }
 
+namespace {
+
+absl::Status CompileTimeout(const GrammarSpec& spec, std::chrono::milliseconds limit) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the ", GrammarKindName(spec.kind), " grammar took longer than ", limit.count(),
+      " ms to compile (a grammar this expensive is refused)"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GrammarMatcher>> GrammarVocab::Compile(
     const GrammarSpec& spec, std::chrono::milliseconds limit) const {
   if (spec.empty()) return absl::InvalidArgumentError("grammar: no grammar given");
+  // No time at all: refused before starting (waiting zero would accept a compile that happened
+  // to finish before this thread looked, so the answer would depend on scheduling).
+  if (limit.count() <= 0) return CompileTimeout(spec, limit);
   // The compile runs on a thread of its own so that a grammar too expensive to compile is
   // refused at `limit`; that thread finishes on its own and frees what it made.
   struct Shared {
@@ -116,9 +129,7 @@ absl::StatusOr<std::unique_ptr<GrammarMatcher>> GrammarVocab::Compile(
   std::unique_lock<std::mutex> lock(shared->mu);
   if (!shared->cv.wait_for(lock, limit, [&] { return shared->done; })) {
     shared->abandoned = true;
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the ", GrammarKindName(spec.kind), " grammar took longer than ", limit.count(),
-        " ms to compile (a grammar this expensive is refused)"));
+    return CompileTimeout(spec, limit);
   }
   if (shared->rc != 0) {
     return absl::InvalidArgumentError(

@@ -66,7 +66,7 @@ class GrammarVocab : public std::enable_shared_from_this<GrammarVocab> {
   // A matcher at the start of `spec`'s grammar. INVALID_ARGUMENT with the engine's own message
   // for a grammar or schema it rejects; DEADLINE_EXCEEDED when compiling takes longer than
   // `limit` (a grammar too expensive to serve; the compile finishes on a thread of its own and
-  // is dropped).
+  // is dropped), and at once when `limit` is not positive.
   absl::StatusOr<std::unique_ptr<GrammarMatcher>> Compile(
       const GrammarSpec& spec,
       std::chrono::milliseconds limit = kDefaultGrammarCompileLimit) const;
