@@ -30,8 +30,7 @@ constexpr int kTile = 32;
 constexpr int kMaxRows = 8;
 
 const uint8_t* HeadRow(const KvLayout& l, const void* cache, int64_t pos, int kvh) {
-  return static_cast<const uint8_t*>(cache) + (pos % l.capacity) * l.PositionBytes() +
-         kvh * l.HeadBytes();
+  return static_cast<const uint8_t*>(cache) + l.RowOffset(pos, kvh);
 }
 
 // First position query position p sees.
@@ -155,9 +154,7 @@ void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, co
   const int hd = layout.head_dim;
   for (int64_t r = 0; r < n; ++r) {
     for (int h = 0; h < layout.num_heads_kv; ++h) {
-      uint8_t* dst = static_cast<uint8_t*>(cache) +
-                     ((pos + r) % layout.capacity) * layout.PositionBytes() +
-                     h * layout.HeadBytes();
+      uint8_t* dst = static_cast<uint8_t*>(cache) + layout.RowOffset(pos + r, h);
       convert(src + (r * layout.num_heads_kv + h) * hd, dst, hd);
     }
   }
@@ -190,7 +187,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   const int hd = l.head_dim;
   const int ld = (hd + 15) / 16 * 16;  // buffer row length: whole SIMD vectors, zero padded.
   const int group = args.num_heads / l.num_heads_kv;
-  const int64_t stride = l.PositionBytes();
+  const int64_t stride = l.HeadBytes();  // between positions of one kv head.
   const int64_t head_bytes = l.HeadBytes();
   const TileKernels kern = SelectKernels(isa, l.type);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -258,9 +255,8 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       const int64_t first_tile = FirstKey(args, args.pos0 + i0) / kTile * kTile;
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
-        // The rows of one kv head are a position apart (all kv heads of a position are
-        // contiguous), a stride the hardware prefetchers do not follow: request the next
-        // tile's K and V rows while this one is computed.
+        // Request the next tile's K and V rows while this one is computed (a head's rows are
+        // contiguous, but a tile is short and K and V are two streams).
         const int64_t next = std::min<int64_t>(kTile, n_keys - j0 - nt);
         const int64_t next_row = next > 0 ? wrap(j0 + nt) : 0;  // a tile never wraps
         for (int64_t t = 0; t < next; ++t) {

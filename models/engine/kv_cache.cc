@@ -164,9 +164,13 @@ absl::Status KvCache::CopyPrefixFrom(const KvCache& other, int64_t n) {
     }
     any_wrapped |= wrapped;
     const int64_t rows = wrapped ? from.layout.capacity : std::min(n, from.layout.capacity);
-    const size_t bytes = static_cast<size_t>(to.layout.PositionBytes() * rows);
-    std::memcpy(to.k, from.k, bytes);
-    std::memcpy(to.v, from.v, bytes);
+    const size_t bytes = static_cast<size_t>(to.layout.HeadBytes() * rows);
+    for (int h = 0; h < to.layout.num_heads_kv; ++h) {  // head-major: one span per kv head.
+      std::memcpy(static_cast<uint8_t*>(to.k) + to.layout.RowOffset(0, h),
+                  static_cast<const uint8_t*>(from.k) + from.layout.RowOffset(0, h), bytes);
+      std::memcpy(static_cast<uint8_t*>(to.v) + to.layout.RowOffset(0, h),
+                  static_cast<const uint8_t*>(from.v) + from.layout.RowOffset(0, h), bytes);
+    }
   }
   len_ = n;
   high_water_ = any_wrapped ? std::max(n, other.high_water_) : n;

@@ -480,7 +480,7 @@ TEST(AttentionTileKernelsTest, LoadRowsIsExactAndLeavesPadding) {
     for (const auto& [name, load] : levels) {
       SCOPED_TRACE(std::string(TypeName(c.type)) + " hd=" + std::to_string(hd) + " " + name);
       std::vector<float> dst(static_cast<size_t>(n_rows + 1) * ld, 7.0f);
-      load(s.k.data() + s.layout.HeadBytes(), s.layout.PositionBytes(), n_rows, hd, ld,
+      load(s.k.data() + s.layout.RowOffset(0, 1), s.layout.HeadBytes(), n_rows, hd, ld,
            dst.data());
       for (int t = 0; t < n_rows + 1; ++t) {
         if (t < n_rows) LoadKvHead(s.layout, s.k.data(), t, 1, want.data());
@@ -539,7 +539,7 @@ TEST(KvCacheTest, StoreConvertsLikeGgml) {
   for (int j = 0; j < 32; ++j) x[j] = (j - 10) * 0.25f;  // amax = 21 * 0.25 = 5.25.
   std::vector<uint8_t> cache(l.TotalBytes());
   StoreKvRows(l, cache.data(), 1, 1, x.data());
-  const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(cache.data() + l.PositionBytes());
+  const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(cache.data() + l.RowOffset(1, 0));
   const float d = 5.25f / 127.0f;
   EXPECT_EQ(b->d, Fp32ToFp16(d));
   for (int j = 0; j < 32; ++j) EXPECT_EQ(b->qs[j], static_cast<int8_t>(std::roundf(x[j] / d)));
@@ -572,19 +572,22 @@ TEST(KvCacheTest, StoreWrapsAroundTheRing) {
     std::vector<uint8_t> row(one.TotalBytes());
     for (int64_t i = 0; i < 20; ++i) {
       StoreKvRows(one, row.data(), 0, 1, x.data() + i * 2 * 32);
-      const int64_t r = (25 + i) % 32;
-      EXPECT_EQ(0, std::memcmp(cache.data() + r * l.PositionBytes(), row.data(),
-                               l.PositionBytes()))
-          << "position " << 25 + i;
+      for (int h = 0; h < 2; ++h) {
+        EXPECT_EQ(0, std::memcmp(cache.data() + l.RowOffset(25 + i, h),
+                                 row.data() + one.RowOffset(0, h), l.HeadBytes()))
+            << "position " << 25 + i << " head " << h;
+      }
       std::vector<float> back(32), want(32);
       LoadKvHead(l, cache.data(), 25 + i, 1, back.data());
       LoadKvHead(one, row.data(), 0, 1, want.data());
       EXPECT_EQ(back, want) << "position " << 25 + i;
     }
     for (int64_t r = 13; r < 25; ++r) {
-      const uint8_t* p = cache.data() + r * l.PositionBytes();
-      EXPECT_TRUE(std::all_of(p, p + l.PositionBytes(), [](uint8_t b) { return b == 0xAB; }))
-          << "row " << r << " was written";
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* p = cache.data() + l.RowOffset(r, h);
+        EXPECT_TRUE(std::all_of(p, p + l.HeadBytes(), [](uint8_t b) { return b == 0xAB; }))
+            << "row " << r << " head " << h << " was written";
+      }
     }
   }
 }
