@@ -80,6 +80,32 @@ void ScalarExp(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
+// Max and sum of s[0, n) as 8 interleaved partial results combined in a fixed order: 8
+// independent chains the compiler vectorizes, where one running value was a chain of n
+// dependent operations per query row and tile (a fifth of decode time after 4,000 positions).
+// The order depends only on n, so a row's result never depends on the rows batched with it.
+float SpanMax(const float* s, int n) {
+  float m[8];
+  std::fill(m, m + 8, -std::numeric_limits<float>::infinity());
+  int t = 0;
+  for (; t + 8 <= n; t += 8) {
+    for (int l = 0; l < 8; ++l) m[l] = std::max(m[l], s[t + l]);
+  }
+  for (int l = 0; t < n; ++t, ++l) m[l] = std::max(m[l], s[t]);
+  return std::max(std::max(std::max(m[0], m[4]), std::max(m[1], m[5])),
+                  std::max(std::max(m[2], m[6]), std::max(m[3], m[7])));
+}
+
+float SpanSum(const float* s, int n) {
+  float a[8] = {};
+  int t = 0;
+  for (; t + 8 <= n; t += 8) {
+    for (int l = 0; l < 8; ++l) a[l] += s[t + l];
+  }
+  for (int l = 0; t < n; ++t, ++l) a[l] += s[t];
+  return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
 using LoadRowsFn = void (*)(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,
                             int ld, float* dst);
 
@@ -188,7 +214,6 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   const int ld = (hd + 15) / 16 * 16;  // buffer row length: whole SIMD vectors, zero padded.
   const int group = args.num_heads / l.num_heads_kv;
   const int64_t stride = l.HeadBytes();  // between positions of one kv head.
-  const int64_t head_bytes = l.HeadBytes();
   const TileKernels kern = SelectKernels(isa, l.type);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int max_rows = std::max(kMaxRows, group);
@@ -255,18 +280,6 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       const int64_t first_tile = FirstKey(args, args.pos0 + i0) / kTile * kTile;
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
-        // Request the next tile's K and V rows while this one is computed (a head's rows are
-        // contiguous, but a tile is short and K and V are two streams).
-        const int64_t next = std::min<int64_t>(kTile, n_keys - j0 - nt);
-        const int64_t next_row = next > 0 ? wrap(j0 + nt) : 0;  // a tile never wraps
-        for (int64_t t = 0; t < next; ++t) {
-          const uint8_t* kr = k_base + (next_row + t) * stride;
-          const uint8_t* vr = v_base + (next_row + t) * stride;
-          for (int64_t o = 0; o < head_bytes; o += 64) {
-            __builtin_prefetch(kr + o, 0, 2);
-            __builtin_prefetch(vr + o, 0, 2);
-          }
-        }
         kern.load(k_base + wrap(j0) * stride, stride, nt, hd, ld, kbuf);
         kern.scores(qs, rows, ld, kbuf, nt, s, kTile);
         for (int r = 0; r < rows; ++r) {
@@ -281,8 +294,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
             continue;
           }
           for (int t = 0; t < lo; ++t) sr[t] = kNegInf;
-          float tile_max = kNegInf;
-          for (int t = lo; t < valid; ++t) tile_max = std::max(tile_max, sr[t]);
+          const float tile_max = SpanMax(sr + lo, valid - lo);
           if (tile_max > run_max[r]) {
             // Rescale what was accumulated under the old maximum (nothing on the first tile).
             if (run_sum[r] != 0.0f) {
@@ -294,7 +306,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
           }
           for (int t = lo; t < valid; ++t) sr[t] -= run_max[r];
           kern.exp(sr + lo, sr + lo, valid - lo);
-          for (int t = lo; t < valid; ++t) run_sum[r] += sr[t];
+          run_sum[r] += SpanSum(sr + lo, valid - lo);
           std::fill(sr, sr + lo, 0.0f);
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
