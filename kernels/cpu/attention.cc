@@ -109,6 +109,11 @@ float SpanSum(const float* s, int n) {
 using LoadRowsFn = void (*)(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,
                             int ld, float* dst);
 
+using RowScoresFn = void (*)(const float* q, int n_rows, int ld, const void* rows,
+                            int64_t stride_bytes, int head_dim, int n_keys, float* s, int s_ld);
+using RowAccumFn = void (*)(const float* p, int p_ld, int n_rows, const void* rows,
+                           int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);
+
 struct TileKernels {
   LoadRowsFn load;
   void (*scores)(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
@@ -116,15 +121,33 @@ struct TileKernels {
   void (*accum)(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
                 float* acc);
   void (*exp)(const float* x, float* y, int64_t n);
+  // The same scores and sums read from the cache rows without the f32 tile buffer, bit for bit
+  // (ops_isa.h); null where an ISA has none.
+  RowScoresFn row_scores = nullptr;
+  RowAccumFn row_accum = nullptr;
 };
+
+// Query rows up to which a tile reads K and V straight from the cache: each row converts the
+// keys again, which costs less than staging them for one or two rows (decode) and more for a
+// prefill block.
+constexpr int kDirectRows = 2;
 
 TileKernels SelectKernels(Isa isa, GgmlType type) {
   switch (isa) {
     case Isa::kAvx512: {
-      const LoadRowsFn load = type == GgmlType::kF16    ? avx512::AttnLoadRowsF16
-                              : type == GgmlType::kQ8_0 ? avx512::AttnLoadRowsQ8_0
-                                                        : avx512::AttnLoadRowsF32;
-      return {load, avx512::AttnTileScores, avx512::AttnTileAccum, avx512::ExpF32};
+      TileKernels k{nullptr, avx512::AttnTileScores, avx512::AttnTileAccum, avx512::ExpF32};
+      if (type == GgmlType::kF16) {
+        k.load = avx512::AttnLoadRowsF16;
+        k.row_scores = avx512::AttnRowScoresF16;
+        k.row_accum = avx512::AttnRowAccumF16;
+      } else if (type == GgmlType::kQ8_0) {
+        k.load = avx512::AttnLoadRowsQ8_0;
+      } else {
+        k.load = avx512::AttnLoadRowsF32;
+        k.row_scores = avx512::AttnRowScoresF32;
+        k.row_accum = avx512::AttnRowAccumF32;
+      }
+      return k;
     }
     case Isa::kAvx2: {
       const LoadRowsFn load = type == GgmlType::kF16    ? avx2::AttnLoadRowsF16
@@ -280,8 +303,13 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       const int64_t first_tile = FirstKey(args, args.pos0 + i0) / kTile * kTile;
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
-        kern.load(k_base + wrap(j0) * stride, stride, nt, hd, ld, kbuf);
-        kern.scores(qs, rows, ld, kbuf, nt, s, kTile);
+        const bool direct = kern.row_scores != nullptr && rows <= kDirectRows;
+        if (direct) {
+          kern.row_scores(qs, rows, ld, k_base + wrap(j0) * stride, stride, hd, nt, s, kTile);
+        } else {
+          kern.load(k_base + wrap(j0) * stride, stride, nt, hd, ld, kbuf);
+          kern.scores(qs, rows, ld, kbuf, nt, s, kTile);
+        }
         for (int r = 0; r < rows; ++r) {
           float* sr = s + r * kTile;
           // Keys outside the row's [first, end) get weight exactly 0, so a row's result is
@@ -310,8 +338,12 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
           std::fill(sr, sr + lo, 0.0f);
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
-        kern.load(v_base + wrap(j0) * stride, stride, nt, hd, ld, vbuf);
-        kern.accum(s, kTile, rows, vbuf, nt, ld, acc);
+        if (direct) {
+          kern.row_accum(s, kTile, rows, v_base + wrap(j0) * stride, stride, hd, nt, ld, acc);
+        } else {
+          kern.load(v_base + wrap(j0) * stride, stride, nt, hd, ld, vbuf);
+          kern.accum(s, kTile, rows, vbuf, nt, ld, acc);
+        }
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t i = i0 + r / nh;

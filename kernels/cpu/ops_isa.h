@@ -57,6 +57,25 @@ FUCINA_OPS_ISA_DECLS
 }  // namespace avx2
 namespace avx512 {
 FUCINA_OPS_ISA_DECLS
+
+// Attention tile kernels that read the cache rows directly instead of an f32 tile buffer
+// (decode: with a query row or two per kv head, staging K and V cost more than using them;
+// not for q8_0, whose per-row unpacking costs more than staging it once).
+//   AttnRowScores{F32,F16}(q, n_rows, ld, rows, stride_bytes, head_dim, n_keys, s, s_ld)
+//     == AttnLoadRows*(rows, stride_bytes, n_keys, head_dim, ld, buf) then
+//        AttnTileScores(q, n_rows, ld, buf, n_keys, s, s_ld), bit for bit;
+//   AttnRowAccum{F32,F16}(p, p_ld, n_rows, rows, stride_bytes, head_dim, n_keys, ld, acc)
+//     == the same load then AttnTileAccum(p, p_ld, n_rows, buf, n_keys, ld, acc), bit for bit.
+// Only the n_keys rows are read (no padding rows past them).
+#define FUCINA_ATTN_DIRECT_DECLS(Type)                                                        \
+  void AttnRowScores##Type(const float* q, int n_rows, int ld, const void* rows,              \
+                           int64_t stride_bytes, int head_dim, int n_keys, float* s,           \
+                           int s_ld);                                                         \
+  void AttnRowAccum##Type(const float* p, int p_ld, int n_rows, const void* rows,             \
+                          int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);
+FUCINA_ATTN_DIRECT_DECLS(F32)
+FUCINA_ATTN_DIRECT_DECLS(F16)
+#undef FUCINA_ATTN_DIRECT_DECLS
 }  // namespace avx512
 
 #undef FUCINA_OPS_ISA_DECLS

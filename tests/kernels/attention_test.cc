@@ -493,6 +493,66 @@ TEST(AttentionTileKernelsTest, LoadRowsIsExactAndLeavesPadding) {
   }
 }
 
+// The direct tile kernels (K and V read from the cache rows) give the staged path's bits:
+// AttnLoadRows* into a padded f32 buffer, then AttnTileScores / AttnTileAccum. Head dims with a
+// tail past the last 16-lane chunk, every row count a block can have, partial key groups; the
+// rows are exactly n_keys long, so a read past the last key would leave the allocation.
+TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
+  if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  struct Kind {
+    GgmlType type;
+    decltype(&avx512::AttnLoadRowsF16) load;
+    decltype(&avx512::AttnRowScoresF16) scores;
+    decltype(&avx512::AttnRowAccumF16) accum;
+  };
+  const Kind kinds[] = {
+      {GgmlType::kF32, avx512::AttnLoadRowsF32, avx512::AttnRowScoresF32,
+       avx512::AttnRowAccumF32},
+      {GgmlType::kF16, avx512::AttnLoadRowsF16, avx512::AttnRowScoresF16,
+       avx512::AttnRowAccumF16}};
+  uint32_t seed = 100;
+  for (const Kind& kind : kinds) {
+    for (int hd : {40, 64, 128}) {
+      const int ld = (hd + 15) / 16 * 16;
+      for (int n_keys : {1, 7, 16, 17, 32}) {
+        for (int n_rows : {1, 2, 3, 5, 8}) {
+          SCOPED_TRACE(std::string(TypeName(kind.type)) + " hd=" + std::to_string(hd) +
+                       " keys=" + std::to_string(n_keys) + " rows=" + std::to_string(n_rows));
+          // Cache rows 8 bytes apart from dense; values through the cache type's rounding.
+          const KvLayout one{kind.type, 1, 1, hd};
+          const int64_t stride = one.HeadBytes() + 8;
+          std::vector<uint8_t> k(stride * n_keys), v(stride * n_keys);
+          const std::vector<float> kf = Random(n_keys * hd, -2.0f, 2.0f, seed++);
+          const std::vector<float> vf = Random(n_keys * hd, -2.0f, 2.0f, seed++);
+          for (int t = 0; t < n_keys; ++t) {
+            StoreKvRows(one, k.data() + t * stride, 0, 1, kf.data() + t * hd);
+            StoreKvRows(one, v.data() + t * stride, 0, 1, vf.data() + t * hd);
+          }
+          std::vector<float> q = Random(n_rows * ld, -1.0f, 1.0f, seed++);
+          for (int r = 0; r < n_rows; ++r) std::fill(q.begin() + r * ld + hd, q.begin() + (r + 1) * ld, 0.0f);
+          const std::vector<float> p = Random(n_rows * 32, 0.0f, 1.0f, seed++);
+          const std::vector<float> acc0 = Random(n_rows * ld, -1.0f, 1.0f, seed++);
+
+          // Staged: the buffer holds 32 rows (round_up(n_keys, 16) are read), zero padded.
+          std::vector<float> buf(32 * ld, 0.0f);
+          std::vector<float> s_staged(n_rows * 32, -5.0f), s_direct(n_rows * 32, -5.0f);
+          kind.load(k.data(), stride, n_keys, hd, ld, buf.data());
+          avx512::AttnTileScores(q.data(), n_rows, ld, buf.data(), n_keys, s_staged.data(), 32);
+          kind.scores(q.data(), n_rows, ld, k.data(), stride, hd, n_keys, s_direct.data(), 32);
+          ASSERT_EQ(0, std::memcmp(s_staged.data(), s_direct.data(), s_staged.size() * 4));
+
+          std::fill(buf.begin(), buf.end(), 0.0f);
+          std::vector<float> a_staged = acc0, a_direct = acc0;
+          kind.load(v.data(), stride, n_keys, hd, ld, buf.data());
+          avx512::AttnTileAccum(p.data(), 32, n_rows, buf.data(), n_keys, ld, a_staged.data());
+          kind.accum(p.data(), 32, n_rows, v.data(), stride, hd, n_keys, ld, a_direct.data());
+          ASSERT_EQ(0, std::memcmp(a_staged.data(), a_direct.data(), a_staged.size() * 4));
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionTest, FutureRowsDoNotLeakIntoEarlierQueries) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
     SCOPED_TRACE(std::string(TypeName(type)));

@@ -197,10 +197,68 @@ inline __m512 Reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 }
 
-// acc[r * ld + d] += sum_t p[r * p_ld + t] * v[t * ld + d] for R rows and dims
+// Where the tile kernels read dims [d, d + 16) of key/value row t as f32: the tile buffer
+// (AttnLoadRows* output, ld floats a row, zero past head_dim), or the cache rows themselves,
+// converted in registers to the very values AttnLoadRows* stores (dims past head_dim read as
+// zero). Either way a kernel does the same operations in the same order on the same values,
+// so the direct and the staged paths give identical bits.
+struct BufferRows {
+  const float* base;
+  int ld;
+  __m512 Load(int t, int d) const { return _mm512_loadu_ps(base + t * ld + d); }
+};
+
+struct CacheRowsF32 {
+  const uint8_t* base;
+  int64_t stride;
+  int head_dim;
+  __m512 Load(int t, int d) const {
+    const float* row = reinterpret_cast<const float*>(Row(base, stride, t));
+    return d + 16 <= head_dim ? _mm512_loadu_ps(row + d)
+                              : _mm512_maskz_loadu_ps(TailMask(head_dim - d), row + d);
+  }
+};
+
+struct CacheRowsF16 {
+  const uint8_t* base;
+  int64_t stride;
+  int head_dim;
+  __m512 Load(int t, int d) const {
+    const f16_t* row = reinterpret_cast<const f16_t*>(Row(base, stride, t));
+    return d + 16 <= head_dim ? LoadF16(row + d) : MaskLoadF16(TailMask(head_dim - d), row + d);
+  }
+};
+
+// s[r * s_ld + t] = dot(q row r, key row t) over ld dims, for t < n_keys. Keys are taken 16 at
+// a time; rows past n_keys in the last group are read again from the last key (the cache may
+// end there) and never stored.
+template <typename Rows>
+void TileScores(const float* q, int n_rows, int ld, const Rows& k, int n_keys, float* s,
+                int s_ld) {
+  for (int r = 0; r < n_rows; ++r) {
+    const float* qr = q + r * ld;
+    for (int t0 = 0; t0 < n_keys; t0 += 16) {
+      int key[16];
+      #pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) key[j] = t0 + j < n_keys ? t0 + j : n_keys - 1;
+      __m512 a[16];
+      #pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+      for (int d = 0; d < ld; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qr + d);
+        #pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qv, k.Load(key[j], d), a[j]);
+      }
+      const __mmask16 m = TailMask(n_keys - t0 >= 16 ? 16 : n_keys - t0);
+      _mm512_mask_storeu_ps(s + r * s_ld + t0, m, Reduce16(a));
+    }
+  }
+}
+
+// acc[r * ld + d] += sum_t p[r * p_ld + t] * v row t [d] for R rows and dims
 // [d0, d0 + 16 C): R * C accumulators stay in registers across the keys.
-template <int R, int C>
-inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int ld, int d0,
+template <int R, int C, typename Rows>
+inline void AccumBlock(const float* p, int p_ld, const Rows& v, int n_keys, int ld, int d0,
                        float* acc) {
   __m512 c[R][C];
   #pragma GCC unroll 16
@@ -211,7 +269,7 @@ inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int
   for (int t = 0; t < n_keys; ++t) {
     __m512 vv[C];
     #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) vv[j] = _mm512_loadu_ps(v + t * ld + d0 + 16 * j);
+    for (int j = 0; j < C; ++j) vv[j] = v.Load(t, d0 + 16 * j);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 w = _mm512_set1_ps(p[r * p_ld + t]);
@@ -228,11 +286,35 @@ inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int
 
 // All dims for R rows: chunks of 16 C dims (C chosen so R * C is about 8 independent FMA
 // chains), then 16-dim chunks for the rest (ld % 16 == 0).
-template <int R, int C>
-inline void AccumRows(const float* p, int p_ld, const float* v, int n_keys, int ld, float* acc) {
+template <int R, int C, typename Rows>
+inline void AccumRows(const float* p, int p_ld, const Rows& v, int n_keys, int ld, float* acc) {
   int d = 0;
   for (; d + 16 * C <= ld; d += 16 * C) AccumBlock<R, C>(p, p_ld, v, n_keys, ld, d, acc);
   for (; d < ld; d += 16) AccumBlock<R, 1>(p, p_ld, v, n_keys, ld, d, acc);
+}
+
+template <typename Rows>
+void TileAccum(const float* p, int p_ld, int n_rows, const Rows& v, int n_keys, int ld,
+               float* acc) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    AccumRows<4, 2>(p + r * p_ld, p_ld, v, n_keys, ld, acc + r * ld);
+  }
+  const float* pr = p + r * p_ld;
+  float* ar = acc + r * ld;
+  switch (n_rows - r) {
+    case 3:
+      AccumRows<3, 2>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 2:
+      AccumRows<2, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 1:
+      AccumRows<1, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace
@@ -280,48 +362,30 @@ void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int he
 
 void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
                     int s_ld) {
-  for (int r = 0; r < n_rows; ++r) {
-    const float* qr = q + r * ld;
-    for (int t0 = 0; t0 < n_keys; t0 += 16) {
-      // 16 keys at once; past n_keys the rows are finite padding whose scores are not stored.
-      const float* kb = k + t0 * ld;
-      __m512 a[16];
-      #pragma GCC unroll 16
-      for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
-      for (int d = 0; d < ld; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(qr + d);
-        #pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j) {
-          a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + j * ld + d), a[j]);
-        }
-      }
-      const __mmask16 m = TailMask(n_keys - t0 >= 16 ? 16 : n_keys - t0);
-      _mm512_mask_storeu_ps(s + r * s_ld + t0, m, Reduce16(a));
-    }
-  }
+  TileScores(q, n_rows, ld, BufferRows{k, ld}, n_keys, s, s_ld);
 }
 
 void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
                    float* acc) {
-  int r = 0;
-  for (; r + 4 <= n_rows; r += 4) {
-    AccumRows<4, 2>(p + r * p_ld, p_ld, v, n_keys, ld, acc + r * ld);
-  }
-  const float* pr = p + r * p_ld;
-  float* ar = acc + r * ld;
-  switch (n_rows - r) {
-    case 3:
-      AccumRows<3, 2>(pr, p_ld, v, n_keys, ld, ar);
-      break;
-    case 2:
-      AccumRows<2, 4>(pr, p_ld, v, n_keys, ld, ar);
-      break;
-    case 1:
-      AccumRows<1, 4>(pr, p_ld, v, n_keys, ld, ar);
-      break;
-    default:
-      break;
-  }
+  TileAccum(p, p_ld, n_rows, BufferRows{v, ld}, n_keys, ld, acc);
 }
+
+#define FUCINA_ATTN_DIRECT(Type)                                                              \
+  void AttnRowScores##Type(const float* q, int n_rows, int ld, const void* rows,              \
+                           int64_t stride_bytes, int head_dim, int n_keys, float* s,           \
+                           int s_ld) {                                                        \
+    TileScores(q, n_rows, ld,                                                                 \
+               CacheRows##Type{static_cast<const uint8_t*>(rows), stride_bytes, head_dim},    \
+               n_keys, s, s_ld);                                                              \
+  }                                                                                           \
+  void AttnRowAccum##Type(const float* p, int p_ld, int n_rows, const void* rows,             \
+                          int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) { \
+    TileAccum(p, p_ld, n_rows,                                                                \
+              CacheRows##Type{static_cast<const uint8_t*>(rows), stride_bytes, head_dim},     \
+              n_keys, ld, acc);                                                               \
+  }
+FUCINA_ATTN_DIRECT(F32)
+FUCINA_ATTN_DIRECT(F16)
+#undef FUCINA_ATTN_DIRECT
 
 }  // namespace fucina::avx512
