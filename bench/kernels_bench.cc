@@ -4,7 +4,14 @@
 // A decode step reads every weight once, so a matvec's ceiling is the memory read bandwidth.
 // The weights are a stack of decode-shaped matrices whose total exceeds the last-level cache,
 // cycled so every call streams from DRAM; the bound is a plain read of an equally large
-// buffer on 1 thread and on all threads.
+// buffer on 1 thread and on all threads. A prefill-shaped matmul is compute-bound: its bound is
+// one core's measured FMA or vpdpbusd issue rate times the threads (%pk).
+// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
+// -W(maybe-)uninitialized reports wherever those intrinsics are inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -93,6 +100,64 @@ uint64_t ReadRange(const uint64_t* p, int64_t n) {
   return ReadScalar(p, n);
 }
 
+// Peak issue rate of one core for the tiles' core instructions: 12 independent chains (enough
+// to cover the latency on two ports) of 512-bit FMAs (f32: 32 flops each) or vpdpbusd (int8:
+// 128 ops each), registers pinned by an empty asm so nothing is folded or spilled. The bound
+// that a compute-bound kernel's GFLOP/s are measured against.
+#define FUCINA_PEAK_REGS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define FUCINA_PEAK_PIN(i) , "+v"(a##i)
+constexpr int64_t kPeakIters = 1 << 20;
+
+__attribute__((target("avx512f"))) double FmaGflopsAvx512() {
+#define FUCINA_DECL(i) __m512 a##i = _mm512_set1_ps(1.0f + i);
+  FUCINA_PEAK_REGS(FUCINA_DECL)
+#undef FUCINA_DECL
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+  const Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+#define FUCINA_STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
+    FUCINA_PEAK_REGS(FUCINA_STEP)
+#undef FUCINA_STEP
+    asm volatile("" : "+v"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
+  }
+  return kPeakIters * 12.0 * 32 / Seconds(t0, Clock::now()) / 1e9;
+}
+
+__attribute__((target("avx512f,avx512vnni"))) double VnniGopsAvx512() {
+#define FUCINA_DECL(i) __m512i a##i = _mm512_set1_epi32(i);
+  FUCINA_PEAK_REGS(FUCINA_DECL)
+#undef FUCINA_DECL
+  const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
+  const Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+#define FUCINA_STEP(i) a##i = _mm512_dpbusd_epi32(a##i, u, v);
+    FUCINA_PEAK_REGS(FUCINA_STEP)
+#undef FUCINA_STEP
+    asm volatile("" : "+v"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
+  }
+  return kPeakIters * 12.0 * 128 / Seconds(t0, Clock::now()) / 1e9;
+}
+#undef FUCINA_PEAK_PIN
+#undef FUCINA_PEAK_REGS
+
+struct ComputePeak {
+  double fma_gflops = 0;  // one core; 0 where the ISA has no measurement here.
+  double int8_gops = 0;
+};
+
+// Best of a few runs: the first warms the core's 512-bit units up to their clock.
+ComputePeak MeasureComputePeak() {
+  ComputePeak p;
+  if (ActiveIsa() < Isa::kAvx512) return p;
+  for (int i = 0; i < 5; ++i) {
+    p.fma_gflops = std::max(p.fma_gflops, FmaGflopsAvx512());
+    if (DetectedIsa() >= Isa::kAvx512 && __builtin_cpu_supports("avx512vnni")) {
+      p.int8_gops = std::max(p.int8_gops, VnniGopsAvx512());
+    }
+  }
+  return p;
+}
+
 // Best-of-repeats read bandwidth in GB/s over `buf` with `pool`'s threads.
 double ReadBandwidth(const std::vector<uint64_t>& buf, ThreadPool& pool, double min_seconds) {
   const int64_t n = static_cast<int64_t>(buf.size());
@@ -169,10 +234,18 @@ int RunKernels(const BenchArgs& args) {
     bw1 = ReadBandwidth(buf, one, args.min_seconds);
     bwn = ReadBandwidth(buf, all, args.min_seconds);
   }
-  std::printf("read bandwidth: %.2f GB/s (1 thread), %.2f GB/s (%d threads)\n\n", bw1, bwn,
+  std::printf("read bandwidth: %.2f GB/s (1 thread), %.2f GB/s (%d threads)\n", bw1, bwn,
               all_threads);
-  std::printf("%-6s | %9s %6s %8s | %9s %6s %8s | %12s %12s\n", "type", "mv1 GB/s", "%bw1",
-              "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s", "mmP GFLOP/s");
+  const ComputePeak peak = MeasureComputePeak();
+  if (peak.fma_gflops > 0) {
+    std::printf("compute peak of one core: f32 FMA %.1f GFLOP/s, int8 vpdpbusd %.1f GOP/s "
+                "(%%pk: mmP against %d cores of it; float types against FMA, quantized against "
+                "vpdpbusd)\n",
+                peak.fma_gflops, peak.int8_gops, all_threads);
+  }
+  std::printf("\n%-6s | %9s %6s %8s | %9s %6s %8s | %12s %12s %5s\n", "type", "mv1 GB/s",
+              "%bw1", "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s", "mmP GFLOP/s",
+              "%pk");
 
   std::mt19937 rng(42);
   std::normal_distribution<float> nd;
@@ -209,9 +282,12 @@ int RunKernels(const BenchArgs& args) {
     const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
     // Prefill-shaped: a whole prompt of activation rows against the same matrix.
     const double mmp = MatMulGflops(mats.front(), args.prefill_batch, all, args.min_seconds);
-    std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f %12.1f\n",
+    const bool is_float = *type == GgmlType::kF32 || *type == GgmlType::kF16 ||
+                          *type == GgmlType::kBF16;
+    const double bound = all_threads * (is_float ? peak.fma_gflops : peak.int8_gops);
+    std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f %12.1f %4.0f%%\n",
                 name.c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
-                100 * rn.gbps / bwn, rn.gflops, mm, mmp);
+                100 * rn.gbps / bwn, rn.gflops, mm, mmp, bound > 0 ? 100 * mmp / bound : 0.0);
     std::fflush(stdout);
   }
   return 0;
