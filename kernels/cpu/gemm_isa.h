@@ -8,7 +8,8 @@
 // summation order (same integer block sums, same per-block scales).
 //
 // The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
-// on AVX-512, 4 x 6 for float weights, 4 x 2 on AVX2; docs/kernels.md), so each loaded block serves every row or column
+// on AVX-512, 4 x 6 for float weights; 4 x 2 on AVX2, 3 x 4 for float weights;
+// docs/kernels.md), so each loaded block serves every row or column
 // of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
 // rows keeps those rows in L2 while every activation tile streams past them.
 #ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
@@ -30,17 +31,23 @@ namespace fucina {
   FUCINA_GEMM_ONE_DECL(GemmQ5_0Q8_0) \
   FUCINA_GEMM_ONE_DECL(GemmQ5_1Q8_1)
 
+// Float weights against f32 activations (gemm_float_{avx2,avx512}.cc).
+#define FUCINA_GEMM_FLOAT_DECLS     \
+  FUCINA_GEMM_ONE_DECL(GemmF32F32) \
+  FUCINA_GEMM_ONE_DECL(GemmF16F32) \
+  FUCINA_GEMM_ONE_DECL(GemmBf16F32)
+
 // Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
-namespace avx2 { FUCINA_GEMM_LEGACY_DECLS }
+namespace avx2 {
+FUCINA_GEMM_LEGACY_DECLS
+FUCINA_GEMM_FLOAT_DECLS
+}  // namespace avx2
 namespace avx512 {
 FUCINA_GEMM_LEGACY_DECLS
+FUCINA_GEMM_FLOAT_DECLS
 FUCINA_GEMM_ONE_DECL(GemmQ4_KQ8_K)
 FUCINA_GEMM_ONE_DECL(GemmQ5_KQ8_K)
 FUCINA_GEMM_ONE_DECL(GemmQ6_KQ8_K)
-// Float weights against f32 activations (gemm_float_avx512.cc).
-FUCINA_GEMM_ONE_DECL(GemmF32F32)
-FUCINA_GEMM_ONE_DECL(GemmF16F32)
-FUCINA_GEMM_ONE_DECL(GemmBf16F32)
 }  // namespace avx512
 
 }  // namespace fucina

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/avx512/tile_avx512.h"
 #include "kernels/cpu/gemm_isa.h"
@@ -114,8 +115,43 @@ FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
 
 template <typename L>
 void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+               size_t x_stride, int64_t cols, float* y, size_t y_stride);
+
+// Prefill-shaped calls with f16/bf16 weights widen the call's rows to f32 once, into
+// per-thread scratch (the caller passes ~256 KiB of weight rows: 512 KiB widened, in L2), and
+// run the f32 tiles over the copy: in the tile loop, 4 conversions (2 uops each) per 24 FMAs
+// competed with the FMAs for the same two ports. The values are the same, so the results are.
+template <typename L>
+bool GemmWidened(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                 size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  using T = typename L::T;
+  const size_t row_floats = static_cast<size_t>((k + 15) & ~int64_t{15});
+  auto* wide = static_cast<float*>(TileScratch(rows * row_floats * sizeof(float)));
+  if (wide == nullptr) return false;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = reinterpret_cast<const T*>(wb + r * w_stride);
+    float* dst = wide + r * row_floats;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) _mm512_store_ps(dst + i, L::Load(src + i));
+    if (i < k) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (k - i)) - 1);
+      _mm512_mask_storeu_ps(dst + i, m, L::Load(src + i, m));
+    }
+  }
+  GemmFloat<F32Row>(k, wide, row_floats * sizeof(float), rows, x, x_stride, cols, y, y_stride);
+  return true;
+}
+
+template <typename L>
+void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   using T = typename L::T;
+  if constexpr (!std::is_same_v<L, F32Row>) {
+    if (cols > kFCols && GemmWidened<L>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride)) {
+      return;
+    }
+  }
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
   for (int64_t c0 = 0; c0 < cols; c0 += kFCols) {

@@ -1,0 +1,151 @@
+// AVX2 + FMA + F16C tile kernels for float weights (F32, F16, BF16) against f32 activations,
+// for kernels/cpu/gemm_isa.h: the AVX-512 file's scheme (gemm_float_avx512.cc) at 8 lanes.
+//
+// A tile is 3 weight rows x up to 4 activation rows: 12 accumulators, the 3 widened weight
+// vectors and one activation vector fill the 16 ymm registers. Per 8 elements of k: 3 weight
+// loads (and conversions), 4 activation loads, 12 FMAs. Each accumulator's 8 lanes are summed
+// once at the end. Products are exact f32 products (f16 and bf16 widen exactly); only the
+// summation order differs from the per-row vec_dot. k runs in 1024-element chunks, the outer
+// loop after the activation group, so the group's chunk stays in L1 while the call's weight
+// rows pass over it; the elements past the last multiple of 8 go through zero-padded copies.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/avx2/avx2_util.h"
+#include "kernels/cpu/gemm_isa.h"
+#include "kernels/fp16.h"
+
+namespace fucina::avx2 {
+namespace {
+
+#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
+
+constexpr int kFRows = 3;          // weight rows per tile (short edges repeat the last row).
+constexpr int kFCols = 4;          // activation rows per tile (1..4 instantiated).
+constexpr int64_t kKChunk = 1024;  // elements of k per pass over the row tiles.
+
+// 8 weights at p as f32.
+struct F32Row {
+  using T = float;
+  static FUCINA_ALWAYS_INLINE __m256 Load(const T* p) { return _mm256_loadu_ps(p); }
+};
+struct F16Row {
+  using T = f16_t;
+  static FUCINA_ALWAYS_INLINE __m256 Load(const T* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+struct Bf16Row {
+  using T = bf16_t;
+  // bf16 is the upper half of an f32: zero-extend to 32 bits and shift into place.
+  static FUCINA_ALWAYS_INLINE __m256 Load(const T* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
+// y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn. ahead > 0
+// (decode-shaped calls): the next tile's rows, `ahead` bytes on, are requested into L2 one
+// line at a time as this tile reads its own.
+template <typename L, int kRn>
+FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
+                                    const float* const* xc, int rows, float* y, size_t y_stride,
+                                    bool accumulate, size_t ahead) {
+  using T = typename L::T;
+  constexpr int64_t kLine = 64 / sizeof(T);
+  __m256 acc[kFRows][kRn];
+  for (int r = 0; r < kFRows; ++r) {
+    for (int c = 0; c < kRn; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    if (ahead != 0 && i % kLine == 0) {
+      for (int r = 0; r < kFRows; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+      }
+    }
+    __m256 w[kFRows];
+    for (int r = 0; r < kFRows; ++r) w[r] = L::Load(wr[r] + i);
+    for (int c = 0; c < kRn; ++c) {
+      const __m256 x = _mm256_loadu_ps(xc[c] + i);
+      for (int r = 0; r < kFRows; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], x, acc[r][c]);
+    }
+  }
+  if (i < n) {
+    const size_t tail = static_cast<size_t>(n - i);
+    __m256 w[kFRows];
+    for (int r = 0; r < kFRows; ++r) {
+      T pad[8] = {};
+      std::memcpy(pad, wr[r] + i, tail * sizeof(T));
+      w[r] = L::Load(pad);
+    }
+    for (int c = 0; c < kRn; ++c) {
+      float pad[8] = {};
+      std::memcpy(pad, xc[c] + i, tail * sizeof(float));
+      const __m256 x = _mm256_loadu_ps(pad);
+      for (int r = 0; r < kFRows; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], x, acc[r][c]);
+    }
+  }
+  for (int c = 0; c < kRn; ++c) {
+    float* yc = y + c * y_stride;
+    for (int r = 0; r < rows; ++r) {
+      const float s = HorizontalSum(acc[r][c]);
+      yc[r] = accumulate ? yc[r] + s : s;
+    }
+  }
+}
+
+template <typename L>
+void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+               size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  using T = typename L::T;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  // Decode-shaped: one pass over the weights, prefetched one tile ahead.
+  const size_t ahead = cols <= kFCols ? kFRows * w_stride : 0;
+  for (int64_t c0 = 0; c0 < cols; c0 += kFCols) {
+    const int nc = static_cast<int>(cols - c0 < kFCols ? cols - c0 : kFCols);
+    for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
+      const int64_t n = k - k0 < kKChunk ? k - k0 : kKChunk;
+      const float* xc[kFCols];
+      for (int c = 0; c < kFCols; ++c) {
+        xc[c] = reinterpret_cast<const float*>(xb + (c0 + (c < nc ? c : 0)) * x_stride) + k0;
+      }
+      for (int64_t r0 = 0; r0 < rows; r0 += kFRows) {
+        const int nr = static_cast<int>(rows - r0 < kFRows ? rows - r0 : kFRows);
+        const T* wr[kFRows];
+        for (int r = 0; r < kFRows; ++r) {
+          wr[r] = reinterpret_cast<const T*>(wb + (r0 + (r < nr ? r : nr - 1)) * w_stride) + k0;
+        }
+        float* yt = y + c0 * y_stride + r0;
+        const bool acc = k0 > 0;
+        switch (nc) {
+          case 4: FloatTile<L, 4>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          case 3: FloatTile<L, 3>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          case 2: FloatTile<L, 2>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+          default: FloatTile<L, 1>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void GemmF32F32(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmFloat<F32Row>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmF16F32(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmFloat<F16Row>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmBf16F32(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                 size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmFloat<Bf16Row>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+
+}  // namespace fucina::avx2
