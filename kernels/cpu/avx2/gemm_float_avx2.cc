@@ -5,9 +5,8 @@
 // vectors and one activation vector fill the 16 ymm registers. Per 8 elements of k: 3 weight
 // loads (and conversions), 4 activation loads, 12 FMAs. Each accumulator's 8 lanes are summed
 // once at the end. Products are exact f32 products (f16 and bf16 widen exactly); only the
-// summation order differs from the per-row vec_dot. k runs in 1024-element chunks, the outer
-// loop after the activation group, so the group's chunk stays in L1 while the call's weight
-// rows pass over it; the elements past the last multiple of 8 go through zero-padded copies.
+// summation order differs from the per-row vec_dot. The elements past the last multiple of 8
+// go through zero-padded copies. The walk over a call's tiles is kernels/cpu/gemm_float_loop.h.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -15,6 +14,7 @@
 #include <cstring>
 
 #include "kernels/cpu/avx2/avx2_util.h"
+#include "kernels/cpu/gemm_float_loop.h"
 #include "kernels/cpu/gemm_isa.h"
 #include "kernels/fp16.h"
 
@@ -25,7 +25,6 @@ namespace {
 
 constexpr int kFRows = 3;          // weight rows per tile (short edges repeat the last row).
 constexpr int kFCols = 4;          // activation rows per tile (1..4 instantiated).
-constexpr int64_t kKChunk = 1024;  // elements of k per pass over the row tiles.
 
 // 8 weights at p as f32.
 struct F32Row {
@@ -98,39 +97,24 @@ FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
   }
 }
 
+// The tile as FloatTileLoop (kernels/cpu/gemm_float_loop.h) drives it.
+template <typename L>
+struct FloatTiles {
+  using T = typename L::T;
+  static constexpr int kRows = kFRows;
+  static constexpr int kCols = kFCols;
+  template <int kRn>
+  static FUCINA_ALWAYS_INLINE void Run(int64_t n, const T* const* wr, const float* const* xc,
+                                       int rows, float* y, size_t y_stride, bool accumulate,
+                                       size_t ahead) {
+    FloatTile<L, kRn>(n, wr, xc, rows, y, y_stride, accumulate, ahead);
+  }
+};
+
 template <typename L>
 void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  using T = typename L::T;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
-  // Decode-shaped: one pass over the weights, prefetched one tile ahead.
-  const size_t ahead = cols <= kFCols ? kFRows * w_stride : 0;
-  for (int64_t c0 = 0; c0 < cols; c0 += kFCols) {
-    const int nc = static_cast<int>(cols - c0 < kFCols ? cols - c0 : kFCols);
-    for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
-      const int64_t n = k - k0 < kKChunk ? k - k0 : kKChunk;
-      const float* xc[kFCols];
-      for (int c = 0; c < kFCols; ++c) {
-        xc[c] = reinterpret_cast<const float*>(xb + (c0 + (c < nc ? c : 0)) * x_stride) + k0;
-      }
-      for (int64_t r0 = 0; r0 < rows; r0 += kFRows) {
-        const int nr = static_cast<int>(rows - r0 < kFRows ? rows - r0 : kFRows);
-        const T* wr[kFRows];
-        for (int r = 0; r < kFRows; ++r) {
-          wr[r] = reinterpret_cast<const T*>(wb + (r0 + (r < nr ? r : nr - 1)) * w_stride) + k0;
-        }
-        float* yt = y + c0 * y_stride + r0;
-        const bool acc = k0 > 0;
-        switch (nc) {
-          case 4: FloatTile<L, 4>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          case 3: FloatTile<L, 3>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          case 2: FloatTile<L, 2>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          default: FloatTile<L, 1>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-        }
-      }
-    }
-  }
+  FloatTileLoop<FloatTiles<L>>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 
 }  // namespace

@@ -11,10 +11,8 @@
 // and the f32 activation, as in the per-row vec_dot; only the summation order differs (16
 // lane partial sums, then a tree).
 //
-// k is processed in chunks of kKChunk elements, the outer loop after the activation group:
-// one chunk of 6 activation rows (24 KiB) stays in L1 while every row tile of the call (the
-// caller passes ~256 KiB of weight rows, which stay in L2) passes over it, and partial sums
-// are added into y between chunks.
+// The walk over a call's tiles (activation groups, 1024-element k chunks kept in L1, row tiles
+// from L2) is kernels/cpu/gemm_float_loop.h, shared with the AVX2 file.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -27,6 +25,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/avx512/tile_avx512.h"
+#include "kernels/cpu/gemm_float_loop.h"
 #include "kernels/cpu/gemm_isa.h"
 #include "kernels/fp16.h"
 
@@ -37,7 +36,6 @@ namespace {
 
 constexpr int kFRows = 4;       // weight rows per tile (short edges repeat the last row).
 constexpr int kFCols = 6;       // activation rows per tile (1..6 instantiated).
-constexpr int64_t kKChunk = 1024;  // elements of k per pass over the row tiles.
 
 // 16 weights at p as f32; the masked forms read only the lanes of `m`, the rest are zero.
 struct F32Row {
@@ -113,6 +111,20 @@ FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
   }
 }
 
+// The tile as FloatTileLoop (kernels/cpu/gemm_float_loop.h) drives it.
+template <typename L>
+struct FloatTiles {
+  using T = typename L::T;
+  static constexpr int kRows = kFRows;
+  static constexpr int kCols = kFCols;
+  template <int kRn>
+  static FUCINA_ALWAYS_INLINE void Run(int64_t n, const T* const* wr, const float* const* xc,
+                                       int rows, float* y, size_t y_stride, bool accumulate,
+                                       size_t ahead) {
+    FloatTile<L, kRn>(n, wr, xc, rows, y, y_stride, accumulate, ahead);
+  }
+};
+
 template <typename L>
 void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                size_t x_stride, int64_t cols, float* y, size_t y_stride);
@@ -146,43 +158,12 @@ bool GemmWidened(int64_t k, const void* w, size_t w_stride, int64_t rows, const 
 template <typename L>
 void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  using T = typename L::T;
   if constexpr (!std::is_same_v<L, F32Row>) {
     if (cols > kFCols && GemmWidened<L>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride)) {
       return;
     }
   }
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
-  for (int64_t c0 = 0; c0 < cols; c0 += kFCols) {
-    const int nc = static_cast<int>(cols - c0 < kFCols ? cols - c0 : kFCols);
-    for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
-      const int64_t n = k - k0 < kKChunk ? k - k0 : kKChunk;
-      const float* xc[kFCols];
-      for (int c = 0; c < kFCols; ++c) {
-        xc[c] = reinterpret_cast<const float*>(xb + (c0 + (c < nc ? c : 0)) * x_stride) + k0;
-      }
-      // Decode-shaped: one pass over the weights, prefetched one tile ahead.
-      const size_t ahead = cols <= kFCols ? kFRows * w_stride : 0;
-      for (int64_t r0 = 0; r0 < rows; r0 += kFRows) {
-        const int nr = static_cast<int>(rows - r0 < kFRows ? rows - r0 : kFRows);
-        const T* wr[kFRows];
-        for (int r = 0; r < kFRows; ++r) {
-          wr[r] = reinterpret_cast<const T*>(wb + (r0 + (r < nr ? r : nr - 1)) * w_stride) + k0;
-        }
-        float* yt = y + c0 * y_stride + r0;
-        const bool acc = k0 > 0;
-        switch (nc) {
-          case 6: FloatTile<L, 6>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          case 5: FloatTile<L, 5>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          case 4: FloatTile<L, 4>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          case 3: FloatTile<L, 3>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          case 2: FloatTile<L, 2>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-          default: FloatTile<L, 1>(n, wr, xc, nr, yt, y_stride, acc, ahead); break;
-        }
-      }
-    }
-  }
+  FloatTileLoop<FloatTiles<L>>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 
 }  // namespace
