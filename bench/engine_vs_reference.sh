@@ -6,9 +6,9 @@
 #   bench/engine_vs_reference.sh [MODEL.gguf ...]
 # With no model: SmolLM2-135M (Q4_1) and a Qwen3-0.6B-shaped random model (28 layers, hidden
 # 1024, ffn 3072, 16/8 heads, head 128, vocab 151936, tied) made by our quantizer as q8_0,
-# q4_k_m, f16 and bf16, and a Gemma-4-shaped one as q8_0 (~0.6B: 24 layers, hidden 1024, ffn 4096, 8 heads;
-# sliding layers of window 512 with 2 KV heads of 128, every sixth layer global with 1 KV head
-# of 256; Gemma's 262144-token vocabulary), all cached in $FUCINA_CACHE/bench. Env: THREADS
+# q4_k_m, f16 and bf16, and a Gemma-4-shaped one as q8_0 (~0.6B: 24 layers, hidden 1024, ffn
+# 4096, 8 heads; sliding layers of window 512 with 2 KV heads of 128, every sixth layer global
+# with 1 KV head of 256; Gemma's 262144-token vocabulary), all cached in $FUCINA_CACHE/bench. Env: THREADS
 # (default "1 2"), PROMPT (512), GEN (64), REPEATS (3).
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 ensure_apt_packages

@@ -226,11 +226,6 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
   auto tools = ReadTools(*j, &parse_tools, &forced_tool);
   if (!tools.ok()) return SendStatus(ex, d, tools.status());
   if (forced_tool.has_value()) {
-    if (!job.grammar.empty()) {
-      return SendStatus(ex, d, absl::InvalidArgumentError(
-                                   "tool_choice forces a tool call: the reply cannot also "
-                                   "follow response_format or guided_*"));
-    }
     if (absl::Status s = ForceToolCall(c_, *tools, *forced_tool, &job); !s.ok()) {
       return SendStatus(ex, d, s);
     }

@@ -9,6 +9,15 @@ namespace {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+// A tool_choice that names a tool: it must be one of `tools` (OpenAI's shape).
+absl::Status CheckToolDeclared(const json& tools, const std::string& name) {
+  const bool declared = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
+    return t["function"]["name"] == name;
+  });
+  if (declared) return absl::OkStatus();
+  return Invalid("field 'tool_choice' names '" + name + "', which is not in 'tools'");
+}
+
 ChatMessage Message(std::string role, std::string content) {
   ChatMessage m;
   m.role = std::move(role);
@@ -215,12 +224,7 @@ absl::StatusOr<json> ReadTools(const json& body, bool* parse_tools,
     if (tools.is_null()) return Invalid("field 'tool_choice': '" + choice + "' needs 'tools'");
     if (choice == "required") *forced_tool = "";
     if (choice == "named") {
-      const bool declared = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
-        return t["function"]["name"] == **forced_tool;
-      });
-      if (!declared) {
-        return Invalid("field 'tool_choice' names '" + **forced_tool + "', which is not in 'tools'");
-      }
+      if (absl::Status s = CheckToolDeclared(tools, **forced_tool); !s.ok()) return s;
     }
   }
   *parse_tools = !tools.is_null();
@@ -261,12 +265,7 @@ absl::StatusOr<json> ReadAnthropicTools(const json& body, bool* parse_tools,
         return Invalid("field 'tool_choice': type 'tool' needs the tool's 'name'");
       }
       *forced_tool = (*c)["name"].get<std::string>();
-      const bool declared = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
-        return t["function"]["name"] == **forced_tool;
-      });
-      if (!declared) {
-        return Invalid("field 'tool_choice' names '" + **forced_tool + "', which is not in 'tools'");
-      }
+      if (absl::Status s = CheckToolDeclared(tools, **forced_tool); !s.ok()) return s;
     }
     if (type == "any") *forced_tool = "";
   }

@@ -22,6 +22,12 @@ std::string TakeError(char* err) {
   return msg;
 }
 
+absl::Status CompileTimeout(const GrammarSpec& spec, std::chrono::milliseconds limit) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the ", GrammarKindName(spec.kind), " grammar took longer than ", limit.count(),
+      " ms to compile (a grammar this expensive is refused)"));
+}
+
 }  // namespace
 
 const char* GrammarKindName(GrammarSpec::Kind kind) {
@@ -81,16 +87,6 @@ absl::StatusOr<std::shared_ptr<const GrammarVocab>> GrammarVocab::Create(
 }
 
 GrammarVocab::~GrammarVocab() { fucina_grammar_vocab_free(vocab_); }
-
-namespace {
-
-absl::Status CompileTimeout(const GrammarSpec& spec, std::chrono::milliseconds limit) {
-  return absl::DeadlineExceededError(absl::StrCat(
-      "the ", GrammarKindName(spec.kind), " grammar took longer than ", limit.count(),
-      " ms to compile (a grammar this expensive is refused)"));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GrammarMatcher>> GrammarVocab::Compile(
     const GrammarSpec& spec, std::chrono::milliseconds limit) const {

@@ -529,7 +529,9 @@ TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
             StoreKvRows(one, v.data() + t * stride, 0, 1, vf.data() + t * hd);
           }
           std::vector<float> q = Random(n_rows * ld, -1.0f, 1.0f, seed++);
-          for (int r = 0; r < n_rows; ++r) std::fill(q.begin() + r * ld + hd, q.begin() + (r + 1) * ld, 0.0f);
+          for (int r = 0; r < n_rows; ++r) {
+            std::fill(q.begin() + r * ld + hd, q.begin() + (r + 1) * ld, 0.0f);
+          }
           const std::vector<float> p = Random(n_rows * 32, 0.0f, 1.0f, seed++);
           const std::vector<float> acc0 = Random(n_rows * ld, -1.0f, 1.0f, seed++);
 

@@ -125,10 +125,6 @@ struct FloatTiles {
   }
 };
 
-template <typename L>
-void GemmFloat(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-               size_t x_stride, int64_t cols, float* y, size_t y_stride);
-
 // Prefill-shaped calls with f16/bf16 weights widen the call's rows to f32 once, into
 // per-thread scratch (the caller passes ~256 KiB of weight rows: 512 KiB widened, in L2), and
 // run the f32 tiles over the copy: in the tile loop, 4 conversions (2 uops each) per 24 FMAs
@@ -151,7 +147,8 @@ bool GemmWidened(int64_t k, const void* w, size_t w_stride, int64_t rows, const 
       _mm512_mask_storeu_ps(dst + i, m, L::Load(src + i, m));
     }
   }
-  GemmFloat<F32Row>(k, wide, row_floats * sizeof(float), rows, x, x_stride, cols, y, y_stride);
+  FloatTileLoop<FloatTiles<F32Row>>(k, wide, row_floats * sizeof(float), rows, x, x_stride, cols,
+                                    y, y_stride);
   return true;
 }
 

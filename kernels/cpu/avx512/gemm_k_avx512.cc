@@ -201,10 +201,9 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
       // registers, leaving room for groups of 2.
       constexpr int kGroup = kPacked ? kRn : 2;
       for (int c0 = 0; c0 < kRn; c0 += kGroup) {
-        constexpr int kMax = kGroup;
-        const int nc = kRn - c0 < kMax ? kRn - c0 : kMax;
-        __m512i sum_lo[kMax], sum_hi[kMax];
-        for (int c = 0; c < kMax; ++c) sum_lo[c] = sum_hi[c] = _mm512_setzero_si512();
+        const int nc = kRn - c0 < kGroup ? kRn - c0 : kGroup;
+        __m512i sum_lo[kGroup], sum_hi[kGroup];
+        for (int c = 0; c < kGroup; ++c) sum_lo[c] = sum_hi[c] = _mm512_setzero_si512();
         for (int k = 0; k < 8; ++k) {
           const __m512i qlo = kPacked ? _mm512_load_si512(&pk[b].lo[t][k]) : lo[k];
           const __m512i qhi = kPacked ? _mm512_load_si512(&pk[b].hi[t][k]) : hi[k];
