@@ -31,6 +31,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ggml_type.h"
 #include "kernels/matmul.h"
+#include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
 #include "tools/commands.h"
 
@@ -242,7 +243,7 @@ int RunKernels(const BenchArgs& args) {
                 "vpdpbusd)\n",
                 peak.fma_gflops, peak.int8_gops, all_threads);
   }
-  std::printf("\n%-6s | %9s %6s %8s | %9s %6s %8s | %12s %12s %5s\n", "type", "mv1 GB/s",
+  std::printf("\n%-8s | %9s %6s %8s | %9s %6s %8s | %12s %12s %5s\n", "type", "mv1 GB/s",
               "%bw1", "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s", "mmP GFLOP/s",
               "%pk");
 
@@ -264,30 +265,44 @@ int RunKernels(const BenchArgs& args) {
     const size_t mat_bytes = row_bytes * args.rows;
     // One matrix quantized once, then copied to fill a working set larger than the caches.
     const size_t count = std::max<size_t>(2, (ws_bytes + mat_bytes - 1) / mat_bytes);
-    std::unique_ptr<uint8_t[]> storage(new uint8_t[mat_bytes * count]);
+    // 64-byte aligned, as the engine's weights are (a mapping's pages, or its aligned copies).
+    std::unique_ptr<uint8_t[]> buffer(new uint8_t[mat_bytes * count + 64]);
+    uint8_t* const base = buffer.get() + (64 - reinterpret_cast<uintptr_t>(buffer.get()) % 64) % 64;
     const CpuTypeTraits* traits = GetCpuTraits(*type);
     for (int64_t r = 0; r < args.rows; ++r) {
-      traits->from_float(src.data() + r * args.cols, storage.get() + r * row_bytes, args.cols);
+      traits->from_float(src.data() + r * args.cols, base + r * row_bytes, args.cols);
     }
     for (size_t i = 1; i < count; ++i) {
-      std::memcpy(storage.get() + i * mat_bytes, storage.get(), mat_bytes);
+      std::memcpy(base + i * mat_bytes, base, mat_bytes);
     }
     std::vector<WeightView> mats;
     for (size_t i = 0; i < count; ++i) {
-      mats.push_back(WeightView::Dense(storage.get() + i * mat_bytes, *type, args.rows, args.cols));
+      mats.push_back(WeightView::Dense(base + i * mat_bytes, *type, args.rows, args.cols));
     }
-    const TypeResult r1 = MatVecThroughput(mats, x, y, one, args.min_seconds);
-    const TypeResult rn = MatVecThroughput(mats, x, y, all, args.min_seconds);
-    const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
-    // Prefill-shaped: a whole prompt of activation rows against the same matrix.
-    const double mmp = MatMulGflops(mats.front(), args.prefill_batch, all, args.min_seconds);
     const bool is_float = *type == GgmlType::kF32 || *type == GgmlType::kF16 ||
                           *type == GgmlType::kBF16;
     const double bound = all_threads * (is_float ? peak.fma_gflops : peak.int8_gops);
-    std::printf("%-6s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f %12.1f %4.0f%%\n",
-                name.c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
-                100 * rn.gbps / bwn, rn.gflops, mm, mmp, bound > 0 ? 100 * mmp / bound : 0.0);
-    std::fflush(stdout);
+    auto measure = [&](const std::string& label) {
+      const TypeResult r1 = MatVecThroughput(mats, x, y, one, args.min_seconds);
+      const TypeResult rn = MatVecThroughput(mats, x, y, all, args.min_seconds);
+      const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
+      // Prefill-shaped: a whole prompt of activation rows against the same matrix.
+      const double mmp = MatMulGflops(mats.front(), args.prefill_batch, all, args.min_seconds);
+      std::printf("%-8s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f %12.1f %4.0f%%\n",
+                  label.c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
+                  100 * rn.gbps / bwn, rn.gflops, mm, mmp, bound > 0 ? 100 * mmp / bound : 0.0);
+      std::fflush(stdout);
+    };
+    measure(name);
+    if (TileLayoutApplies(mats.front())) {
+      // The layout the engine loads these weights in (kernels/tile_layout.h), in place.
+      PackTiles16(mats.front(), 0, args.rows / kTileRows, base);
+      for (size_t i = 0; i < count; ++i) {
+        if (i > 0) std::memcpy(base + i * mat_bytes, base, mat_bytes);
+        mats[i].layout = WeightLayout::kTiles16;
+      }
+      measure(name + "/t16");
+    }
   }
   return 0;
 }

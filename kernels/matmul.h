@@ -17,13 +17,20 @@
 
 namespace fucina {
 
-// A borrowed view of a weight matrix (typically into a GGUF mapping).
+// How a weight matrix's bytes are arranged.
+enum class WeightLayout : uint8_t {
+  kRows,     // row-major, `row_stride` apart (GGUF's layout)
+  kTiles16,  // groups of 16 rows repacked for the tile kernels (kernels/tile_layout.h)
+};
+
+// A borrowed view of a weight matrix (typically into a GGUF mapping, or its repacked copy).
 struct WeightView {
   const void* data = nullptr;
   GgmlType type = GgmlType::kF32;
   int64_t rows = 0;        // output features.
   int64_t cols = 0;        // input features; a multiple of the type's block size.
   size_t row_stride = 0;   // bytes between rows; RowBytes(type, cols) when dense.
+  WeightLayout layout = WeightLayout::kRows;  // kTiles16: dense, rows a multiple of 16.
 
   static WeightView Dense(const void* data, GgmlType type, int64_t rows, int64_t cols);
 };

@@ -32,6 +32,9 @@ struct CpuTypeTraits {
   FromFloatFn from_float = nullptr;  // reference quantizer (weights and activations).
   VecDotFn vec_dot = nullptr;        // null: no matvec for this type.
   GemmFn gemm = nullptr;             // optional tiled vec_dot; null: MatMul uses vec_dot.
+  // The same for weights in WeightLayout::kTiles16 (w: the first row's tile, rows a multiple
+  // of 16, w_stride the row-major row stride); null: the type has no such layout here.
+  GemmFn gemm_tiles16 = nullptr;
 };
 
 // Kernels for `type` at the active ISA (kernels/cpu/isa.h). Null for types with no CPU

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
 
 namespace fucina {
@@ -42,6 +43,21 @@ constexpr int64_t kActivationTile = 64;
 
 void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, const float* x,
          int64_t m, float* y, ThreadPool* pool) {
+  GemmFn gemm = wt.gemm;
+  if (w.layout == WeightLayout::kTiles16) {
+    gemm = wt.gemm_tiles16;
+    if (gemm == nullptr) {
+      // No kernel reads the packed layout at this ISA (the scalar reference, lower ISAs in
+      // tests): run on a row-major copy.
+      std::vector<uint8_t> rows(w.rows * w.row_stride);
+      UnpackTiles16(w, rows.data());
+      WeightView dense = w;
+      dense.data = rows.data();
+      dense.layout = WeightLayout::kRows;
+      Run(wt, xt, dense, x, m, y, pool);
+      return;
+    }
+  }
   const int64_t k = w.cols;
   const size_t xq_row = static_cast<size_t>(RowBytes(wt.vec_dot_type, k));
   // Quantized activations: per calling thread, grow-only (decode reuses it every step).
@@ -64,7 +80,7 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
   }
 
   const auto* wbase = static_cast<const uint8_t*>(w.data);
-  if (wt.gemm != nullptr) {
+  if (gemm != nullptr) {
     // Tiled kernels: a work item is a run of weight rows against every activation row. Within
     // it, blocks of ~256 KiB of weights stay in L2 while all activation tiles pass over them
     // (large enough that per-activation-tile setup is shared by many weight tiles).
@@ -73,7 +89,7 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
     auto tiles_job = [&](int64_t r0, int64_t r1, int) {
       for (int64_t b0 = r0; b0 < r1; b0 += l2_rows) {
         const int64_t b1 = std::min(r1, b0 + l2_rows);
-        wt.gemm(k, wbase + b0 * w.row_stride, w.row_stride, b1 - b0, xq, xq_row, m, y + b0,
+        gemm(k, wbase + b0 * w.row_stride, w.row_stride, b1 - b0, xq, xq_row, m, y + b0,
                 static_cast<size_t>(w.rows));
       }
     };

@@ -122,6 +122,9 @@ Table Avx512TableWithGemm() {
   SetGemm(t, T::kQ4_1, avx512::GemmQ4_1Q8_1);
   SetGemm(t, T::kQ5_0, avx512::GemmQ5_0Q8_0);
   SetGemm(t, T::kQ5_1, avx512::GemmQ5_1Q8_1);
+  t[static_cast<uint32_t>(T::kQ8_0)].gemm_tiles16 = avx512::GemmTilesQ8_0Q8_0;
+  t[static_cast<uint32_t>(T::kQ4_0)].gemm_tiles16 = avx512::GemmTilesQ4_0Q8_0;
+  t[static_cast<uint32_t>(T::kQ4_1)].gemm_tiles16 = avx512::GemmTilesQ4_1Q8_1;
   SetGemm(t, T::kQ4_K, avx512::GemmQ4_KQ8_K);
   SetGemm(t, T::kQ5_K, avx512::GemmQ5_KQ8_K);
   SetGemm(t, T::kQ6_K, avx512::GemmQ6_KQ8_K);

@@ -200,6 +200,11 @@ struct ActivationMeta {
   int32_t corr[kTCols][kTChunk];
 };
 
+// 16 f16 fields of a kTiles16 tile as floats.
+FUCINA_ALWAYS_INLINE __m512 TileFields(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // Weight side of one block for 16 rows: q[k] pairs with activation dword k (unsigned bytes),
 // d the rows' scales, m their offsets (kHasMin).
 struct T8_0 {
@@ -207,6 +212,7 @@ struct T8_0 {
   using X = BlockQ8_0;
   static constexpr int kOffset = 128;
   static constexpr bool kHasMin = false;
+  static constexpr int kTileQuantBytes = 512;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512*) {
     LoadTransposed(rp, off + offsetof(W, qs), q);
@@ -214,6 +220,13 @@ struct T8_0 {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(q[k], flip);
     *d = LowHalves(LoadDword0(rp, off));
+  }
+  // Block b of a kTiles16 tile of nb blocks (kernels/tile_layout.h): natural lane order.
+  static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
+                                             __m512i q[8], __m512* d, __m512*) {
+    const uint8_t* qs = tile + b * 512;
+    for (int k = 0; k < 8; ++k) q[k] = _mm512_loadu_si512(qs + 64 * k);
+    *d = TileFields(tile + nb * 512 + b * 32);
   }
 };
 
@@ -231,12 +244,20 @@ struct T4_0 {
   using X = BlockQ8_0;
   static constexpr int kOffset = 8;
   static constexpr bool kHasMin = false;
+  static constexpr int kTileQuantBytes = 256;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512*) {
     __m512i t[4];
     LoadTransposed(rp, off + offsetof(W, qs), t);
     SplitNibbles(t, q);
     *d = LowHalves(LoadDword0(rp, off));
+  }
+  static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
+                                             __m512i q[8], __m512* d, __m512*) {
+    __m512i t[4];
+    for (int k = 0; k < 4; ++k) t[k] = _mm512_loadu_si512(tile + b * 256 + 64 * k);
+    SplitNibbles(t, q);
+    *d = TileFields(tile + nb * 256 + b * 32);
   }
 };
 
@@ -245,6 +266,7 @@ struct T4_1 {
   using X = BlockQ8_1;
   static constexpr int kOffset = 0;
   static constexpr bool kHasMin = true;
+  static constexpr int kTileQuantBytes = 256;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512* m) {
     __m512i t[4];
@@ -253,6 +275,15 @@ struct T4_1 {
     const __m512i h = LoadDword0(rp, off);
     *d = LowHalves(h);
     *m = LowHalves(_mm512_srli_epi32(h, 16));
+  }
+  static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
+                                             __m512i q[8], __m512* d, __m512* m) {
+    __m512i t[4];
+    for (int k = 0; k < 4; ++k) t[k] = _mm512_loadu_si512(tile + b * 256 + 64 * k);
+    SplitNibbles(t, q);
+    const uint8_t* fields = tile + nb * 256 + b * 64;
+    *d = TileFields(fields);
+    *m = TileFields(fields + 32);
   }
 };
 
@@ -285,13 +316,33 @@ struct PackedBlock {
   __m512 d, m;
 };
 
-// kPacked: the rows' blocks come unpacked from pk[b] (b counted from the start of the row),
-// else they are loaded and transposed from rp.
-template <typename P, int kRn, bool kPacked>
-FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedBlock* pk,
-                                         const uint8_t* const* xc, int64_t b0, int64_t n,
-                                         const ActivationMeta& meta, int rows, float* y,
-                                         size_t y_stride, bool accumulate, size_t ahead) {
+// Where a tile's blocks come from: GGUF rows, loaded and transposed as the tile goes (decode);
+// the per-thread unpacked copy of those rows (prefill); or weights already in the kTiles16
+// layout (kernels/tile_layout.h), read as they are by both.
+enum class Source { kRows, kScratch, kTiles };
+
+// Decode-shaped calls on kTiles16 weights prefetch the quant stream this many bytes ahead of
+// the block being read. A tile is one sequential stream, but the hardware prefetchers alone
+// kept too few lines in flight: `bench kernels` (4096 x 4096 Q8_0, 2 threads) read 21 GB/s
+// without, 23-25 at 1-2 KiB ahead, 25-28 at 4 KiB, no better at 8-16 KiB.
+constexpr size_t kTilesAhead = 4096;
+
+// The block source of one 16-row tile: rp (kRows), pk (kScratch, blocks counted from the
+// start of the row) or tile + nb (kTiles).
+struct TileBlocks {
+  const uint8_t* const* rp = nullptr;
+  const PackedBlock* pk = nullptr;
+  const uint8_t* tile = nullptr;
+  int64_t nb = 0;
+  // Prefetch distance in bytes, 0 for none: kRows, to the next tile's rows; kTiles, ahead in
+  // the quant stream.
+  size_t ahead = 0;
+};
+
+template <typename P, int kRn, Source kSource>
+FUCINA_ALWAYS_INLINE void TransposedTile(const TileBlocks& src, const uint8_t* const* xc,
+                                         int64_t b0, int64_t n, const ActivationMeta& meta,
+                                         int rows, float* y, size_t y_stride, bool accumulate) {
   using W = typename P::W;
   using X = typename P::X;
   __m512 acc[kRn];
@@ -300,13 +351,21 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedB
     const int64_t b = b0 + j;
     __m512i q[8];
     __m512 d, m = _mm512_setzero_ps();
-    if constexpr (kPacked) {
-      for (int k = 0; k < 8; ++k) q[k] = _mm512_load_si512(&pk[b].q[k]);
-      d = _mm512_load_ps(&pk[b].d);
-      if constexpr (P::kHasMin) m = _mm512_load_ps(&pk[b].m);
+    if constexpr (kSource == Source::kScratch) {
+      for (int k = 0; k < 8; ++k) q[k] = _mm512_load_si512(&src.pk[b].q[k]);
+      d = _mm512_load_ps(&src.pk[b].d);
+      if constexpr (P::kHasMin) m = _mm512_load_ps(&src.pk[b].m);
+    } else if constexpr (kSource == Source::kTiles) {
+      if (src.ahead != 0) {
+        const uint8_t* next = src.tile + b * P::kTileQuantBytes + src.ahead;
+        for (int l = 0; l < P::kTileQuantBytes; l += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(next + l), _MM_HINT_T0);
+        }
+      }
+      P::LoadTiles(src.tile, src.nb, b, q, &d, &m);
     } else {
-      PrefetchNextTile<sizeof(W)>(rp, ahead, b * sizeof(W), j);
-      P::Prep(rp, b * sizeof(W), q, &d, &m);
+      PrefetchNextTile<sizeof(W)>(src.rp, src.ahead, b * sizeof(W), j);
+      P::Prep(src.rp, b * sizeof(W), q, &d, &m);
     }
     // The columns' integer sums advance together, dword k of every column before dword k + 1:
     // each sum is a chain of 8 dependent vpdpbusd, and interleaved in program order the two
@@ -328,16 +387,18 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const uint8_t* const* rp, const PackedB
       if constexpr (P::kHasMin) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(meta.s[c][j]), acc[c]);
     }
   }
-  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate);
+  // Packed tiles hold row r in lane r; transposed ones in lane 4(r % 4) + r / 4.
+  for (int c = 0; c < kRn; ++c) {
+    StoreTile(acc[c], rows, y + c * y_stride, accumulate, kSource == Source::kTiles);
+  }
 }
 
-template <typename P, bool kPacked>
+template <typename P, Source kSource>
 void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedBlock* pk,
                        int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
                        size_t y_stride) {
   ActivationMeta meta;
-  const size_t ahead = kTRows * w_stride;
-  if (!kPacked && rows > 0 && cols > 0) {
+  if (kSource == Source::kRows && rows > 0 && cols > 0) {
     const uint8_t* rp[kTRows];
     TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
     PrefetchTile(rp, static_cast<size_t>(nb < kTChunk ? nb : kTChunk) * sizeof(typename P::W));
@@ -352,20 +413,29 @@ void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const P
       for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
         const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
         const uint8_t* rp[kTRows];
-        TileRows(wb, w_stride, r0, nr, rp);
-        const PackedBlock* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
+        TileBlocks src;
+        src.nb = nb;
+        if constexpr (kSource == Source::kRows) {
+          TileRows(wb, w_stride, r0, nr, rp);
+          src.rp = rp;
+          src.ahead = kTRows * w_stride;
+        } else if constexpr (kSource == Source::kScratch) {
+          src.pk = pk + (r0 / kTRows) * nb;
+        } else {
+          src.tile = wb + r0 * w_stride;
+          if (cols <= kTCols) src.ahead = kTilesAhead;
+        }
         float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;
-#define FUCINA_TILE_CASE(n_cols)                                                          \
-  case n_cols:                                                                             \
-    TransposedTile<P, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, \
-                                       ahead);                                             \
+#define FUCINA_TILE_CASE(n_cols)                                                         \
+  case n_cols:                                                                            \
+    TransposedTile<P, n_cols, kSource>(src, xc, b0, n, meta, nr, yt, y_stride, acc);      \
     break;
         switch (nc) {
           FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
           FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
           default:
-            TransposedTile<P, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
+            TransposedTile<P, 1, kSource>(src, xc, b0, n, meta, nr, yt, y_stride, acc);
         }
 #undef FUCINA_TILE_CASE
       }
@@ -388,7 +458,8 @@ void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, con
     pk = static_cast<PackedBlock*>(TileScratch(tiles * nb * sizeof(PackedBlock)));
   }
   if (pk == nullptr) {
-    TransposedColumns<P, false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    TransposedColumns<P, Source::kRows>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y,
+                                        y_stride);
     return;
   }
   for (int64_t t = 0; t < tiles; ++t) {
@@ -405,7 +476,17 @@ void GemmTransposed(int64_t k, const void* w, size_t w_stride, int64_t rows, con
       _mm512_store_ps(&out[b].m, m);
     }
   }
-  TransposedColumns<P, true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
+  TransposedColumns<P, Source::kScratch>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y,
+                                         y_stride);
+}
+
+// Weights in the kTiles16 layout: every call reads the tiles as they are.
+template <typename P>
+void GemmTiles16(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                 size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  TransposedColumns<P, Source::kTiles>(static_cast<const uint8_t*>(w), w_stride, rows, nullptr,
+                                       k / 32, static_cast<const uint8_t*>(x), x_stride, cols, y,
+                                       y_stride);
 }
 
 }  // namespace
@@ -421,6 +502,18 @@ void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const
 void GemmQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   GemmTransposed<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmTiles16<T8_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmTiles16<T4_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmTiles16<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {

@@ -90,11 +90,13 @@ FUCINA_TILE_INLINE __m512i BroadcastDword(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Writes (or adds to) rows [0, rows) of a tile accumulator (lanes in transposed order).
-FUCINA_TILE_INLINE void StoreTile(__m512 acc, int rows, float* out, bool accumulate) {
+// Writes (or adds to) rows [0, rows) of a tile accumulator (lanes in transposed order, or row r
+// in lane r when `natural`).
+FUCINA_TILE_INLINE void StoreTile(__m512 acc, int rows, float* out, bool accumulate,
+                                  bool natural = false) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
-  __m512 v = _mm512_permutexvar_ps(order, acc);
+  __m512 v = natural ? acc : _mm512_permutexvar_ps(order, acc);
   if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
   _mm512_mask_storeu_ps(out, mask, v);
 }

@@ -1,0 +1,96 @@
+#include "kernels/tile_layout.h"
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "kernels/type_traits.h"
+
+namespace fucina {
+namespace {
+
+constexpr int64_t kBlockElements = 32;  // Q8_0, Q4_0 and Q4_1 alike
+
+// Where a block's parts are, for the types with a kTiles16 layout.
+struct BlockShape {
+  int block_bytes;  // the GGUF block
+  int qs_offset;    // its quants, quant_bytes of them
+  int quant_bytes;
+  int fields;       // f16 fields at the start of the block (d, then m)
+  uint8_t flip;     // xor applied to every quant byte when packed (Q8_0: int8 -> q + 128)
+};
+
+bool ShapeOf(GgmlType type, BlockShape* s) {
+  switch (type) {
+    case GgmlType::kQ8_0: *s = {34, 2, 32, 1, 0x80}; return true;
+    case GgmlType::kQ4_0: *s = {18, 2, 16, 1, 0x00}; return true;
+    case GgmlType::kQ4_1: *s = {20, 4, 16, 2, 0x00}; return true;
+    default: return false;
+  }
+}
+
+// One tile: 16 rows `rows_bytes` (row-major, RowBytes apart) <-> `tile` (packed). Quants move
+// a dword at a time: dword v of row r's block b is at b * 16 * QB + 64 v + 4 r.
+template <bool kPack>
+void Convert(const BlockShape& s, int64_t nb, uint8_t* rows_bytes, uint8_t* tile) {
+  const size_t row_bytes = static_cast<size_t>(nb) * s.block_bytes;
+  const uint32_t flip = 0x01010101u * s.flip;
+  uint8_t* const fields = tile + static_cast<size_t>(nb) * kTileRows * s.quant_bytes;
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* block = rows_bytes + r * row_bytes + b * s.block_bytes;
+      uint8_t* quants = tile + static_cast<size_t>(b) * kTileRows * s.quant_bytes + 4 * r;
+      for (int f = 0; f < s.fields; ++f) {
+        uint8_t* packed = fields + ((static_cast<size_t>(b) * s.fields + f) * kTileRows + r) * 2;
+        std::memcpy(kPack ? packed : block + 2 * f, kPack ? block + 2 * f : packed, 2);
+      }
+      for (int v = 0; v < s.quant_bytes / 4; ++v) {
+        uint8_t* from = kPack ? block + s.qs_offset + 4 * v : quants + 64 * v;
+        uint8_t* to = kPack ? quants + 64 * v : block + s.qs_offset + 4 * v;
+        uint32_t dword;
+        std::memcpy(&dword, from, 4);
+        dword ^= flip;
+        std::memcpy(to, &dword, 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool TileLayoutApplies(const WeightView& w) {
+  BlockShape s;
+  if (w.layout != WeightLayout::kRows || !ShapeOf(w.type, &s)) return false;
+  if (w.rows <= 0 || w.rows % kTileRows != 0) return false;
+  if (w.row_stride != static_cast<size_t>(RowBytes(w.type, w.cols))) return false;
+  const CpuTypeTraits* t = GetCpuTraits(w.type);
+  return t != nullptr && t->gemm_tiles16 != nullptr;
+}
+
+void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void* dst) {
+  BlockShape s;
+  if (!ShapeOf(w.type, &s)) return;
+  const int64_t nb = w.cols / kBlockElements;
+  const size_t tile_bytes = kTileRows * w.row_stride;
+  // A copy of the source rows: packing in place overwrites them.
+  thread_local std::vector<uint8_t> rows;
+  rows.resize(tile_bytes);
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    std::memcpy(rows.data(), static_cast<const uint8_t*>(w.data) + t * tile_bytes, tile_bytes);
+    Convert<true>(s, nb, rows.data(), static_cast<uint8_t*>(dst) + t * tile_bytes);
+  }
+}
+
+void UnpackTiles16(const WeightView& w, void* dst) {
+  BlockShape s;
+  if (!ShapeOf(w.type, &s)) return;
+  const int64_t nb = w.cols / kBlockElements;
+  const size_t tile_bytes = kTileRows * w.row_stride;
+  std::vector<uint8_t> tile(tile_bytes);
+  for (int64_t t = 0; t < w.rows / kTileRows; ++t) {
+    std::memcpy(tile.data(), static_cast<const uint8_t*>(w.data) + t * tile_bytes, tile_bytes);
+    Convert<false>(s, nb, static_cast<uint8_t*>(dst) + t * tile_bytes, tile.data());
+  }
+}
+
+}  // namespace fucina

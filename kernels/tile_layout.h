@@ -1,0 +1,44 @@
+// The 16-row tile layout of weight matrices (WeightLayout::kTiles16): GGUF rows repacked at
+// load time so that a tile kernel reads each tile as one sequential stream of aligned vectors.
+//
+// Why: a decode matvec streams every weight byte once. In GGUF's row-major layout a 16-row tile
+// kernel reads 16 rows side by side, a few bytes of each per step; the hardware prefetchers see
+// 16 short streams, and the matvec stayed at 50-65% of the read bandwidth on 2 threads however
+// the software prefetch was placed. Repacked, a tile is two sequential streams (quants, then
+// scales), and the in-register transposes of every block disappear from decode and prefill.
+//
+// Format, for the types of TileLayoutApplies (Q8_0, Q4_0, Q4_1), per 16 consecutive rows with
+// nb blocks each (QB quant bytes and F f16 fields per block: Q8_0 32 / 1, Q4_0 16 / 1,
+// Q4_1 16 / 2):
+//   [nb * 16 * QB quant bytes][nb * 16 * 2F field bytes]
+//   quants of block b: QB / 4 vectors of 64 bytes; bytes 4r..4r+3 of vector v are dword v of
+//     row r's qs (Q8_0 stores q + 128, unsigned, the form vpdpbusd multiplies).
+//   fields of block b: field f (d, then m for Q4_1) of rows 0..15, 16 f16 values.
+// A tile is 16 * RowBytes(type, cols) bytes, the same as its 16 rows, so tile t starts at
+// t * 16 * row_stride and row slices at multiples of 16 stay valid.
+#ifndef FUCINA_KERNELS_TILE_LAYOUT_H_
+#define FUCINA_KERNELS_TILE_LAYOUT_H_
+
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace fucina {
+
+constexpr int64_t kTileRows = 16;
+
+// Whether `w` (row-major, dense) can be repacked to kTiles16 and the active ISA has kernels
+// for that layout: a tiled type, rows a multiple of 16.
+bool TileLayoutApplies(const WeightView& w);
+
+// Repacks tiles [tile_begin, tile_end) of `w` (layout kRows, dense) into `dst`, which holds
+// the whole packed matrix (w.rows * w.row_stride bytes). `dst` may equal w.data (in place).
+void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void* dst);
+
+// The inverse: row-major rows of a kTiles16 matrix `w` into `dst` (w.rows * w.row_stride bytes,
+// not aliasing w.data). For paths without a tile kernel (the scalar reference, lower ISAs).
+void UnpackTiles16(const WeightView& w, void* dst);
+
+}  // namespace fucina
+
+#endif  // FUCINA_KERNELS_TILE_LAYOUT_H_

@@ -1,0 +1,185 @@
+// The kTiles16 weight layout (kernels/tile_layout.h): the packed bytes are where the format
+// says, packing is lossless and works in place, and the kernels that read it compute exactly
+// what the row-major tile kernels compute on the same rows (bit for bit: the same integer
+// block sums, scales and summation order), which gemm_test checks against the scalar vec_dot.
+#include "kernels/tile_layout.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/type_traits.h"
+
+namespace fucina {
+namespace {
+
+constexpr GgmlType kPackedTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1};
+
+// Rows with a heavy tail (every 23rd value x30): extreme codes, scales over a wide range.
+std::vector<uint8_t> RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> f(rows * cols);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = nd(rng) * (i % 23 == 5 ? 30.0f : 1.0f);
+  const size_t row_bytes = RowBytes(type, cols);
+  std::vector<uint8_t> out(rows * row_bytes);
+  const CpuTypeTraits* t = GetCpuTraits(type, Isa::kScalar);
+  for (int64_t r = 0; r < rows; ++r) t->from_float(&f[r * cols], &out[r * row_bytes], cols);
+  return out;
+}
+
+std::vector<float> RandomActivations(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<uint8_t> Packed(const WeightView& w) {
+  std::vector<uint8_t> out(w.rows * w.row_stride);
+  PackTiles16(w, 0, w.rows / kTileRows, out.data());
+  return out;
+}
+
+TEST(TileLayoutTest, BytesSitWhereTheFormatSays) {
+  const int64_t rows = 32, cols = 96, nb = cols / 32;  // 2 tiles, 3 blocks
+  for (GgmlType type : kPackedTypes) {
+    const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 3);
+    const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
+    const std::vector<uint8_t> p = Packed(view);
+    const size_t block = RowBytes(type, 32);
+    const int fields = type == GgmlType::kQ4_1 ? 2 : 1;
+    const int qs_bytes = type == GgmlType::kQ8_0 ? 32 : 16;
+    const uint8_t flip = type == GgmlType::kQ8_0 ? 0x80 : 0;
+    const size_t tile_bytes = kTileRows * view.row_stride;
+    for (int64_t row = 0; row < rows; ++row) {
+      const uint8_t* tile = p.data() + (row / kTileRows) * tile_bytes;
+      const int r = static_cast<int>(row % kTileRows);
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* src = w.data() + row * view.row_stride + b * block;
+        for (int f = 0; f < fields; ++f) {
+          const uint8_t* got = tile + nb * kTileRows * qs_bytes + ((b * fields + f) * 16 + r) * 2;
+          ASSERT_EQ(std::memcmp(got, src + 2 * f, 2), 0) << TypeName(type) << " field " << f;
+        }
+        for (int i = 0; i < qs_bytes; ++i) {
+          const uint8_t got = tile[b * kTileRows * qs_bytes + (i / 4) * 64 + 4 * r + i % 4];
+          ASSERT_EQ(got, src[2 * fields + i] ^ flip)
+              << TypeName(type) << " row " << row << " block " << b << " byte " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(TileLayoutTest, PackingInPlaceAndUnpackingAreLossless) {
+  for (GgmlType type : kPackedTypes) {
+    const std::vector<uint8_t> w = RandomMatrix(type, 48, 7 * 32, 4);
+    const WeightView view = WeightView::Dense(w.data(), type, 48, 7 * 32);
+    const std::vector<uint8_t> copy = Packed(view);
+    std::vector<uint8_t> in_place = w;
+    WeightView v2 = view;
+    v2.data = in_place.data();
+    PackTiles16(v2, 0, 3, in_place.data());
+    EXPECT_EQ(in_place, copy) << TypeName(type);
+    WeightView packed = view;
+    packed.data = copy.data();
+    packed.layout = WeightLayout::kTiles16;
+    std::vector<uint8_t> back(w.size());
+    UnpackTiles16(packed, back.data());
+    EXPECT_EQ(back, w) << TypeName(type);
+  }
+}
+
+TEST(TileLayoutTest, AppliesOnlyToTiledTypesWithWholeTilesAtAnIsaThatReadsThem) {
+  const bool avx512 = ActiveIsa() >= Isa::kAvx512;
+  const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ8_0, 256));
+  for (GgmlType type : kPackedTypes) {
+    EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, 64)), avx512);
+    EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, 64)));
+  }
+  EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kQ4_K, 32, 256)));
+  EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kF16, 32, 64)));
+  WeightView strided = WeightView::Dense(buf.data(), GgmlType::kQ8_0, 16, 64);
+  strided.row_stride += 8;
+  EXPECT_FALSE(TileLayoutApplies(strided));
+  WeightView packed = WeightView::Dense(buf.data(), GgmlType::kQ8_0, 16, 64);
+  packed.layout = WeightLayout::kTiles16;
+  EXPECT_FALSE(TileLayoutApplies(packed));
+}
+
+// The packed kernel against the row-major tile kernel of the same ISA, every shape class:
+// one tile and several, odd block counts, k past the 128-block activation chunks, decode
+// (1..8 activation rows) and prefill-shaped (more than 8) calls.
+TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
+  bool ran = false;
+  for (GgmlType type : kPackedTypes) {
+    const CpuTypeTraits* t = GetCpuTraits(type, DetectedIsa());
+    if (t->gemm_tiles16 == nullptr) continue;
+    ran = true;
+    const CpuTypeTraits* xt = GetCpuTraits(t->vec_dot_type, Isa::kScalar);
+    uint32_t seed = 10;
+    for (int64_t rows : {16, 48, 160}) {
+      for (int64_t nb : {1, 2, 7, 18, 131}) {
+        for (int64_t m : {1, 3, 8, 9, 33}) {
+          const int64_t k = nb * 32;
+          const std::vector<uint8_t> w = RandomMatrix(type, rows, k, seed++);
+          const WeightView view = WeightView::Dense(w.data(), type, rows, k);
+          const std::vector<uint8_t> p = Packed(view);
+          const std::vector<float> xf = RandomActivations(m * k, seed++);
+          const size_t x_row = RowBytes(t->vec_dot_type, k);
+          std::vector<uint8_t> x(m * x_row);
+          for (int64_t i = 0; i < m; ++i) xt->from_float(&xf[i * k], &x[i * x_row], k);
+          std::vector<float> want(m * rows, NAN), got(m * rows, NAN);
+          t->gemm(k, w.data(), view.row_stride, rows, x.data(), x_row, m, want.data(), rows);
+          t->gemm_tiles16(k, p.data(), view.row_stride, rows, x.data(), x_row, m, got.data(),
+                          rows);
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << TypeName(type) << " rows=" << rows << " nb=" << nb << " m=" << m;
+        }
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no kernel reads the packed layout on this CPU";
+}
+
+// MatMul on a packed view: the engine's path (work items, threads) equals the row-major one
+// bit for bit, and the paths without a packed kernel (the scalar reference, AVX2) read the
+// packed view through a row-major copy.
+TEST(TileLayoutTest, MatMulOnPackedViewsEqualsRowMajor) {
+  for (GgmlType type : kPackedTypes) {
+    const int64_t rows = 336, cols = 576;
+    const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 21);
+    const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
+    const std::vector<uint8_t> p = Packed(view);
+    WeightView packed = view;
+    packed.data = p.data();
+    packed.layout = WeightLayout::kTiles16;
+    for (int64_t m : {1, 4, 37}) {
+      const std::vector<float> x = RandomActivations(m * cols, 22);
+      std::vector<float> want(m * rows), got(m * rows);
+      MatMulRef(view, x.data(), m, want.data());
+      MatMulRef(packed, x.data(), m, got.data());
+      ASSERT_EQ(want, got) << TypeName(type) << " reference m=" << m;
+      for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
+        const Isa isa = static_cast<Isa>(i);
+        for (int threads : {1, 3}) {
+          ThreadPool pool(threads);
+          MatMulIsa(view, x.data(), m, want.data(), pool, isa);
+          MatMulIsa(packed, x.data(), m, got.data(), pool, isa);
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << TypeName(type) << " " << IsaName(isa) << " threads=" << threads << " m=" << m;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fucina
