@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/norm.h"
 #include "kernels/softmax.h"
+#include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
 
 namespace fucina {
@@ -179,43 +180,107 @@ std::optional<WeightView> TensorBinder::Fuse(
     if (p.data == nullptr || p.type != p0.type || p.cols != p0.cols) return std::nullopt;
     rows += p.rows;
   }
-  std::unique_ptr<uint8_t[]> buf(new uint8_t[rows * p0.row_stride]);
+  uint8_t* const buf = Allocate(rows * p0.row_stride);
   size_t offset = 0;
   for (const auto& [name, p] : parts) {
-    copies_.push_back({buf.get() + offset, p.data, p.rows * p.row_stride});
+    copies_.push_back({buf + offset, p.data, p.rows * p.row_stride});
     // The fused rows of this tensor: a second, writable copy of the parameter.
     for (Parameter& param : parameters_) {
       if (param.name == name) {
-        param.locations.push_back(
-            {WeightView::Dense(buf.get() + offset, p.type, p.rows, p.cols), true});
+        param.locations.push_back({WeightView::Dense(buf + offset, p.type, p.rows, p.cols), true});
       }
     }
     offset += p.rows * p.row_stride;
   }
-  WeightView fused = WeightView::Dense(buf.get(), p0.type, rows, p0.cols);
+  fused_.push_back({buf, offset});
+  return WeightView::Dense(buf, p0.type, rows, p0.cols);
+}
+
+uint8_t* TensorBinder::Allocate(size_t bytes) {
+  std::unique_ptr<uint8_t[]> buf(new uint8_t[bytes + 64]);
+  uint8_t* const aligned = buf.get() + (64 - reinterpret_cast<uintptr_t>(buf.get()) % 64) % 64;
   owned_.push_back(std::move(buf));
-  return fused;
+  return aligned;
+}
+
+WeightView TensorBinder::Tiles(const WeightView& w) {
+  if (!TileLayoutApplies(w)) return w;
+  const size_t bytes = w.rows * w.row_stride;
+  WeightView packed = w;
+  packed.layout = WeightLayout::kTiles16;
+  for (const auto& [base, size] : fused_) {
+    if (base != w.data) continue;
+    // In place: the parameter locations in this buffer then describe packed rows, which holds
+    // only where each starts and ends on a tile boundary.
+    std::vector<ParameterLocation*> inside;
+    for (Parameter& param : parameters_) {
+      for (ParameterLocation& loc : param.locations) {
+        const auto* p = static_cast<const uint8_t*>(loc.view.data);
+        if (p >= base && p < base + size) inside.push_back(&loc);
+      }
+    }
+    for (const ParameterLocation* loc : inside) {
+      const size_t first = (static_cast<const uint8_t*>(loc->view.data) - base) / w.row_stride;
+      if (first % kTileRows != 0 || loc->view.rows % kTileRows != 0) return w;
+    }
+    for (ParameterLocation* loc : inside) loc->view.layout = WeightLayout::kTiles16;
+    repacks_.push_back({w, const_cast<uint8_t*>(base)});
+    return packed;
+  }
+  uint8_t* const dst = Allocate(bytes);
+  repacks_.push_back({w, dst});
+  packed.data = dst;
+  return packed;
 }
 
 void TensorBinder::Finish() {
-  const bool tty = isatty(STDERR_FILENO);
+  // Work items: the copies, then (once every copy is done: a fused buffer is repacked in place)
+  // runs of 64 tiles of the repacks.
+  struct Item {
+    const Copy* copy = nullptr;
+    const Repack* repack = nullptr;
+    int64_t tile_begin = 0, tile_end = 0;
+    size_t bytes = 0;
+  };
+  std::vector<Item> copies, repacks;
   size_t total = 0;
-  for (const Copy& c : copies_) total += c.bytes;
+  for (const Copy& c : copies_) {
+    copies.push_back({&c, nullptr, 0, 0, c.bytes});
+    total += c.bytes;
+  }
+  constexpr int64_t kTilesPerItem = 64;
+  for (const Repack& r : repacks_) {
+    const int64_t tiles = r.src.rows / kTileRows;
+    for (int64_t t = 0; t < tiles; t += kTilesPerItem) {
+      const int64_t end = std::min(tiles, t + kTilesPerItem);
+      repacks.push_back({nullptr, &r, t, end, (end - t) * kTileRows * r.src.row_stride});
+      total += repacks.back().bytes;
+    }
+  }
+  const bool tty = isatty(STDERR_FILENO);
   std::atomic<size_t> done{0};
   std::atomic<int> shown{-1};
-  pool_.ParallelFor(static_cast<int64_t>(copies_.size()), 1, [&](int64_t b, int64_t e, int thread) {
-    for (int64_t i = b; i < e; ++i) {
-      std::memcpy(copies_[i].dst, copies_[i].src, copies_[i].bytes);
-      const size_t now = done.fetch_add(copies_[i].bytes) + copies_[i].bytes;
-      const int percent = total == 0 ? 100 : static_cast<int>(100 * now / total);
-      if (tty && thread == 0 && percent != shown.exchange(percent)) {
-        std::fprintf(stderr, "\rloading [%-40.*s] %3d%%", percent * 40 / 100,
-                     "########################################", percent);
+  for (const std::vector<Item>* items : {&copies, &repacks}) {
+    pool_.ParallelFor(static_cast<int64_t>(items->size()), 1, [&](int64_t b, int64_t e, int thread) {
+      for (int64_t i = b; i < e; ++i) {
+        const Item& it = (*items)[i];
+        if (it.copy != nullptr) {
+          std::memcpy(it.copy->dst, it.copy->src, it.copy->bytes);
+        } else {
+          PackTiles16(it.repack->src, it.tile_begin, it.tile_end, it.repack->dst);
+        }
+        const size_t now = done.fetch_add(it.bytes) + it.bytes;
+        const int percent = total == 0 ? 100 : static_cast<int>(100 * now / total);
+        if (tty && thread == 0 && percent != shown.exchange(percent)) {
+          std::fprintf(stderr, "\rloading [%-40.*s] %3d%%", percent * 40 / 100,
+                       "########################################", percent);
+        }
       }
-    }
-  });
-  if (tty && !copies_.empty()) std::fprintf(stderr, "\r%*s\r", 60, "");
+    });
+  }
+  if (tty && total > 0) std::fprintf(stderr, "\r%*s\r", 60, "");
   copies_.clear();
+  repacks_.clear();
 }
 
 absl::StatusOr<AttentionWeights> BindAttention(TensorBinder& b, const ModelConfig& c,
@@ -246,10 +311,13 @@ absl::StatusOr<AttentionWeights> BindAttention(TensorBinder& b, const ModelConfi
       w.wqkv = *fused;
       w.wk = w.wv = {};
     }
+    w.wk = b.Tiles(w.wk);
+    w.wv = b.Tiles(w.wv);
   }
+  w.wqkv = b.Tiles(w.wqkv);
   auto o = b.Matrix(LayerTensor(l, "attn_output.weight"));
   if (!o.ok()) return o.status();
-  w.wo = *o;
+  w.wo = b.Tiles(*o);
   if (qk_norm) {
     auto qn = b.Vector(LayerTensor(l, "attn_q_norm.weight"));
     if (!qn.ok()) return qn.status();
@@ -271,13 +339,13 @@ absl::StatusOr<FfnWeights> BindFfn(TensorBinder& b, int64_t l) {
   if (!up.ok()) return up.status();
   auto down = b.Matrix(LayerTensor(l, "ffn_down.weight"));
   if (!down.ok()) return down.status();
-  w.down = *down;
+  w.down = b.Tiles(*down);
   if (auto fused = b.Fuse({{LayerTensor(l, "ffn_gate.weight"), *gate},
                            {LayerTensor(l, "ffn_up.weight"), *up}})) {
-    w.gate_up = *fused;
+    w.gate_up = b.Tiles(*fused);
   } else {
-    w.gate_up = *gate;
-    w.up = *up;
+    w.gate_up = b.Tiles(*gate);
+    w.up = b.Tiles(*up);
   }
   return w;
 }

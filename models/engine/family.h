@@ -101,7 +101,12 @@ class TensorBinder {
   // Concatenates the rows of same-typed matrices into one owned matrix (q/k/v, gate/up); the
   // copies run in Finish(). nullopt when types or widths differ (callers keep them apart).
   std::optional<WeightView> Fuse(std::initializer_list<std::pair<std::string, WeightView>> parts);
-  // Runs the fuse copies on the pool (a progress bar on a terminal).
+  // `w` in the layout the tile kernels read fastest: WeightLayout::kTiles16 where it applies
+  // at the active ISA (kernels/tile_layout.h), else `w` itself. Fused matrices are repacked in
+  // place, others into an owned copy; either happens in Finish(). For the matrices of dense
+  // layers and the head, which every decode step streams whole.
+  WeightView Tiles(const WeightView& w);
+  // Runs the fuse copies, then the repacks, on the pool (a progress bar on a terminal).
   void Finish();
 
   std::vector<std::unique_ptr<uint8_t[]>> TakeOwned() { return std::move(owned_); }
@@ -111,16 +116,25 @@ class TensorBinder {
   absl::StatusOr<const gguf::TensorInfo*> Find(const std::string& name, const TensorSpec** spec);
   Parameter& Record(const std::string& name, const TensorSpec& spec);
 
+  // A 64-byte aligned owned buffer (kept in owned_): tile kernels load whole cache lines.
+  uint8_t* Allocate(size_t bytes);
+
   struct Copy {
     uint8_t* dst;
     const void* src;
     size_t bytes;
+  };
+  struct Repack {
+    WeightView src;  // row-major
+    uint8_t* dst;    // may be src.data (a fused buffer)
   };
   const gguf::File& file_;
   const TensorTable& table_;
   ThreadPool& pool_;
   std::function<bool(std::string_view)> f32_;
   std::vector<Copy> copies_;
+  std::vector<Repack> repacks_;
+  std::vector<std::pair<const uint8_t*, size_t>> fused_;  // fused buffers: base, bytes
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
   std::vector<Parameter> parameters_;
 };
