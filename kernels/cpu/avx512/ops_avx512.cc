@@ -197,18 +197,6 @@ inline __m512 Reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 }
 
-// Direct (cache) rows are read once per decode step, as one sequential span per kv head: the
-// kernels prefetch the span kKvAhead bytes ahead of what they read, spread over their loops
-// (4,000 f16 positions x 28 layers x 8 kv heads, 1 thread: 57-60 -> 53 ms a step; 8 and 16
-// KiB ahead no better).
-constexpr size_t kKvAhead = 4096;
-
-inline void PrefetchLines(const void* p, int lines) {
-  for (int l = 0; l < lines; ++l) {
-    _mm_prefetch(static_cast<const char*>(p) + 64 * l, _MM_HINT_T0);
-  }
-}
-
 // Where the tile kernels read dims [d, d + 16) of key/value row t as f32: the tile buffer
 // (AttnLoadRows* output, ld floats a row, zero past head_dim), or the cache rows themselves,
 // converted in registers to the very values AttnLoadRows* stores (dims past head_dim read as
@@ -220,7 +208,6 @@ inline void PrefetchLines(const void* p, int lines) {
 // it they ran through vmovq/imul chains on the ports the FMAs need (decode after 4,000
 // positions spent 3-5x the FMA time on them).
 struct BufferRows {
-  static constexpr bool kPrefetch = false;
   const float* base;
   int ld;
   const void* Row(int t) const { return base + t * ld; }
@@ -233,7 +220,6 @@ struct BufferRows {
 // kTail: head_dim is not a multiple of 16, the last dims load is masked.
 template <bool kTail>
 struct CacheRowsF32 {
-  static constexpr bool kPrefetch = true;
   const uint8_t* base;
   int64_t stride;
   int head_dim;
@@ -248,7 +234,6 @@ struct CacheRowsF32 {
 
 template <bool kTail>
 struct CacheRowsF16 {
-  static constexpr bool kPrefetch = true;
   const uint8_t* base;
   int64_t stride;
   int head_dim;
@@ -272,22 +257,12 @@ void TileScores(const float* q, int n_rows, int ld, const Rows k, int n_keys, fl
     #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) row[j] = k.Row(t0 + j < n_keys ? t0 + j : n_keys - 1);
     const __mmask16 m = TailMask(n_keys - t0 >= 16 ? 16 : n_keys - t0);
-    // The group's 16 rows are one span (16 strides); its lines kKvAhead further are requested
-    // a share per dims step of the first row.
-    const uint8_t* ahead = static_cast<const uint8_t*>(row[0]) + kKvAhead;
-    int lines_per_step = 0;
-    if constexpr (Rows::kPrefetch) {
-      lines_per_step = static_cast<int>((16 * k.stride / 64 + ld / 16 - 1) / (ld / 16));
-    }
     for (int r = 0; r < n_rows; ++r) {
       const float* qr = q + r * ld;
       __m512 a[16];
       #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
       for (int d = 0; d < ld; d += 16) {
-        if (Rows::kPrefetch && r == 0) {
-          PrefetchLines(ahead + (d / 16) * lines_per_step * 64, lines_per_step);
-        }
         const __m512 qv = _mm512_loadu_ps(qr + d);
         #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qv, k.Load(row[j], d), a[j]);
@@ -309,12 +284,6 @@ inline void AccumBlock(const float* p, int p_ld, const Rows v, int n_keys, int l
     for (int j = 0; j < C; ++j) c[r][j] = _mm512_loadu_ps(acc + r * ld + d0 + 16 * j);
   }
   for (int t = 0; t < n_keys; ++t) {
-    if constexpr (Rows::kPrefetch) {
-      if (d0 == 0) {
-        PrefetchLines(static_cast<const uint8_t*>(v.Row(t)) + kKvAhead,
-                      static_cast<int>((v.stride + 63) / 64));
-      }
-    }
     __m512 vv[C];
     #pragma GCC unroll 16
     for (int j = 0; j < C; ++j) vv[j] = v.Load(t, d0 + 16 * j);
