@@ -18,7 +18,9 @@
 //
 // The dispatched path streams over keys in tiles with an online softmax, so its scratch is
 // O(head_dim) per query head regardless of context length; K and V are read in their stored
-// type (F16C / int8 -> f32 conversion on the fly), never dequantized into a copy.
+// type (F16C / int8 -> f32 conversion on the fly), never dequantized into a copy. A q8_0 K
+// cache is scored with integer dots against the scaled query quantized to q8_0 per 32 dims,
+// as llama.cpp does for a q8_0 K cache (AttentionRef defines the scores the same way).
 #ifndef FUCINA_KERNELS_ATTENTION_H_
 #define FUCINA_KERNELS_ATTENTION_H_
 

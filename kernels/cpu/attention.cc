@@ -125,6 +125,12 @@ struct TileKernels {
   // (ops_isa.h); null where an ISA has none.
   RowScoresFn row_scores = nullptr;
   RowAccumFn row_accum = nullptr;
+  // q8_0 K: scores are integer dots against the query quantized to q8_0 (as llama.cpp does
+  // for a q8_0 K cache): `quantize` makes the query rows, `gemm` (the matmul tile kernel, where
+  // the level has one) or `vec_dot` scores a tile of keys.
+  FromFloatFn quantize = nullptr;
+  GemmFn gemm = nullptr;
+  VecDotFn vec_dot = nullptr;
 };
 
 // Query rows up to which a tile reads K and V straight from the cache: each row converts the
@@ -132,7 +138,7 @@ struct TileKernels {
 // prefill block.
 constexpr int kDirectRows = 2;
 
-TileKernels SelectKernels(Isa isa, GgmlType type) {
+TileKernels SelectFloatKernels(Isa isa, GgmlType type) {
   switch (isa) {
     case Isa::kAvx512: {
       TileKernels k{nullptr, avx512::AttnTileScores, avx512::AttnTileAccum, avx512::ExpF32};
@@ -164,10 +170,37 @@ TileKernels SelectKernels(Isa isa, GgmlType type) {
   return {load, ScalarTileScores, ScalarTileAccum, ScalarExp};
 }
 
+TileKernels SelectKernels(Isa isa, GgmlType type) {
+  TileKernels k = SelectFloatKernels(isa, type);
+  if (type == GgmlType::kQ8_0) {
+    const CpuTypeTraits* t = GetCpuTraits(GgmlType::kQ8_0, isa);
+    k.quantize = t->from_float;
+    k.gemm = t->gemm;
+    k.vec_dot = t->vec_dot;
+  }
+  return k;
+}
+
+// scores[r * s_ld + t] = dot(key row t, query row r) over head_dim for t < n_keys, the query
+// rows quantized (xq, x_row bytes apart): the integer block sums times both scales.
+void ScoresQ8_0(const TileKernels& kern, const uint8_t* keys, int64_t stride, int head_dim,
+                int n_keys, const uint8_t* xq, size_t x_row, int rows, float* s, int s_ld) {
+  if (kern.gemm != nullptr) {
+    kern.gemm(head_dim, keys, stride, n_keys, xq, x_row, rows, s, s_ld);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) {
+    for (int t = 0; t < n_keys; ++t) {
+      s[r * s_ld + t] = kern.vec_dot(head_dim, keys + t * stride, xq + r * x_row);
+    }
+  }
+}
+
 // Per-thread buffers of AttentionHeadsForIsa; they only grow.
 struct AttnScratch {
   std::vector<float> kbuf, vbuf, qs, acc, s, run_max, run_sum;
   std::vector<int64_t> row_keys, row_first;
+  std::vector<uint8_t> xq;  // q8_0 K: the quantized query rows
 };
 
 template <typename T>
@@ -257,6 +290,8 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
   Grow(sc.run_sum, max_rows);
   Grow(sc.row_keys, max_rows);
   Grow(sc.row_first, max_rows);
+  const size_t x_row = kern.quantize != nullptr ? static_cast<size_t>(l.HeadBytes()) : 0;
+  Grow(sc.xq, static_cast<int64_t>(max_rows * x_row));
   float* const kbuf = sc.kbuf.data();
   float* const vbuf = sc.vbuf.data();
   float* const qs = sc.qs.data();
@@ -293,6 +328,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
         const float* qrow = args.q + (i * args.num_heads + h + r % nh) * hd;
         for (int d = 0; d < hd; ++d) qs[r * ld + d] = qrow[d] * args.scale;
         std::fill(qs + r * ld + hd, qs + (r + 1) * ld, 0.0f);
+        if (kern.quantize != nullptr) kern.quantize(qs + r * ld, sc.xq.data() + r * x_row, hd);
         std::fill(acc + r * ld, acc + (r + 1) * ld, 0.0f);
         run_max[r] = kNegInf;
         run_sum[r] = 0.0f;
@@ -304,7 +340,10 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
         const bool direct = kern.row_scores != nullptr && rows <= kDirectRows;
-        if (direct) {
+        if (kern.quantize != nullptr) {
+          ScoresQ8_0(kern, k_base + wrap(j0) * stride, stride, hd, nt, sc.xq.data(), x_row, rows,
+                     s, kTile);
+        } else if (direct) {
           kern.row_scores(qs, rows, ld, k_base + wrap(j0) * stride, stride, hd, nt, s, kTile);
         } else {
           kern.load(k_base + wrap(j0) * stride, stride, nt, hd, ld, kbuf);
@@ -364,8 +403,12 @@ void AttentionRef(const AttentionArgs& args, float* out) {
   const KvLayout& l = args.layout;
   const int hd = l.head_dim;
   const int group = args.num_heads / l.num_heads_kv;
-  std::vector<float> k(hd), v(hd);
+  std::vector<float> k(hd), v(hd), qf(hd);
   std::vector<double> scores, acc(hd);
+  // A q8_0 K cache is scored against the scaled query quantized to q8_0 (its dequantized
+  // values here), as the kernels and llama.cpp do; scale is then already applied.
+  const bool quantized_q = l.type == GgmlType::kQ8_0;
+  std::vector<uint8_t> q8(quantized_q ? RowBytes(GgmlType::kQ8_0, hd) : 0);
   for (int64_t i = 0; i < args.n_q; ++i) {
     const int64_t n_keys = args.pos0 + i + 1;
     const int64_t first = FirstKey(args, args.pos0 + i);
@@ -373,12 +416,21 @@ void AttentionRef(const AttentionArgs& args, float* out) {
     for (int h = 0; h < args.num_heads; ++h) {
       const int kvh = h / group;
       const float* q = args.q + (i * args.num_heads + h) * hd;
+      double q_scale = args.scale;
+      if (quantized_q) {
+        const CpuTypeTraits* t = GetCpuTraits(GgmlType::kQ8_0, Isa::kScalar);
+        for (int d = 0; d < hd; ++d) qf[d] = q[d] * args.scale;
+        t->from_float(qf.data(), q8.data(), hd);
+        t->to_float(q8.data(), qf.data(), hd);
+        q = qf.data();
+        q_scale = 1.0;
+      }
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = first; j < n_keys; ++j) {
         LoadKvHead(l, args.k_cache, j, kvh, k.data());
         double dot = 0.0;
         for (int d = 0; d < hd; ++d) dot += static_cast<double>(q[d]) * k[d];
-        scores[j] = dot * args.scale;
+        scores[j] = dot * q_scale;
         max = std::max(max, scores[j]);
       }
       double sum = 0.0;

@@ -2,7 +2,7 @@
 // small random-weight fixtures (MakeFixture, byte vocabulary):
 //  - ForwardStepBatch rows == per-stream ForwardStep, bit for bit;
 //  - ForwardStepAllLogits rows == token-by-token ForwardStep, bit for bit;
-//  - f16 / q8_0 KV caches within 1e-2 / 5e-2 (max |delta log-prob|) of an f32 cache;
+//  - f16 / q8_0 KV caches within 1e-2 / 7.5e-2 (max |delta log-prob|) of an f32 cache;
 //  - a model split into two shards (Embed -> ForwardLayers A -> ForwardLayers B -> Head) ==
 //    the full model, bit for bit;
 //  - KvCache::Truncate then re-forward == a fresh run, bit for bit;
@@ -270,7 +270,11 @@ TEST_P(KvPrecisionTest, ReducedPrecisionKvCachesStayClose) {
     GgmlType type;
     const char* name;
     double tol;
-  } cases[] = {{GgmlType::kF16, "f16", 1e-2}, {GgmlType::kQ8_0, "q8_0", 5e-2}};
+  } cases[] = {{GgmlType::kF16, "f16", 1e-2},
+               // q8_0: the cache's rounding, and the query quantized to q8_0 for the integer-dot
+               // scores (as llama.cpp scores a q8_0 K cache): 0.030-0.052 on these fixtures,
+               // 0.030-0.045 with f32 queries.
+               {GgmlType::kQ8_0, "q8_0", 7.5e-2}};
   for (const auto& c : cases) {
     const std::vector<float> got = run(c.type);
     ASSERT_EQ(got.size(), f32.size());
