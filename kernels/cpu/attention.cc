@@ -408,6 +408,7 @@ void AttentionRef(const AttentionArgs& args, float* out) {
   // A q8_0 K cache is scored against the scaled query quantized to q8_0 (its dequantized
   // values here), as the kernels and llama.cpp do; scale is then already applied.
   const bool quantized_q = l.type == GgmlType::kQ8_0;
+  const CpuTypeTraits* q8_traits = GetCpuTraits(GgmlType::kQ8_0, Isa::kScalar);
   std::vector<uint8_t> q8(quantized_q ? RowBytes(GgmlType::kQ8_0, hd) : 0);
   for (int64_t i = 0; i < args.n_q; ++i) {
     const int64_t n_keys = args.pos0 + i + 1;
@@ -418,10 +419,9 @@ void AttentionRef(const AttentionArgs& args, float* out) {
       const float* q = args.q + (i * args.num_heads + h) * hd;
       double q_scale = args.scale;
       if (quantized_q) {
-        const CpuTypeTraits* t = GetCpuTraits(GgmlType::kQ8_0, Isa::kScalar);
         for (int d = 0; d < hd; ++d) qf[d] = q[d] * args.scale;
-        t->from_float(qf.data(), q8.data(), hd);
-        t->to_float(q8.data(), qf.data(), hd);
+        q8_traits->from_float(qf.data(), q8.data(), hd);
+        q8_traits->to_float(q8.data(), qf.data(), hd);
         q = qf.data();
         q_scale = 1.0;
       }

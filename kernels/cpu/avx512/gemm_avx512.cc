@@ -224,9 +224,9 @@ struct T8_0 {
   // Block b of a kTiles16 tile of nb blocks (kernels/tile_layout.h): natural lane order.
   static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
                                              __m512i q[8], __m512* d, __m512*) {
-    const uint8_t* qs = tile + b * 512;
+    const uint8_t* qs = tile + b * kTileQuantBytes;
     for (int k = 0; k < 8; ++k) q[k] = _mm512_loadu_si512(qs + 64 * k);
-    *d = TileFields(tile + nb * 512 + b * 32);
+    *d = TileFields(tile + nb * kTileQuantBytes + b * 32);
   }
 };
 
@@ -237,6 +237,14 @@ FUCINA_ALWAYS_INLINE void SplitNibbles(const __m512i t[4], __m512i q[8]) {
     q[k] = _mm512_and_si512(t[k], low4);
     q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(t[k], 4), low4);
   }
+}
+
+// The 4 quant vectors of a Q4_0/Q4_1 block in a kTiles16 tile (at qs), split as Prep splits
+// the transposed ones.
+FUCINA_ALWAYS_INLINE void TileNibbles(const uint8_t* qs, __m512i q[8]) {
+  __m512i t[4];
+  for (int k = 0; k < 4; ++k) t[k] = _mm512_loadu_si512(qs + 64 * k);
+  SplitNibbles(t, q);
 }
 
 struct T4_0 {
@@ -254,10 +262,8 @@ struct T4_0 {
   }
   static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
                                              __m512i q[8], __m512* d, __m512*) {
-    __m512i t[4];
-    for (int k = 0; k < 4; ++k) t[k] = _mm512_loadu_si512(tile + b * 256 + 64 * k);
-    SplitNibbles(t, q);
-    *d = TileFields(tile + nb * 256 + b * 32);
+    TileNibbles(tile + b * kTileQuantBytes, q);
+    *d = TileFields(tile + nb * kTileQuantBytes + b * 32);
   }
 };
 
@@ -278,10 +284,8 @@ struct T4_1 {
   }
   static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
                                              __m512i q[8], __m512* d, __m512* m) {
-    __m512i t[4];
-    for (int k = 0; k < 4; ++k) t[k] = _mm512_loadu_si512(tile + b * 256 + 64 * k);
-    SplitNibbles(t, q);
-    const uint8_t* fields = tile + nb * 256 + b * 64;
+    TileNibbles(tile + b * kTileQuantBytes, q);
+    const uint8_t* fields = tile + nb * kTileQuantBytes + b * 64;
     *d = TileFields(fields);
     *m = TileFields(fields + 32);
   }
