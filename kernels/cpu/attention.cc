@@ -148,6 +148,7 @@ TileKernels SelectFloatKernels(Isa isa, GgmlType type) {
         k.row_accum = avx512::AttnRowAccumF16;
       } else if (type == GgmlType::kQ8_0) {
         k.load = avx512::AttnLoadRowsQ8_0;
+        k.row_accum = avx512::AttnRowAccumQ8_0;
       } else {
         k.load = avx512::AttnLoadRowsF32;
         k.row_scores = avx512::AttnRowScoresF32;
@@ -340,6 +341,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
         const bool direct = kern.row_scores != nullptr && rows <= kDirectRows;
+        const bool direct_v = kern.row_accum != nullptr && rows <= kDirectRows;
         if (kern.quantize != nullptr) {
           ScoresQ8_0(kern, k_base + wrap(j0) * stride, stride, hd, nt, sc.xq.data(), x_row, rows,
                      s, kTile);
@@ -377,7 +379,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
           std::fill(sr, sr + lo, 0.0f);
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
-        if (direct) {
+        if (direct_v) {
           kern.row_accum(s, kTile, rows, v_base + wrap(j0) * stride, stride, hd, nt, ld, acc);
         } else {
           kern.load(v_base + wrap(j0) * stride, stride, nt, hd, ld, vbuf);

@@ -59,8 +59,8 @@ namespace avx512 {
 FUCINA_OPS_ISA_DECLS
 
 // Attention tile kernels that read the cache rows directly instead of an f32 tile buffer
-// (decode: with a query row or two per kv head, staging K and V cost more than using them;
-// not for q8_0, whose per-row unpacking costs more than staging it once).
+// (decode: with a query row or two per kv head, staging K and V cost more than using them).
+// q8_0 has the V side only: its K is scored by integer dots (attention.cc).
 //   AttnRowScores{F32,F16}(q, n_rows, ld, rows, stride_bytes, head_dim, n_keys, s, s_ld)
 //     == AttnLoadRows*(rows, stride_bytes, n_keys, head_dim, ld, buf) then
 //        AttnTileScores(q, n_rows, ld, buf, n_keys, s, s_ld), bit for bit;
@@ -76,6 +76,9 @@ FUCINA_OPS_ISA_DECLS
 FUCINA_ATTN_DIRECT_DECLS(F32)
 FUCINA_ATTN_DIRECT_DECLS(F16)
 #undef FUCINA_ATTN_DIRECT_DECLS
+//   AttnRowAccumQ8_0: as AttnRowAccum*, against AttnLoadRowsQ8_0 (head_dim % 32 == 0).
+void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,
+                      int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);
 }  // namespace avx512
 
 #undef FUCINA_OPS_ISA_DECLS

@@ -495,8 +495,10 @@ TEST(AttentionTileKernelsTest, LoadRowsIsExactAndLeavesPadding) {
 
 // The direct tile kernels (K and V read from the cache rows) give the staged path's bits:
 // AttnLoadRows* into a padded f32 buffer, then AttnTileScores / AttnTileAccum. Head dims with a
-// tail past the last 16-lane chunk, every row count a block can have, partial key groups; the
-// rows are exactly n_keys long, so a read past the last key would leave the allocation.
+// tail past the last 16-lane chunk (q8_0: a block split across chunk groups), every row count a
+// block can have, partial key groups; the rows are exactly n_keys long, so a read past the
+// last key would leave the allocation. Rows are scored in pairs, a last odd row alone: each
+// row's scores equal those of the row scored by itself, whatever it was paired with.
 TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
   if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   struct Kind {
@@ -504,15 +506,18 @@ TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
     decltype(&avx512::AttnLoadRowsF16) load;
     decltype(&avx512::AttnRowScoresF16) scores;
     decltype(&avx512::AttnRowAccumF16) accum;
+    std::vector<int> head_dims;
   };
-  const Kind kinds[] = {
-      {GgmlType::kF32, avx512::AttnLoadRowsF32, avx512::AttnRowScoresF32,
-       avx512::AttnRowAccumF32},
-      {GgmlType::kF16, avx512::AttnLoadRowsF16, avx512::AttnRowScoresF16,
-       avx512::AttnRowAccumF16}};
+  // q8_0 K is scored by integer dots (ScoresQ8_0), only its V is read directly.
+  const Kind kinds[] = {{GgmlType::kF32, avx512::AttnLoadRowsF32, avx512::AttnRowScoresF32,
+                         avx512::AttnRowAccumF32, {40, 64, 128}},
+                        {GgmlType::kF16, avx512::AttnLoadRowsF16, avx512::AttnRowScoresF16,
+                         avx512::AttnRowAccumF16, {40, 64, 128}},
+                        {GgmlType::kQ8_0, avx512::AttnLoadRowsQ8_0, nullptr,
+                         avx512::AttnRowAccumQ8_0, {64, 96, 128}}};
   uint32_t seed = 100;
   for (const Kind& kind : kinds) {
-    for (int hd : {40, 64, 128}) {
+    for (int hd : kind.head_dims) {
       const int ld = (hd + 15) / 16 * 16;
       for (int n_keys : {1, 7, 16, 17, 32}) {
         for (int n_rows : {1, 2, 3, 5, 8}) {
@@ -540,8 +545,17 @@ TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
           std::vector<float> s_staged(n_rows * 32, -5.0f), s_direct(n_rows * 32, -5.0f);
           kind.load(k.data(), stride, n_keys, hd, ld, buf.data());
           avx512::AttnTileScores(q.data(), n_rows, ld, buf.data(), n_keys, s_staged.data(), 32);
-          kind.scores(q.data(), n_rows, ld, k.data(), stride, hd, n_keys, s_direct.data(), 32);
-          ASSERT_EQ(0, std::memcmp(s_staged.data(), s_direct.data(), s_staged.size() * 4));
+          for (int r = 0; r < n_rows; ++r) {
+            std::vector<float> alone(32, -5.0f);
+            avx512::AttnTileScores(q.data() + r * ld, 1, ld, buf.data(), n_keys, alone.data(),
+                                   32);
+            ASSERT_EQ(0, std::memcmp(alone.data(), s_staged.data() + r * 32, n_keys * 4))
+                << "row " << r;
+          }
+          if (kind.scores != nullptr) {
+            kind.scores(q.data(), n_rows, ld, k.data(), stride, hd, n_keys, s_direct.data(), 32);
+            ASSERT_EQ(0, std::memcmp(s_staged.data(), s_direct.data(), s_staged.size() * 4));
+          }
 
           std::fill(buf.begin(), buf.end(), 0.0f);
           std::vector<float> a_staged = acc0, a_direct = acc0;

@@ -268,6 +268,20 @@ struct CacheRowsF16 {
   void Prefetch(const void* row, int i, int n) const { PrefetchRows(row, 8 * stride, i, n); }
 };
 
+// q8_0 rows (head_dim % 32 == 0): a block's scale times its int8 values, the product exact in
+// f32 as in AttnLoadRowsQ8_0.
+struct CacheRowsQ8_0 {
+  const uint8_t* base;
+  int64_t stride;
+  const void* Row(int t) const { return base + t * stride; }
+  __m512 Load(const void* row, int d) const {
+    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(row)[d / kQK8_0];
+    return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b.d)), LoadQ8(b.qs + d % kQK8_0));
+  }
+  __m512 Load(int t, int d) const { return Load(Row(t), d); }
+  void Prefetch(const void* row, int i, int n) const { PrefetchRows(row, 8 * stride, i, n); }
+};
+
 // s[r * s_ld + t] = dot(q row r, key row t) over ld dims, for t < n_keys. Rows go in pairs
 // over groups of 8 keys, so each key vector is loaded (converted, from a cache) once for both
 // (decode's GQA pair); a last odd row takes 16 keys at a time. Either way a score is its 16
@@ -326,6 +340,27 @@ void TileScores(const float* q, int n_rows, int ld, const Rows k, int n_keys, fl
   }
 }
 
+// vv[j] = dims [d0 + 16 j, d0 + 16 j + 16) of `row`, for j < C.
+template <int C, typename Rows>
+inline void LoadChunks(const Rows& v, const void* row, int d0, __m512* vv) {
+  #pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) vv[j] = v.Load(row, d0 + 16 * j);
+}
+
+// The same values, each block's scale converted once for its two chunks.
+template <int C>
+inline void LoadChunks(const CacheRowsQ8_0&, const void* row, int d0, __m512* vv) {
+  const BlockQ8_0* blocks = static_cast<const BlockQ8_0*>(row);
+  __m512 scale = _mm512_setzero_ps();
+  #pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) {
+    const int d = d0 + 16 * j;
+    const BlockQ8_0& b = blocks[d / kQK8_0];
+    if (j == 0 || d % kQK8_0 == 0) scale = _mm512_set1_ps(HalfToFloat(b.d));
+    vv[j] = _mm512_mul_ps(scale, LoadQ8(b.qs + d % kQK8_0));
+  }
+}
+
 // acc[r * ld + d] += sum_t p[r * p_ld + t] * v row t [d] for R rows and dims
 // [d0, d0 + 16 C): R * C accumulators stay in registers across the keys.
 template <int R, int C, typename Rows>
@@ -341,8 +376,7 @@ inline void AccumBlock(const float* p, int p_ld, const Rows v, int n_keys, int l
     // An eighth of 8 rows ahead per key, on the first dims block only.
     if (d0 == 0) v.Prefetch(v.Row(t & ~7), t & 7, 8);
     __m512 vv[C];
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) vv[j] = v.Load(t, d0 + 16 * j);
+    LoadChunks<C>(v, v.Row(t), d0, vv);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 w = _mm512_set1_ps(p[r * p_ld + t]);
@@ -471,5 +505,12 @@ void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_k
 FUCINA_ATTN_DIRECT(F32)
 FUCINA_ATTN_DIRECT(F16)
 #undef FUCINA_ATTN_DIRECT
+
+void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,
+                      int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) {
+  (void)head_dim;  // whole blocks: ld == head_dim.
+  TileAccum(p, p_ld, n_rows, CacheRowsQ8_0{static_cast<const uint8_t*>(rows), stride_bytes},
+            n_keys, ld, acc);
+}
 
 }  // namespace fucina::avx512
