@@ -338,10 +338,10 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       }
       const int64_t n_keys = args.pos0 + i0 + nqb;  // what the block's last query sees.
       const int64_t first_tile = FirstKey(args, args.pos0 + i0) / kTile * kTile;
+      const bool direct = kern.row_scores != nullptr && rows <= kDirectRows;
+      const bool direct_v = kern.row_accum != nullptr && rows <= kDirectRows;
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
-        const bool direct = kern.row_scores != nullptr && rows <= kDirectRows;
-        const bool direct_v = kern.row_accum != nullptr && rows <= kDirectRows;
         if (kern.quantize != nullptr) {
           ScoresQ8_0(kern, k_base + wrap(j0) * stride, stride, hd, nt, sc.xq.data(), x_row, rows,
                      s, kTile);

@@ -233,53 +233,45 @@ struct BufferRows {
   __m512 Load(const void* row, int d) const {
     return _mm512_loadu_ps(static_cast<const float*>(row) + d);
   }
-  __m512 Load(int t, int d) const { return Load(Row(t), d); }
   void Prefetch(const void*, int, int) const {}
+};
+
+// A KV head's span in the cache: rows `stride` bytes apart from `base`.
+struct CacheSpan {
+  const uint8_t* base;
+  int64_t stride;
+  const void* Row(int t) const { return base + t * stride; }
+  void Prefetch(const void* row, int i, int n) const { PrefetchRows(row, 8 * stride, i, n); }
 };
 
 // kTail: head_dim is not a multiple of 16, the last dims load is masked.
 template <bool kTail>
-struct CacheRowsF32 {
-  const uint8_t* base;
-  int64_t stride;
+struct CacheRowsF32 : CacheSpan {
   int head_dim;
-  const void* Row(int t) const { return base + t * stride; }
   __m512 Load(const void* row, int d) const {
     const float* r = static_cast<const float*>(row);
     return !kTail || d + 16 <= head_dim ? _mm512_loadu_ps(r + d)
                                         : _mm512_maskz_loadu_ps(TailMask(head_dim - d), r + d);
   }
-  __m512 Load(int t, int d) const { return Load(Row(t), d); }
-  void Prefetch(const void* row, int i, int n) const { PrefetchRows(row, 8 * stride, i, n); }
 };
 
 template <bool kTail>
-struct CacheRowsF16 {
-  const uint8_t* base;
-  int64_t stride;
+struct CacheRowsF16 : CacheSpan {
   int head_dim;
-  const void* Row(int t) const { return base + t * stride; }
   __m512 Load(const void* row, int d) const {
     const f16_t* r = static_cast<const f16_t*>(row);
     return !kTail || d + 16 <= head_dim ? LoadF16(r + d)
                                         : MaskLoadF16(TailMask(head_dim - d), r + d);
   }
-  __m512 Load(int t, int d) const { return Load(Row(t), d); }
-  void Prefetch(const void* row, int i, int n) const { PrefetchRows(row, 8 * stride, i, n); }
 };
 
 // q8_0 rows (head_dim % 32 == 0): a block's scale times its int8 values, the product exact in
 // f32 as in AttnLoadRowsQ8_0.
-struct CacheRowsQ8_0 {
-  const uint8_t* base;
-  int64_t stride;
-  const void* Row(int t) const { return base + t * stride; }
+struct CacheRowsQ8_0 : CacheSpan {
   __m512 Load(const void* row, int d) const {
     const BlockQ8_0& b = static_cast<const BlockQ8_0*>(row)[d / kQK8_0];
     return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b.d)), LoadQ8(b.qs + d % kQK8_0));
   }
-  __m512 Load(int t, int d) const { return Load(Row(t), d); }
-  void Prefetch(const void* row, int i, int n) const { PrefetchRows(row, 8 * stride, i, n); }
 };
 
 // s[r * s_ld + t] = dot(q row r, key row t) over ld dims, for t < n_keys. Rows go in pairs
@@ -462,7 +454,6 @@ void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int he
                       float* dst) {
   const int nb = head_dim / kQK8_0;
   for (int t = 0; t < n_rows; ++t) {
-    PrefetchRows(Row(rows, stride_bytes, t), stride_bytes, 0, 1);
     const BlockQ8_0* src = reinterpret_cast<const BlockQ8_0*>(Row(rows, stride_bytes, t));
     float* o = dst + t * ld;
     for (int b = 0; b < nb; ++b) {
@@ -490,10 +481,10 @@ void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_k
                            int s_ld) {                                                        \
     const auto* base = static_cast<const uint8_t*>(rows);                                     \
     if (head_dim % 16 == 0) {                                                                 \
-      TileScores(q, n_rows, ld, CacheRows##Type<false>{base, stride_bytes, head_dim}, n_keys, \
+      TileScores(q, n_rows, ld, CacheRows##Type<false>{{base, stride_bytes}, head_dim}, n_keys, \
                  s, s_ld);                                                                    \
     } else {                                                                                  \
-      TileScores(q, n_rows, ld, CacheRows##Type<true>{base, stride_bytes, head_dim}, n_keys,  \
+      TileScores(q, n_rows, ld, CacheRows##Type<true>{{base, stride_bytes}, head_dim}, n_keys,  \
                  s, s_ld);                                                                    \
     }                                                                                         \
   }                                                                                           \
@@ -501,10 +492,10 @@ void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_k
                           int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) { \
     const auto* base = static_cast<const uint8_t*>(rows);                                     \
     if (head_dim % 16 == 0) {                                                                 \
-      TileAccum(p, p_ld, n_rows, CacheRows##Type<false>{base, stride_bytes, head_dim}, n_keys, \
+      TileAccum(p, p_ld, n_rows, CacheRows##Type<false>{{base, stride_bytes}, head_dim}, n_keys, \
                 ld, acc);                                                                     \
     } else {                                                                                  \
-      TileAccum(p, p_ld, n_rows, CacheRows##Type<true>{base, stride_bytes, head_dim}, n_keys, \
+      TileAccum(p, p_ld, n_rows, CacheRows##Type<true>{{base, stride_bytes}, head_dim}, n_keys, \
                 ld, acc);                                                                     \
     }                                                                                         \
   }
@@ -515,7 +506,7 @@ FUCINA_ATTN_DIRECT(F16)
 void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,
                       int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) {
   (void)head_dim;  // whole blocks: ld == head_dim.
-  TileAccum(p, p_ld, n_rows, CacheRowsQ8_0{static_cast<const uint8_t*>(rows), stride_bytes},
+  TileAccum(p, p_ld, n_rows, CacheRowsQ8_0{{static_cast<const uint8_t*>(rows), stride_bytes}},
             n_keys, ld, acc);
 }
 
