@@ -1,12 +1,19 @@
 // Causal grouped-query attention of a few new query positions against one layer's KV cache.
 //
-// KV cache (one tensor for K, one for V, same layout): [num_heads_kv, capacity, head_dim] in
+// KV cache (one tensor for K, one for V, same geometry): [num_heads_kv, capacity, head_dim] in
 // f32, f16, or q8_0 (each head row of head_dim values is head_dim / 32 BlockQ8_0; head_dim must
 // then be a multiple of 32). Head-major, so attention over one kv head reads one contiguous
 // span, which the hardware prefetchers stream (position-major, a head's rows were a whole
 // position apart and decode after 4,000 positions read them at ~6 GB/s). Position p lives in
 // row p % capacity: a cache shorter than the sequence is a ring (sliding-window layers keep
 // only their window plus some slack).
+//
+// A q8_0 K cache may store each span's rows as kTiles16 tiles of 16 positions
+// (KvLayout::tiles16, kernels/tile_layout.h: the same bytes, dwords of 16 rows side by side),
+// the form the integer-dot tile kernel streams as it is. Row-major, that kernel transposed every
+// block of 16 keys in registers, and scoring ran at ~65% of its conversion bound (`fucina
+// bench kernels`); tiled, at about the bound. V stays row-major: a value row is weighted
+// whole.
 //
 // Queries q[n_q, num_heads, head_dim] f32 are at positions pos0 .. pos0 + n_q - 1 and their own
 // K/V rows must already be stored (StoreKvRows) before the call. Query i at position p attends
@@ -37,6 +44,9 @@ struct KvLayout {
   int64_t capacity = 0;            // positions the cache can hold.
   int num_heads_kv = 0;
   int head_dim = 0;
+  // q8_0 only: rows in tiles of 16 positions; capacity % 16 == 0. Position p is row p % 16 of
+  // the tile at RowOffset(p - p % 16, kvh).
+  bool tiles16 = false;
 
   // Bytes of one head row (head_dim values) and of one position (all kv heads).
   int64_t HeadBytes() const { return RowBytes(type, head_dim); }
@@ -48,8 +58,13 @@ struct KvLayout {
   }
 };
 
-// OK iff the type is supported, sizes are positive and q8_0 has head_dim % 32 == 0.
+// OK iff the type is supported, sizes are positive, q8_0 has head_dim % 32 == 0 and tiles16
+// is q8_0 with capacity % 16 == 0.
 absl::Status ValidateKvLayout(const KvLayout& layout);
+
+// Whether a K cache of `type` should use tiles16 at the active ISA: q8_0 where the integer-dot
+// tile kernel exists (other levels read tiles through a slower unpacking path).
+bool KeyTilesApply(GgmlType type);
 
 // Writes src[n, num_heads_kv, head_dim] (f32) for positions [pos, pos + n) into their rows
 // (p % capacity), converting to the cache's type: f16 round-to-nearest-even, q8_0 with ggml's
@@ -67,7 +82,8 @@ struct AttentionArgs {
   int64_t window = 0;        // 0: every earlier position; else the last `window` positions.
   int num_heads = 0;         // multiple of layout.num_heads_kv.
   float scale = 0.0f;        // usually 1 / sqrt(head_dim).
-  KvLayout layout;
+  KvLayout layout;           // both caches' geometry; the V cache's layout (rows).
+  bool k_tiles16 = false;    // the K cache's rows are tiles16 (q8_0; then capacity % 16 == 0).
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
 };

@@ -39,6 +39,12 @@ void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void
 // not aliasing w.data). For paths without a tile kernel (the scalar reference, lower ISAs).
 void UnpackTiles16(const WeightView& w, void* dst);
 
+// One row of a tile (a KV cache written a position at a time): `row` (RowBytes(type, cols)
+// bytes, GGUF layout) into row `lane` (0..15) of the tile at `tile`, whose other rows are left
+// as they are; and back. No-ops for types without the layout.
+void PackTileRow(GgmlType type, int64_t cols, const void* row, int lane, void* tile);
+void UnpackTileRow(GgmlType type, int64_t cols, const void* tile, int lane, void* row);
+
 }  // namespace fucina
 
 #endif  // FUCINA_KERNELS_TILE_LAYOUT_H_

@@ -17,6 +17,7 @@
 #include "kernels/fp16.h"
 #include "kernels/ggml_type.h"
 #include "kernels/quant/blocks.h"
+#include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
 
 namespace fucina {
@@ -131,6 +132,7 @@ struct TileKernels {
   FromFloatFn quantize = nullptr;
   GemmFn gemm = nullptr;
   VecDotFn vec_dot = nullptr;
+  GemmFn gemm_tiles16 = nullptr;  // the same over a tiles16 K cache, where the level has it.
 };
 
 // Query rows up to which a tile reads K and V straight from the cache: each row converts the
@@ -178,14 +180,32 @@ TileKernels SelectKernels(Isa isa, GgmlType type) {
     k.quantize = t->from_float;
     k.gemm = t->gemm;
     k.vec_dot = t->vec_dot;
+    k.gemm_tiles16 = t->gemm_tiles16;
   }
   return k;
 }
 
 // scores[r * s_ld + t] = dot(key row t, query row r) over head_dim for t < n_keys, the query
-// rows quantized (xq, x_row bytes apart): the integer block sums times both scales.
-void ScoresQ8_0(const TileKernels& kern, const uint8_t* keys, int64_t stride, int head_dim,
-                int n_keys, const uint8_t* xq, size_t x_row, int rows, float* s, int s_ld) {
+// rows quantized (xq, x_row bytes apart): the integer block sums times both scales. Tiled keys
+// (keys at a tile's start) are scored in whole tiles: lanes past n_keys hold other positions
+// or stale rows, land in s[r * s_ld + t] for t < s_ld (s_ld >= n_keys rounded up to 16) and
+// are never read. `unpacked`: scratch for levels without the tile kernel.
+void ScoresQ8_0(const TileKernels& kern, const uint8_t* keys, int64_t stride, bool tiles16,
+                int head_dim, int n_keys, const uint8_t* xq, size_t x_row, int rows, float* s,
+                int s_ld, std::vector<uint8_t>& unpacked) {
+  if (tiles16) {
+    if (kern.gemm_tiles16 != nullptr) {
+      const int whole = (n_keys + kTileRows - 1) / kTileRows * kTileRows;
+      kern.gemm_tiles16(head_dim, keys, stride, whole, xq, x_row, rows, s, s_ld);
+      return;
+    }
+    if (unpacked.size() < static_cast<size_t>(n_keys * stride)) unpacked.resize(n_keys * stride);
+    for (int t = 0; t < n_keys; ++t) {
+      UnpackTileRow(GgmlType::kQ8_0, head_dim, keys + t / kTileRows * kTileRows * stride,
+                    t % kTileRows, unpacked.data() + t * stride);
+    }
+    keys = unpacked.data();
+  }
   if (kern.gemm != nullptr) {
     kern.gemm(head_dim, keys, stride, n_keys, xq, x_row, rows, s, s_ld);
     return;
@@ -202,6 +222,7 @@ struct AttnScratch {
   std::vector<float> kbuf, vbuf, qs, acc, s, run_max, run_sum;
   std::vector<int64_t> row_keys, row_first;
   std::vector<uint8_t> xq;  // q8_0 K: the quantized query rows
+  std::vector<uint8_t> unpacked;  // tiles16 K at levels without the tile kernel
 };
 
 template <typename T>
@@ -227,7 +248,16 @@ absl::Status ValidateKvLayout(const KvLayout& layout) {
     return absl::InvalidArgumentError(
         absl::StrCat("q8_0 KV cache needs head_dim % 32 == 0, got ", layout.head_dim));
   }
+  if (layout.tiles16 && (layout.type != GgmlType::kQ8_0 || layout.capacity % kTileRows != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a tiled KV cache must be q8_0 with a capacity that is a multiple of 16, got ",
+        std::string(TypeName(layout.type)), " with capacity ", layout.capacity));
+  }
   return absl::OkStatus();
+}
+
+bool KeyTilesApply(GgmlType type) {
+  return type == GgmlType::kQ8_0 && GetCpuTraits(type)->gemm_tiles16 != nullptr;
 }
 
 void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, const float* src) {
@@ -235,16 +265,33 @@ void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, co
   // with the scalar references on every ISA).
   const FromFloatFn convert = GetCpuTraits(layout.type)->from_float;
   const int hd = layout.head_dim;
+  thread_local std::vector<uint8_t> row;  // tiles16: the row in GGUF layout first
+  row.resize(static_cast<size_t>(layout.HeadBytes()));
   for (int64_t r = 0; r < n; ++r) {
+    const int64_t p = pos + r;
     for (int h = 0; h < layout.num_heads_kv; ++h) {
-      uint8_t* dst = static_cast<uint8_t*>(cache) + layout.RowOffset(pos + r, h);
-      convert(src + (r * layout.num_heads_kv + h) * hd, dst, hd);
+      const float* x = src + (r * layout.num_heads_kv + h) * hd;
+      auto* base = static_cast<uint8_t*>(cache);
+      if (layout.tiles16) {
+        convert(x, row.data(), hd);
+        PackTileRow(layout.type, hd, row.data(), static_cast<int>(p % kTileRows),
+                    base + layout.RowOffset(p - p % kTileRows, h));
+      } else {
+        convert(x, base + layout.RowOffset(p, h), hd);
+      }
     }
   }
 }
 
 void LoadKvHead(const KvLayout& layout, const void* cache, int64_t pos, int kvh, float* out) {
   const uint8_t* row = HeadRow(layout, cache, pos, kvh);
+  std::vector<uint8_t> unpacked;
+  if (layout.tiles16) {
+    unpacked.resize(static_cast<size_t>(layout.HeadBytes()));
+    UnpackTileRow(layout.type, layout.head_dim, HeadRow(layout, cache, pos - pos % kTileRows, kvh),
+                  static_cast<int>(pos % kTileRows), unpacked.data());
+    row = unpacked.data();
+  }
   for (int d = 0; d < layout.head_dim; ++d) {
     switch (layout.type) {
       case GgmlType::kF16:
@@ -343,8 +390,8 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
         if (kern.quantize != nullptr) {
-          ScoresQ8_0(kern, k_base + wrap(j0) * stride, stride, hd, nt, sc.xq.data(), x_row, rows,
-                     s, kTile);
+          ScoresQ8_0(kern, k_base + wrap(j0) * stride, stride, args.k_tiles16, hd, nt,
+                     sc.xq.data(), x_row, rows, s, kTile, sc.unpacked);
         } else if (direct) {
           kern.row_scores(qs, rows, ld, k_base + wrap(j0) * stride, stride, hd, nt, s, kTile);
         } else {
@@ -407,6 +454,8 @@ void AttentionRef(const AttentionArgs& args, float* out) {
   const int group = args.num_heads / l.num_heads_kv;
   std::vector<float> k(hd), v(hd), qf(hd);
   std::vector<double> scores, acc(hd);
+  KvLayout k_layout = l;
+  k_layout.tiles16 = args.k_tiles16;
   // A q8_0 K cache is scored against the scaled query quantized to q8_0 (its dequantized
   // values here), as the kernels and llama.cpp do; scale is then already applied.
   const bool quantized_q = l.type == GgmlType::kQ8_0;
@@ -429,7 +478,7 @@ void AttentionRef(const AttentionArgs& args, float* out) {
       }
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = first; j < n_keys; ++j) {
-        LoadKvHead(l, args.k_cache, j, kvh, k.data());
+        LoadKvHead(k_layout, args.k_cache, j, kvh, k.data());
         double dot = 0.0;
         for (int d = 0; d < hd; ++d) dot += static_cast<double>(q[d]) * k[d];
         scores[j] = dot * q_scale;

@@ -29,31 +29,35 @@ bool ShapeOf(GgmlType type, BlockShape* s) {
   }
 }
 
-// One tile: 16 rows `rows_bytes` (row-major, RowBytes apart) <-> `tile` (packed). Quants move
-// a dword at a time: dword v of row r's block b is at b * 16 * QB + 64 v + 4 r.
+// Row r of one tile: `row` (GGUF layout, nb blocks) <-> `tile` (packed). Quants move a dword
+// at a time: dword v of row r's block b is at b * 16 * QB + 64 v + 4 r.
+template <bool kPack>
+void ConvertRow(const BlockShape& s, int64_t nb, uint8_t* row, uint8_t* tile, int r) {
+  const uint32_t flip = 0x01010101u * s.flip;
+  uint8_t* const fields = tile + static_cast<size_t>(nb) * kTileRows * s.quant_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* block = row + b * s.block_bytes;
+    uint8_t* quants = tile + static_cast<size_t>(b) * kTileRows * s.quant_bytes + 4 * r;
+    for (int f = 0; f < s.fields; ++f) {
+      uint8_t* packed = fields + ((static_cast<size_t>(b) * s.fields + f) * kTileRows + r) * 2;
+      std::memcpy(kPack ? packed : block + 2 * f, kPack ? block + 2 * f : packed, 2);
+    }
+    for (int v = 0; v < s.quant_bytes / 4; ++v) {
+      uint8_t* from = kPack ? block + s.qs_offset + 4 * v : quants + 64 * v;
+      uint8_t* to = kPack ? quants + 64 * v : block + s.qs_offset + 4 * v;
+      uint32_t dword;
+      std::memcpy(&dword, from, 4);
+      dword ^= flip;
+      std::memcpy(to, &dword, 4);
+    }
+  }
+}
+
+// One tile: 16 rows `rows_bytes` (row-major, RowBytes apart) <-> `tile`.
 template <bool kPack>
 void Convert(const BlockShape& s, int64_t nb, uint8_t* rows_bytes, uint8_t* tile) {
   const size_t row_bytes = static_cast<size_t>(nb) * s.block_bytes;
-  const uint32_t flip = 0x01010101u * s.flip;
-  uint8_t* const fields = tile + static_cast<size_t>(nb) * kTileRows * s.quant_bytes;
-  for (int r = 0; r < kTileRows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* block = rows_bytes + r * row_bytes + b * s.block_bytes;
-      uint8_t* quants = tile + static_cast<size_t>(b) * kTileRows * s.quant_bytes + 4 * r;
-      for (int f = 0; f < s.fields; ++f) {
-        uint8_t* packed = fields + ((static_cast<size_t>(b) * s.fields + f) * kTileRows + r) * 2;
-        std::memcpy(kPack ? packed : block + 2 * f, kPack ? block + 2 * f : packed, 2);
-      }
-      for (int v = 0; v < s.quant_bytes / 4; ++v) {
-        uint8_t* from = kPack ? block + s.qs_offset + 4 * v : quants + 64 * v;
-        uint8_t* to = kPack ? quants + 64 * v : block + s.qs_offset + 4 * v;
-        uint32_t dword;
-        std::memcpy(&dword, from, 4);
-        dword ^= flip;
-        std::memcpy(to, &dword, 4);
-      }
-    }
-  }
+  for (int r = 0; r < kTileRows; ++r) ConvertRow<kPack>(s, nb, rows_bytes + r * row_bytes, tile, r);
 }
 
 }  // namespace
@@ -79,6 +83,22 @@ void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void
     std::memcpy(rows.data(), static_cast<const uint8_t*>(w.data) + t * tile_bytes, tile_bytes);
     Convert<true>(s, nb, rows.data(), static_cast<uint8_t*>(dst) + t * tile_bytes);
   }
+}
+
+void PackTileRow(GgmlType type, int64_t cols, const void* row, int lane, void* tile) {
+  BlockShape s;
+  if (!ShapeOf(type, &s)) return;
+  // ConvertRow<true> only reads the row.
+  ConvertRow<true>(s, cols / kBlockElements, static_cast<uint8_t*>(const_cast<void*>(row)),
+                   static_cast<uint8_t*>(tile), lane);
+}
+
+void UnpackTileRow(GgmlType type, int64_t cols, const void* tile, int lane, void* row) {
+  BlockShape s;
+  if (!ShapeOf(type, &s)) return;
+  // ConvertRow<false> only reads the tile.
+  ConvertRow<false>(s, cols / kBlockElements, static_cast<uint8_t*>(row),
+                    static_cast<uint8_t*>(const_cast<void*>(tile)), lane);
 }
 
 void UnpackTiles16(const WeightView& w, void* dst) {

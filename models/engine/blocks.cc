@@ -463,7 +463,7 @@ void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
   if (stores) {
     for (const KvSegment& seg : segments) {
       KvCache& kv = *seg.kv;
-      StoreKvRows(kv.layout(cl), kv.k(cl), kv.len(), seg.count, k + seg.begin * kvd);
+      StoreKvRows(kv.key_layout(cl), kv.k(cl), kv.len(), seg.count, k + seg.begin * kvd);
       StoreKvRows(kv.layout(cl), kv.v(cl), kv.len(), seg.count, v + seg.begin * kvd);
     }
   }
@@ -485,6 +485,7 @@ void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
                        args.num_heads = static_cast<int>(s.num_heads);
                        args.scale = o.scale;
                        args.layout = seg.kv->layout(cl);
+                       args.k_tiles16 = seg.kv->key_layout(cl).tiles16;
                        args.k_cache = seg.kv->k(cl);
                        args.v_cache = seg.kv->v(cl);
                        AttentionHeads(args, hh, hh + group, attn + seg.begin * qd);

@@ -20,13 +20,30 @@ int64_t KvRows(int64_t window, int64_t capacity) {
   return std::min(ring, capacity);
 }
 
+namespace {
+
+// The V layout of a layer that stores K/V (its K layout adds tiles16 where KeyTilesApply): a
+// tiled K needs whole tiles, so a full cache's rows round up to 16 (a ring's already are).
+KvLayout StorageLayout(const KvLayerGeometry& g, GgmlType type, int64_t capacity) {
+  int64_t rows = KvRows(g.window, capacity);
+  if (KeyTilesApply(type)) rows = (rows + 15) / 16 * 16;
+  return KvLayout{type, rows, g.num_heads_kv, g.head_dim};
+}
+
+KvLayout KeyLayout(const KvLayout& values) {
+  KvLayout k = values;
+  k.tiles16 = values.capacity > 0 && KeyTilesApply(values.type);
+  return k;
+}
+
+}  // namespace
+
 int64_t KvCache::Bytes(std::span<const KvLayerGeometry> layers, GgmlType type,
                        int64_t capacity) {
   int64_t total = 0;
   for (const KvLayerGeometry& g : layers) {
     if (g.source >= 0) continue;
-    const KvLayout layout{type, KvRows(g.window, capacity), g.num_heads_kv, g.head_dim};
-    total += 2 * layout.TotalBytes();
+    total += 2 * StorageLayout(g, type, capacity).TotalBytes();
   }
   return total;
 }
@@ -56,8 +73,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::span<const KvLayer
             ", which is not an earlier layer storing its own K/V"));
       }
       layer.layout = KvLayout{type, 0, g.num_heads_kv, g.head_dim};
+      layer.key_layout = layer.layout;
     } else {
-      layer.layout = KvLayout{type, KvRows(g.window, capacity), g.num_heads_kv, g.head_dim};
+      layer.layout = StorageLayout(g, type, capacity);
+      layer.key_layout = KeyLayout(layer.layout);
+      if (absl::Status s = ValidateKvLayout(layer.key_layout); !s.ok()) return s;
       if (absl::Status s = ValidateKvLayout(layer.layout); !s.ok()) return s;
       total += 2.0 * static_cast<double>(layer.layout.TotalBytes());
     }
@@ -163,7 +183,10 @@ absl::Status KvCache::CopyPrefixFrom(const KvCache& other, int64_t n) {
           "KV prefix copy of a wrapped sliding-window ring into a ring of another size");
     }
     any_wrapped |= wrapped;
-    const int64_t rows = wrapped ? from.layout.capacity : std::min(n, from.layout.capacity);
+    int64_t rows = wrapped ? from.layout.capacity : std::min(n, from.layout.capacity);
+    // Whole tiles of a tiled K (capacity is a multiple of 16): a tile's scales follow its
+    // quants. Rows past n in the last one are copied too, and never read before rewritten.
+    if (to.key_layout.tiles16) rows = (rows + 15) / 16 * 16;
     const size_t bytes = static_cast<size_t>(to.layout.HeadBytes() * rows);
     for (int h = 0; h < to.layout.num_heads_kv; ++h) {  // head-major: one span per kv head.
       std::memcpy(static_cast<uint8_t*>(to.k) + to.layout.RowOffset(0, h),

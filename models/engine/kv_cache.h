@@ -63,8 +63,10 @@ class KvCache {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   GgmlType type() const { return type_; }
   const KvLayerGeometry& geometry(int64_t layer) const { return layers_[layer].geometry; }
-  // Layout of the storage layer `layer` reads (its own, or its source's).
+  // Layout of the storage layer `layer` reads (its own, or its source's): of its V cache, and
+  // of its K cache but for key_layout's tiles16 (q8_0 where the tile kernel exists).
   const KvLayout& layout(int64_t layer) const { return layers_[Storage(layer)].layout; }
+  const KvLayout& key_layout(int64_t layer) const { return layers_[Storage(layer)].key_layout; }
   int64_t window(int64_t layer) const { return layers_[layer].geometry.window; }
   // Whether `layer` stores K/V (false: it reads its source's, written by the source).
   bool stores(int64_t layer) const { return layers_[layer].geometry.source < 0; }
@@ -92,7 +94,8 @@ class KvCache {
  private:
   struct Layer {
     KvLayerGeometry geometry;
-    KvLayout layout;  // rows = layout.capacity
+    KvLayout layout;      // rows = layout.capacity
+    KvLayout key_layout;  // the same, tiles16 where KeyTilesApply
     void* k = nullptr;
     void* v = nullptr;
   };

@@ -45,17 +45,20 @@ struct AttnCase {
   std::vector<float> q;
   AttentionArgs args;
 
+  std::vector<float> kf;  // the keys as stored
+
   AttnCase(GgmlType type, int num_heads, int num_heads_kv, int head_dim, int64_t n_q, int64_t pos0,
         uint32_t seed) {
     layout.type = type;
-    layout.capacity = pos0 + n_q + 3;  // spare rows past the last query stay unread.
+    // Spare rows past the last query stay unread; whole tiles of 16 so q8_0 keys can be tiled.
+    layout.capacity = (pos0 + n_q + 3 + 15) / 16 * 16;
     layout.num_heads_kv = num_heads_kv;
     layout.head_dim = head_dim;
     EXPECT_TRUE(ValidateKvLayout(layout).ok());
     k.assign(static_cast<size_t>(layout.TotalBytes()), 0);
     v.assign(static_cast<size_t>(layout.TotalBytes()), 0);
     const int64_t rows = layout.capacity;
-    const std::vector<float> kf = Random(rows * num_heads_kv * head_dim, -1.0f, 1.0f, seed);
+    kf = Random(rows * num_heads_kv * head_dim, -1.0f, 1.0f, seed);
     const std::vector<float> vf = Random(rows * num_heads_kv * head_dim, -1.0f, 1.0f, seed + 1);
     StoreKvRows(layout, k.data(), 0, rows, kf.data());
     StoreKvRows(layout, v.data(), 0, rows, vf.data());
@@ -71,6 +74,16 @@ struct AttnCase {
     args.v_cache = v.data();
   }
   int64_t OutSize() const { return args.n_q * args.num_heads * layout.head_dim; }
+
+  // Re-stores the keys as a tiles16 K cache (q8_0).
+  void TileKeys() {
+    KvLayout tiled = layout;
+    tiled.tiles16 = true;
+    EXPECT_TRUE(ValidateKvLayout(tiled).ok());
+    std::fill(k.begin(), k.end(), 0);
+    StoreKvRows(tiled, k.data(), 0, layout.capacity, kf.data());
+    args.k_tiles16 = true;
+  }
 };
 
 TEST(AttentionTest, HandComputedTwoPositions) {
@@ -141,6 +154,45 @@ TEST(AttentionTest, AllLevelsMatchReference) {
     }
     std::printf("  %-5s head_dim %3d: max |attention - reference| %.3g\n",
                 std::string(TypeName(c.type)).c_str(), c.head_dim, worst);
+  }
+}
+
+TEST(AttentionTest, TiledQ8_0KeysGiveTheRowMajorBitsOnEveryLevel) {
+  // The same quantized keys in tiles16 tiles: the tile kernel (or, at levels without it, the
+  // rows unpacked first) computes the same integer block sums, scales and order as the
+  // row-major path, so outputs are identical; the reference reads the tiles through
+  // LoadKvHead. Decode pairs, prefill blocks past one 32-key tile, partial last tiles,
+  // windows.
+  for (int head_dim : {64, 128}) {
+    for (int group : {1, 2}) {
+      for (int64_t n_q : {1, 3, 40}) {
+        for (int64_t pos0 : {0, 29, 100}) {
+          for (int64_t window : {0, 20}) {
+            SCOPED_TRACE("hd=" + std::to_string(head_dim) + " group=" + std::to_string(group) +
+                         " n_q=" + std::to_string(n_q) + " pos0=" + std::to_string(pos0) +
+                         " window=" + std::to_string(window));
+            const uint32_t seed = static_cast<uint32_t>(head_dim + group * 7 + n_q * 11 + pos0);
+            AttnCase rows(GgmlType::kQ8_0, 2 * group, 2, head_dim, n_q, pos0, seed);
+            AttnCase tiled(GgmlType::kQ8_0, 2 * group, 2, head_dim, n_q, pos0, seed);
+            rows.args.window = tiled.args.window = window;
+            tiled.TileKeys();
+            ASSERT_NE(rows.k, tiled.k);  // the layouts differ
+            std::vector<float> want(rows.OutSize()), want_tiled(rows.OutSize());
+            AttentionRef(rows.args, want.data());
+            AttentionRef(tiled.args, want_tiled.data());
+            ASSERT_EQ(want, want_tiled);
+            for (Isa isa : Levels()) {
+              SCOPED_TRACE(std::string(IsaName(isa)));
+              std::vector<float> a(rows.OutSize(), std::nanf("")), b(a);
+              AttentionHeadsForIsa(isa, rows.args, 0, rows.args.num_heads, a.data());
+              AttentionHeadsForIsa(isa, tiled.args, 0, tiled.args.num_heads, b.data());
+              ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+              for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], want[i], 2e-6) << i;
+            }
+          }
+        }
+      }
+    }
   }
 }
 
@@ -668,8 +720,42 @@ TEST(KvCacheTest, StoreWrapsAroundTheRing) {
   }
 }
 
+TEST(KvCacheTest, TiledStoreWritesOnlyItsRowsAroundTheRing) {
+  // 20 positions from 25 into a 32-row tiled ring: rows 25..31 then 0..12, each read back as
+  // a one-row row-major cache holds it; rows 13..24 keep what the tiles held before.
+  KvLayout l{GgmlType::kQ8_0, 32, 2, 64};
+  l.tiles16 = true;
+  ASSERT_TRUE(ValidateKvLayout(l).ok());
+  std::vector<uint8_t> cache(l.TotalBytes(), 0xAB);
+  const std::vector<uint8_t> before = cache;
+  const std::vector<float> x = Random(20 * 2 * 64, -3.0f, 3.0f, 6);
+  StoreKvRows(l, cache.data(), 25, 20, x.data());
+  const KvLayout one{GgmlType::kQ8_0, 1, 2, 64};
+  std::vector<uint8_t> row(one.TotalBytes());
+  std::vector<float> back(64), want(64);
+  for (int64_t i = 0; i < 20; ++i) {
+    StoreKvRows(one, row.data(), 0, 1, x.data() + i * 2 * 64);
+    for (int h = 0; h < 2; ++h) {
+      LoadKvHead(l, cache.data(), 25 + i, h, back.data());
+      LoadKvHead(one, row.data(), 0, h, want.data());
+      EXPECT_EQ(back, want) << "position " << 25 + i << " head " << h;
+    }
+  }
+  for (int64_t r = 13; r < 25; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      LoadKvHead(l, cache.data(), r, h, back.data());
+      LoadKvHead(l, before.data(), r, h, want.data());
+      EXPECT_EQ(0, std::memcmp(back.data(), want.data(), 64 * sizeof(float)))
+          << "row " << r << " head " << h << " was written";
+    }
+  }
+}
+
 TEST(KvCacheTest, ValidateRejectsBadLayouts) {
   EXPECT_TRUE(ValidateKvLayout({GgmlType::kQ8_0, 16, 2, 64}).ok());
+  EXPECT_TRUE(ValidateKvLayout({GgmlType::kQ8_0, 32, 2, 64, true}).ok());
+  EXPECT_FALSE(ValidateKvLayout({GgmlType::kQ8_0, 24, 2, 64, true}).ok());  // part of a tile
+  EXPECT_FALSE(ValidateKvLayout({GgmlType::kF16, 32, 2, 64, true}).ok());
   EXPECT_FALSE(ValidateKvLayout({GgmlType::kQ8_0, 16, 2, 40}).ok());
   EXPECT_FALSE(ValidateKvLayout({GgmlType::kQ4_0, 16, 2, 64}).ok());
   EXPECT_FALSE(ValidateKvLayout({GgmlType::kF32, 0, 2, 64}).ok());

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -94,6 +95,27 @@ TEST(TileLayoutTest, PackingInPlaceAndUnpackingAreLossless) {
     std::vector<uint8_t> back(w.size());
     UnpackTiles16(packed, back.data());
     EXPECT_EQ(back, w) << TypeName(type);
+  }
+}
+
+TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
+  // A KV cache writes a position at a time: each row into its lane, the other lanes kept.
+  const int64_t rows = 16, cols = 128;
+  for (GgmlType type : kPackedTypes) {
+    SCOPED_TRACE(std::string(TypeName(type)));
+    const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 9);
+    const size_t row_bytes = RowBytes(type, cols);
+    const std::vector<uint8_t> want = Packed(WeightView::Dense(w.data(), type, rows, cols));
+    std::vector<uint8_t> tile(want.size(), 0x5A);
+    for (int lane : {3, 0, 15, 7, 1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14}) {
+      PackTileRow(type, cols, &w[lane * row_bytes], lane, tile.data());
+    }
+    EXPECT_EQ(tile, want);
+    std::vector<uint8_t> row(row_bytes);
+    for (int lane = 0; lane < 16; ++lane) {
+      UnpackTileRow(type, cols, tile.data(), lane, row.data());
+      EXPECT_EQ(0, std::memcmp(row.data(), &w[lane * row_bytes], row_bytes)) << lane;
+    }
   }
 }
 

@@ -49,7 +49,7 @@ void Append(KvCache& kv, int64_t n) {
         }
       }
     }
-    StoreKvRows(layout, kv.k(l), kv.len(), n, k.data());
+    StoreKvRows(kv.key_layout(l), kv.k(l), kv.len(), n, k.data());
     StoreKvRows(layout, kv.v(l), kv.len(), n, v.data());
   }
   kv.Advance(n);
@@ -69,7 +69,8 @@ bool Holds(const KvCache& kv, int64_t layer, int64_t pos) {
       for (int d = 0; d < layout.head_dim; ++d) in[d] = sign * Value(pos, storage, h, d);
       StoreKvRows(one, row.data(), 0, 1, in.data());
       LoadKvHead(one, row.data(), 0, 0, want.data());
-      LoadKvHead(layout, sign > 0 ? kv.k(layer) : kv.v(layer), pos, h, got.data());
+      LoadKvHead(sign > 0 ? kv.key_layout(layer) : layout, sign > 0 ? kv.k(layer) : kv.v(layer),
+                 pos, h, got.data());
       if (got != want) return false;
     }
   }
@@ -99,12 +100,18 @@ TEST(KvCacheGeometry, BytesIsWhatEachLayerAllocates) {
     const Geometry g = Mixed();
     auto kv = MustCreate(g, type, kCapacity);
     ASSERT_NE(kv, nullptr);
-    // K and V: the global layer's 1000 rows of 2 x 32 values, the sliding layer's ring of
-    // 8 + 128 -> 160 rows of 1 x 64 values, nothing for the two reading layers.
-    const int64_t want = 2 * (kCapacity * RowBytes(type, 32) * 2 + 160 * RowBytes(type, 64));
+    // K and V: the global layer's 1000 rows of 2 x 32 values (1008, whole tiles of 16, where
+    // a q8_0 K is tiled), the sliding layer's ring of 8 + 128 -> 160 rows of 1 x 64 values,
+    // nothing for the two reading layers.
+    const bool tiled = KeyTilesApply(type);
+    const int64_t rows = tiled ? 1008 : kCapacity;
+    const int64_t want = 2 * (rows * RowBytes(type, 32) * 2 + 160 * RowBytes(type, 64));
     EXPECT_EQ(KvCache::Bytes(g, type, kCapacity), want);
     EXPECT_EQ(static_cast<int64_t>(kv->bytes()), want);
-    EXPECT_EQ(kv->layout(0).capacity, kCapacity);
+    EXPECT_EQ(kv->layout(0).capacity, rows);
+    EXPECT_EQ(kv->key_layout(0).capacity, rows);
+    EXPECT_EQ(kv->key_layout(0).tiles16, tiled);
+    EXPECT_FALSE(kv->layout(0).tiles16);
     EXPECT_EQ(kv->layout(1).capacity, 160);
     EXPECT_EQ(kv->window(1), 8);
     EXPECT_TRUE(kv->stores(0) && kv->stores(1));
