@@ -5,7 +5,8 @@
 // The weights are a stack of decode-shaped matrices whose total exceeds the last-level cache,
 // cycled so every call streams from DRAM; the bound is a plain read of an equally large
 // buffer on 1 thread and on all threads. A prefill-shaped matmul is compute-bound: its bound is
-// one core's measured FMA or vpdpbusd issue rate times the threads (%pk).
+// one core's measured FMA or vpdpbusd issue rate times the threads (%pk). Decode attention after
+// a long context is measured against its own bounds (bench/attention_bench.h).
 // GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
 // -W(maybe-)uninitialized reports wherever those intrinsics are inlined.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -33,6 +34,8 @@
 #include "kernels/matmul.h"
 #include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
+#include "bench/attention_bench.h"
+#include "bench/stream_bounds.h"
 #include "tools/commands.h"
 
 namespace fucina::cli {
@@ -52,54 +55,9 @@ struct BenchArgs {
   int64_t prefill_batch = 512;
   int threads = 0;
   double min_seconds = 1.0;
+  int64_t kv_context = 4000;
   std::string types = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k";
 };
-
-// Reads [p, p + n) (n a multiple of 64 bytes) as fast as the core can issue loads: widest
-// vector loads the CPU has, several independent accumulators, a result the compiler must keep.
-__attribute__((target("avx512f"))) uint64_t ReadAvx512(const uint64_t* p, int64_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm512_xor_si512(a0, _mm512_loadu_si512(p + i));
-    a1 = _mm512_xor_si512(a1, _mm512_loadu_si512(p + i + 8));
-    a2 = _mm512_xor_si512(a2, _mm512_loadu_si512(p + i + 16));
-    a3 = _mm512_xor_si512(a3, _mm512_loadu_si512(p + i + 24));
-  }
-  const __m512i a = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
-  return _mm512_reduce_or_epi64(a);
-}
-
-__attribute__((target("avx2"))) uint64_t ReadAvx2(const uint64_t* p, int64_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i + 16 <= n; i += 16) {
-    a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    a2 = _mm256_xor_si256(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a3 = _mm256_xor_si256(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  const __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-  return _mm256_extract_epi64(a, 0) | _mm256_extract_epi64(a, 3);
-}
-
-uint64_t ReadScalar(const uint64_t* p, int64_t n) {
-  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  for (int64_t i = 0; i + 4 <= n; i += 4) {
-    a0 ^= p[i];
-    a1 ^= p[i + 1];
-    a2 ^= p[i + 2];
-    a3 ^= p[i + 3];
-  }
-  return a0 ^ a1 ^ a2 ^ a3;
-}
-
-uint64_t ReadRange(const uint64_t* p, int64_t n) {
-  switch (ActiveIsa()) {
-    case Isa::kAvx512: return ReadAvx512(p, n);
-    case Isa::kAvx2: return ReadAvx2(p, n);
-    case Isa::kScalar: break;
-  }
-  return ReadScalar(p, n);
-}
 
 // Peak issue rate of one core for the tiles' core instructions: 12 independent chains (enough
 // to cover the latency on two ports) of 512-bit FMAs (f32: 32 flops each) or vpdpbusd (int8:
@@ -304,6 +262,11 @@ int RunKernels(const BenchArgs& args) {
       measure(name + "/t16");
     }
   }
+  if (args.kv_context > 0) {
+    DecodeAttentionShape shape;
+    shape.context = args.kv_context;
+    ReportDecodeAttention(shape, static_cast<int64_t>(ws_bytes), one, all, args.min_seconds);
+  }
   return 0;
 }
 
@@ -329,6 +292,10 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code) {
   kernels->add_option("--min-seconds", args->min_seconds, "Time per measurement")
       ->capture_default_str();
   kernels->add_option("--types", args->types, "Comma-separated weight types")->capture_default_str();
+  kernels->add_option("--kv-context", args->kv_context,
+                      "Positions for the decode attention section (0: skip it)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   kernels->callback([args, exit_code] { *exit_code = RunKernels(*args); });
   RegisterClusterBench(*bench, exit_code);
   RegisterClusterAggregateBench(*bench, exit_code);

@@ -1,0 +1,41 @@
+// Loops that stream memory doing the least work a kernel must do per byte: the bounds
+// `fucina bench kernels` measures its kernels against, in the same run.
+//
+// A matvec must read every weight once, so its bound is a plain read (ReadRange). Decode
+// attention must also turn every cached K/V value into something it can multiply: an f16
+// value into f32 (one vcvtph2ps per 16 values, the only f16 -> f32 path of these ISAs), a
+// q8_0 key block into an integer dot (one vpdpbusd per block), a q8_0 value block into
+// f32 (scale times each int8) to weight it by the f32 softmax probabilities. On this class of
+// machine a stream that converts as it reads runs well below a plain read (the extra
+// instructions per cache line cost memory-level parallelism), so that is the bound an
+// attention kernel is held to. Every function returns a value that depends on every byte
+// read, so no load is optimized away.
+#ifndef FUCINA_BENCH_STREAM_BOUNDS_H_
+#define FUCINA_BENCH_STREAM_BOUNDS_H_
+
+#include <cstdint>
+
+#include "kernels/fp16.h"
+#include "kernels/quant/blocks.h"
+
+namespace fucina::cli {
+
+// Plain read of n uint64 words from p; a tail of fewer than 32 words (256 bytes) is skipped.
+uint64_t ReadRange(const uint64_t* p, int64_t n);
+
+// Whether the conversion streams below have a SIMD path at the active ISA (AVX-512 VNNI);
+// elsewhere they run scalar loops, not a bound for anything.
+bool HasConversionStreams();
+
+// Every one of the n f16 values (n % 64 == 0 read whole) converted to f32 and summed.
+float ConvertF16Stream(const f16_t* p, int64_t n);
+
+// Each q8_0 block's 32 quants dotted with a constant vector (one vpdpbusd each), summed.
+int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb);
+
+// Each q8_0 block dequantized to 32 f32 values (scale times int8), summed.
+float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb);
+
+}  // namespace fucina::cli
+
+#endif  // FUCINA_BENCH_STREAM_BOUNDS_H_
