@@ -295,7 +295,7 @@ void RegisterBenchCommands(CLI::App& app, int* exit_code) {
   kernels->add_option("--kv-context", args->kv_context,
                       "Positions for the decode attention section (0: skip it)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{65536}));
   kernels->callback([args, exit_code] { *exit_code = RunKernels(*args); });
   RegisterClusterBench(*bench, exit_code);
   RegisterClusterAggregateBench(*bench, exit_code);
