@@ -284,13 +284,15 @@ void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, co
 }
 
 void LoadKvHead(const KvLayout& layout, const void* cache, int64_t pos, int kvh, float* out) {
-  const uint8_t* row = HeadRow(layout, cache, pos, kvh);
-  std::vector<uint8_t> unpacked;
+  const uint8_t* row;
+  std::vector<uint8_t> unpacked;  // tiles16: the row in GGUF layout
   if (layout.tiles16) {
     unpacked.resize(static_cast<size_t>(layout.HeadBytes()));
     UnpackTileRow(layout.type, layout.head_dim, HeadRow(layout, cache, pos - pos % kTileRows, kvh),
                   static_cast<int>(pos % kTileRows), unpacked.data());
     row = unpacked.data();
+  } else {
+    row = HeadRow(layout, cache, pos, kvh);
   }
   for (int d = 0; d < layout.head_dim; ++d) {
     switch (layout.type) {

@@ -22,11 +22,12 @@ int64_t KvRows(int64_t window, int64_t capacity) {
 
 namespace {
 
-// The V layout of a layer that stores K/V (its K layout adds tiles16 where KeyTilesApply): a
-// tiled K needs whole tiles, so a full cache's rows round up to 16 (a ring's already are).
+// The V layout of a layer that stores K/V (its K layout adds tiles16 where KeyTilesApply). A
+// tiled K needs whole tiles, so q8_0 rows round up to 16 on every CPU: a cache's size must not
+// depend on the machine that plans it (the coordinator sizes workers' caches with its own).
 KvLayout StorageLayout(const KvLayerGeometry& g, GgmlType type, int64_t capacity) {
   int64_t rows = KvRows(g.window, capacity);
-  if (KeyTilesApply(type)) rows = (rows + 15) / 16 * 16;
+  if (type == GgmlType::kQ8_0) rows = (rows + 15) / 16 * 16;
   return KvLayout{type, rows, g.num_heads_kv, g.head_dim};
 }
 
@@ -65,7 +66,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::span<const KvLayer
   double total = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     const KvLayerGeometry& g = layers[i];
-    Layer layer{g, {}};
+    Layer layer{g, {}, {}};
     if (g.source >= 0) {
       if (g.source >= static_cast<int64_t>(i) || layers[g.source].source >= 0) {
         return absl::InvalidArgumentError(absl::StrCat(

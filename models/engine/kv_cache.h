@@ -4,7 +4,8 @@
 // (kernels/attention.h KvLayout), or reads another layer's (shared K/V: gemma4's trailing
 // layers). Position p lives in row p % rows_i. A global layer has rows_i = capacity, so every
 // position keeps its row; a sliding-window layer of window W keeps a ring of
-// rows_i = W + kSlidingSlack rounded up to a multiple of 32 (or capacity, when smaller).
+// rows_i = W + kSlidingSlack rounded up to a multiple of 32 (or capacity, when smaller). A q8_0
+// cache rounds rows_i up to a multiple of 16, whole tiles of a tiled K (key_layout).
 // Positions [0, len) are valid. A cache belongs to one stream and is used by one thread at a
 // time.
 //
@@ -114,7 +115,8 @@ class KvCache {
   std::unique_ptr<uint8_t[]> data_;
 };
 
-// Rows a layer of `window` keeps in a cache of `capacity` positions.
+// Rows a layer of `window` keeps in a cache of `capacity` positions (a q8_0 cache allocates
+// them rounded up to 16).
 int64_t KvRows(int64_t window, int64_t capacity);
 
 // Parses "f32" | "f16" | "q8_0" (the --cache-type flag).

@@ -164,7 +164,7 @@ TEST(AttentionTest, TiledQ8_0KeysGiveTheRowMajorBitsOnEveryLevel) {
   // LoadKvHead. Decode pairs, prefill blocks past one 32-key tile, partial last tiles,
   // windows.
   for (int head_dim : {64, 128}) {
-    for (int group : {1, 2}) {
+    for (int group : {1, 2, 12}) {  // 12: more query rows than the tile kernel's 8 columns
       for (int64_t n_q : {1, 3, 40}) {
         for (int64_t pos0 : {0, 29, 100}) {
           for (int64_t window : {0, 20}) {
@@ -335,22 +335,28 @@ TEST(AttentionTest, WindowHidesOlderRows) {
 struct RingCase {
   static constexpr int kHeadsKv = 2, kHeadDim = 64;
   KvLayout full, ring;
+  bool tiled_k;  // K caches in tiles16 (q8_0; the full cache's rows round up to 16)
   std::vector<uint8_t> full_k, full_v, ring_k, ring_v;
 
-  RingCase(GgmlType type, int64_t positions, int64_t ring_rows, uint32_t seed)
-      : full{type, positions, kHeadsKv, kHeadDim}, ring{type, ring_rows, kHeadsKv, kHeadDim} {
+  RingCase(GgmlType type, int64_t positions, int64_t ring_rows, uint32_t seed,
+           bool tiled = false)
+      : full{type, tiled ? (positions + 15) / 16 * 16 : positions, kHeadsKv, kHeadDim},
+        ring{type, ring_rows, kHeadsKv, kHeadDim},
+        tiled_k(tiled) {
     full_k.assign(full.TotalBytes(), 0);
     full_v.assign(full.TotalBytes(), 0);
     ring_k.assign(ring.TotalBytes(), 0);
     ring_v.assign(ring.TotalBytes(), 0);
+    KvLayout full_keys = full, ring_keys = ring;
+    full_keys.tiles16 = ring_keys.tiles16 = tiled;
     const int64_t per_pos = kHeadsKv * kHeadDim;
     const std::vector<float> kf = Random(positions * per_pos, -1.0f, 1.0f, seed);
     const std::vector<float> vf = Random(positions * per_pos, -1.0f, 1.0f, seed + 1);
-    StoreKvRows(full, full_k.data(), 0, positions, kf.data());
+    StoreKvRows(full_keys, full_k.data(), 0, positions, kf.data());
     StoreKvRows(full, full_v.data(), 0, positions, vf.data());
     for (int64_t p = 0; p < positions; p += 13) {
       const int64_t n = std::min<int64_t>(13, positions - p);
-      StoreKvRows(ring, ring_k.data(), p, n, kf.data() + p * per_pos);
+      StoreKvRows(ring_keys, ring_k.data(), p, n, kf.data() + p * per_pos);
       StoreKvRows(ring, ring_v.data(), p, n, vf.data() + p * per_pos);
     }
   }
@@ -364,6 +370,7 @@ struct RingCase {
     a.num_heads = num_heads;
     a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
     a.layout = use_ring ? ring : full;
+    a.k_tiles16 = tiled_k;
     a.k_cache = use_ring ? ring_k.data() : full_k.data();
     a.v_cache = use_ring ? ring_v.data() : full_v.data();
     return a;
@@ -376,10 +383,15 @@ TEST(AttentionTest, RingCacheHoldsTheLastRows) {
   // call (Model::ForwardLayers' round limit): one more and the oldest query's first key has
   // been overwritten.
   constexpr int64_t kPositions = 230, kRing = 64;
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+  const std::pair<GgmlType, bool> cases[] = {{GgmlType::kF32, false},
+                                             {GgmlType::kF16, false},
+                                             {GgmlType::kQ8_0, false},
+                                             {GgmlType::kQ8_0, true}};  // tiled K
+  for (const auto& [type, tiled] : cases) {
     for (int64_t window : {1, 8, 40, 64}) {
       const int group = 2, heads = RingCase::kHeadsKv * group;
-      RingCase c(type, kPositions, kRing, static_cast<uint32_t>(window));
+      RingCase c(type, kPositions, kRing, static_cast<uint32_t>(window), tiled);
+      SCOPED_TRACE(tiled ? "tiled K" : "row-major K");
       const int64_t max_q = kRing - window + 1;
       const int64_t per_query = heads * RingCase::kHeadDim;
       const std::vector<float> q = Random((max_q + 1) * per_query, -2.5f, 2.5f, 3);
@@ -622,28 +634,44 @@ TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
 }
 
 TEST(AttentionTest, FutureRowsDoNotLeakIntoEarlierQueries) {
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
-    SCOPED_TRACE(std::string(TypeName(type)));
+  // Tiled q8_0 keys too: a partial last tile is scored whole, so NaN rows in its spare lanes
+  // must stay out of every output.
+  const std::pair<GgmlType, bool> cases[] = {{GgmlType::kF32, false},
+                                             {GgmlType::kF16, false},
+                                             {GgmlType::kQ8_0, false},
+                                             {GgmlType::kQ8_0, true}};
+  for (const auto& [type, tiled] : cases) {
+    SCOPED_TRACE(std::string(TypeName(type)) + (tiled ? " tiled K" : ""));
     constexpr int64_t kNq = 4, kPos0 = 10;
     AttnCase s(type, 4, 2, 32, kNq, kPos0, 42);
-    std::vector<float> before(s.OutSize()), after(s.OutSize());
-    Attention(s.args, before.data());
-    // Overwrite cache row kPos0 + 2 (seen by queries 2 and 3 only) with very different K/V.
-    const std::vector<float> junk = Random(2 * 32, -9.0f, 9.0f, 7);
-    StoreKvRows(s.layout, s.k.data(), kPos0 + 2, 1, junk.data());
-    StoreKvRows(s.layout, s.v.data(), kPos0 + 2, 1, junk.data());
-    Attention(s.args, after.data());
-    const int64_t per_query = 4 * 32;
-    for (int64_t i = 0; i < 2 * per_query; ++i) EXPECT_EQ(before[i], after[i]) << i;
-    int changed = 0;
-    for (int64_t i = 2 * per_query; i < kNq * per_query; ++i) changed += before[i] != after[i];
-    EXPECT_GT(changed, per_query);  // both later queries moved.
-    // The spare rows past pos0 + n_q are never read: garbage there changes nothing.
-    const std::vector<float> nan_rows(2 * 32 * 3, std::nanf(""));
-    StoreKvRows(s.layout, s.k.data(), kPos0 + kNq, 3, nan_rows.data());
-    std::vector<float> again(s.OutSize());
-    Attention(s.args, again.data());
-    EXPECT_EQ(after, again);
+    if (tiled) s.TileKeys();
+    KvLayout k_layout = s.layout;
+    k_layout.tiles16 = tiled;
+    for (Isa isa : Levels()) {
+      SCOPED_TRACE(std::string(IsaName(isa)));
+      AttnCase c = s;
+      c.args.k_cache = c.k.data();
+      c.args.v_cache = c.v.data();
+      std::vector<float> before(c.OutSize()), after(c.OutSize());
+      AttentionHeadsForIsa(isa, c.args, 0, c.args.num_heads, before.data());
+      // Overwrite cache row kPos0 + 2 (seen by queries 2 and 3 only) with very different K/V.
+      const std::vector<float> junk = Random(2 * 32, -9.0f, 9.0f, 7);
+      StoreKvRows(k_layout, c.k.data(), kPos0 + 2, 1, junk.data());
+      StoreKvRows(c.layout, c.v.data(), kPos0 + 2, 1, junk.data());
+      AttentionHeadsForIsa(isa, c.args, 0, c.args.num_heads, after.data());
+      const int64_t per_query = 4 * 32;
+      for (int64_t i = 0; i < 2 * per_query; ++i) EXPECT_EQ(before[i], after[i]) << i;
+      int changed = 0;
+      for (int64_t i = 2 * per_query; i < kNq * per_query; ++i) changed += before[i] != after[i];
+      EXPECT_GT(changed, per_query);  // both later queries moved.
+      // The spare rows past pos0 + n_q are never read: garbage there changes nothing.
+      const std::vector<float> nan_rows(2 * 32 * 3, std::nanf(""));
+      StoreKvRows(k_layout, c.k.data(), kPos0 + kNq, 3, nan_rows.data());
+      StoreKvRows(c.layout, c.v.data(), kPos0 + kNq, 3, nan_rows.data());
+      std::vector<float> again(c.OutSize());
+      AttentionHeadsForIsa(isa, c.args, 0, c.args.num_heads, again.data());
+      EXPECT_EQ(0, std::memcmp(after.data(), again.data(), after.size() * sizeof(float)));
+    }
   }
 }
 

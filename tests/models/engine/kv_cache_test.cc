@@ -100,11 +100,11 @@ TEST(KvCacheGeometry, BytesIsWhatEachLayerAllocates) {
     const Geometry g = Mixed();
     auto kv = MustCreate(g, type, kCapacity);
     ASSERT_NE(kv, nullptr);
-    // K and V: the global layer's 1000 rows of 2 x 32 values (1008, whole tiles of 16, where
-    // a q8_0 K is tiled), the sliding layer's ring of 8 + 128 -> 160 rows of 1 x 64 values,
-    // nothing for the two reading layers.
+    // K and V: the global layer's 1000 rows of 2 x 32 values (q8_0: 1008, whole tiles of 16 on
+    // every CPU), the sliding layer's ring of 8 + 128 -> 160 rows of 1 x 64 values, nothing
+    // for the two reading layers.
     const bool tiled = KeyTilesApply(type);
-    const int64_t rows = tiled ? 1008 : kCapacity;
+    const int64_t rows = type == GgmlType::kQ8_0 ? 1008 : kCapacity;
     const int64_t want = 2 * (rows * RowBytes(type, 32) * 2 + 160 * RowBytes(type, 64));
     EXPECT_EQ(KvCache::Bytes(g, type, kCapacity), want);
     EXPECT_EQ(static_cast<int64_t>(kv->bytes()), want);
