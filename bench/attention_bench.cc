@@ -38,7 +38,7 @@ struct LayerCaches {
 
 LayerCaches MakeCaches(const DecodeAttentionShape& shape, GgmlType type, int64_t working_set) {
   LayerCaches c;
-  // KvCache rounds a capacity to the attention tile (32 positions); so does this.
+  // Whole attention tiles (32 positions), as KvCache's rings are.
   c.layout = {type, (shape.context + 31) / 32 * 32, shape.num_heads_kv, shape.head_dim};
   c.k_tiles16 = KeyTilesApply(type);
   const int64_t per_layer = 2 * c.layout.TotalBytes();
@@ -153,7 +153,8 @@ void ReportDecodeAttention(const DecodeAttentionShape& shape, int64_t working_se
     const Rates r1 = Measure(shape, caches, one, min_seconds);
     const Rates rn = Measure(shape, caches, all, min_seconds);
     auto share = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
-    std::printf("%-8s %6d | %7.2f %7.2f %7.2f %4.0f%% %4.0f%% | %7.2f %7.2f %7.2f %4.0f%% %4.0f%%\n",
+    std::printf("%-8s %6d | %7.2f %7.2f %7.2f %4.0f%% %4.0f%% | %7.2f %7.2f %7.2f %4.0f%% "
+                "%4.0f%%\n",
                 std::string(TypeName(type)).c_str(), caches.layers, r1.read, r1.convert,
                 r1.attention, share(r1.attention, r1.read), share(r1.attention, r1.convert),
                 rn.read, rn.convert, rn.attention, share(rn.attention, rn.read),

@@ -7,12 +7,8 @@
 // buffer on 1 thread and on all threads. A prefill-shaped matmul is compute-bound: its bound is
 // one core's measured FMA or vpdpbusd issue rate times the threads (%pk). Decode attention after
 // a long context is measured against its own bounds (bench/attention_bench.h).
-// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
-// -W(maybe-)uninitialized reports wherever those intrinsics are inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

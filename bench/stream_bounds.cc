@@ -1,11 +1,7 @@
 #include "bench/stream_bounds.h"
 
-// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
-// -W(maybe-)uninitialized reports wherever those intrinsics are inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
+
 #include <cstdint>
 
 #include <immintrin.h>

@@ -33,15 +33,19 @@ class BenchKernelsTest(unittest.TestCase):
             self.assertRegex(out, rf"(?m)^{t}\s+\|\s+{NUM}", out)
         self.assertRegex(out, r"(?m)^decode attention: one query per head after 96 positions, "
                               r"16 query heads on 8 kv heads of 128 dims")
+        # Without AVX-512 the conversion streams have no SIMD path: printed as 0.00, said so.
+        has_cvt = "(cvt: AVX-512 only, n/a here)" not in out
         for kv in ("f16", "q8_0"):
             row = re.search(rf"(?m)^{kv}\s+(\d+) \|(.*)\|(.*)$", out)
             self.assertIsNotNone(row, out)
-            self.assertGreaterEqual(int(row.group(1)), 2)  # caches cycled past the LLC
+            self.assertGreaterEqual(int(row.group(1)), 2)  # at least two layers' caches
             for half in (row.group(2), row.group(3)):
                 rates = [float(x) for x in re.findall(r"([0-9]+\.[0-9]+)\s", half + " ")]
                 shares = [float(x) for x in re.findall(r"([0-9]+)%", half)]
                 self.assertEqual(len(rates), 3, row.group(0))  # read, convert, attention
-                self.assertTrue(all(r > 0 for r in rates), row.group(0))
+                self.assertGreater(rates[0], 0, row.group(0))
+                self.assertGreater(rates[2], 0, row.group(0))
+                self.assertEqual(rates[1] > 0, has_cvt, row.group(0))
                 self.assertEqual(len(shares), 2, row.group(0))
                 self.assertAlmostEqual(shares[0], 100 * rates[2] / rates[0], delta=1.0)
 

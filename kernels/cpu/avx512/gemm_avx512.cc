@@ -9,12 +9,7 @@
 // column) pair then costs a convert, a scale product and an FMA into its own accumulator; the
 // 16 accumulators are reduced together at the end, and the m_w * s_y term of Q5_1 is an outer
 // product per block kept in one more vector (lane 4c + r).
-// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
-// raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 

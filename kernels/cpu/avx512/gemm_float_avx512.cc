@@ -13,10 +13,7 @@
 //
 // The walk over a call's tiles (activation groups, 1024-element k chunks kept in L1, row tiles
 // from L2) is kernels/cpu/gemm_float_loop.h, shared with the AVX2 file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 

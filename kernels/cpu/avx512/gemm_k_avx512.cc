@@ -11,12 +11,7 @@
 // multiply by its signed scale; the -32 offset comes back as 32 * sum_j sc_j * bsum_j (8
 // vpdpwssd). The whole super-block is summed in int32, exactly as the scalar reference, and
 // converted once.
-// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
-// raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 

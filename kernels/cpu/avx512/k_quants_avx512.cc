@@ -7,12 +7,7 @@
 // into int32 in one instruction. Scales are unpacked once per super-block and spread to the
 // lanes of their sub-block with a permute. Integer sums are exact; only the float
 // accumulation order differs from the scalar reference.
-// GCC 12's AVX-512 headers build "undefined" vectors as `__Y = __Y` (GCC bug 105593), which
-// raises spurious (maybe-)uninitialized warnings wherever those intrinsics are inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 

@@ -1,13 +1,10 @@
 // AVX-512 (F/BW/VL/DQ) paths of the transformer ops (contracts in kernels/cpu/ops_isa.h).
 // Same algorithms as the AVX2 file at 16 lanes; row tails use lane masks instead of scalar
 // loops. Like that file, it calls no inline function from shared headers.
-// GCC 12's avx512fintrin.h passes _mm512_undefined_*() as the pass-through operand of unmasked
-// intrinsics (roundscale, cvtph, reductions), which -Wmaybe-uninitialized reports falsely.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/ops_isa.h"
@@ -217,7 +214,8 @@ inline PrefetchPlan PlanRows(int64_t bytes, int n) {
 // fault).
 inline void PrefetchRows(const void* rows, const PrefetchPlan& plan, int i) {
   const char* p = static_cast<const char*>(rows) + kRowsAhead;
-  const int64_t end = std::min(plan.lines, (i + 1) * plan.per);
+  const int64_t stop = (i + 1) * plan.per;  // no std::min in ISA files (docs/kernels.md)
+  const int64_t end = stop < plan.lines ? stop : plan.lines;
   for (int64_t l = i * plan.per; l < end; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
 }
 
@@ -235,9 +233,9 @@ inline void PrefetchRows(const void* rows, const PrefetchPlan& plan, int i) {
 // Plan(n) and Prefetch(row, plan, i): cache rows are read once per token, in position order,
 // along a head's contiguous span, so the kernels request the span kRowsAhead bytes past the
 // rows they read: step i of n over the 8 rows from `row` on, in address order, spread over a
-// group's dims steps (one burst per tile queued on the fill buffers). The hardware prefetchers stop at each
-// 4 KiB page, 16 f16 rows of 128 dims. Measured: +17% where the span comes from L3 (544
-// positions, 1 thread); from DRAM within this machine's noise.
+// group's dims steps (one burst per tile queued on the fill buffers). The hardware
+// prefetchers stop at each 4 KiB page, 16 f16 rows of 128 dims. Measured: +17% where the span
+// comes from L3 (544 positions, 1 thread); from DRAM within this machine's noise.
 struct BufferRows {
   const float* base;
   int ld;
