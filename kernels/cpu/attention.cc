@@ -185,6 +185,12 @@ TileKernels SelectKernels(Isa isa, GgmlType type) {
   return k;
 }
 
+// Scratch buffers only grow.
+template <typename T>
+void Grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
 // scores[r * s_ld + t] = dot(key row t, query row r) over head_dim for t < n_keys, the query
 // rows quantized (xq, x_row bytes apart): the integer block sums times both scales. Tiled keys
 // (keys at a tile's start) are scored in whole tiles: lanes past n_keys hold other positions
@@ -199,7 +205,7 @@ void ScoresQ8_0(const TileKernels& kern, const uint8_t* keys, int64_t stride, bo
       kern.gemm_tiles16(head_dim, keys, stride, whole, xq, x_row, rows, s, s_ld);
       return;
     }
-    if (unpacked.size() < static_cast<size_t>(n_keys * stride)) unpacked.resize(n_keys * stride);
+    Grow(unpacked, n_keys * stride);
     for (int t = 0; t < n_keys; ++t) {
       UnpackTileRow(GgmlType::kQ8_0, head_dim, keys + t / kTileRows * kTileRows * stride,
                     t % kTileRows, unpacked.data() + t * stride);
@@ -224,11 +230,6 @@ struct AttnScratch {
   std::vector<uint8_t> xq;  // q8_0 K: the quantized query rows
   std::vector<uint8_t> unpacked;  // tiles16 K at levels without the tile kernel
 };
-
-template <typename T>
-void Grow(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-}
 
 }  // namespace
 
@@ -267,11 +268,11 @@ void StoreKvRows(const KvLayout& layout, void* cache, int64_t pos, int64_t n, co
   const int hd = layout.head_dim;
   thread_local std::vector<uint8_t> row;  // tiles16: the row in GGUF layout first
   row.resize(static_cast<size_t>(layout.HeadBytes()));
+  auto* const base = static_cast<uint8_t*>(cache);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t p = pos + r;
     for (int h = 0; h < layout.num_heads_kv; ++h) {
       const float* x = src + (r * layout.num_heads_kv + h) * hd;
-      auto* base = static_cast<uint8_t*>(cache);
       if (layout.tiles16) {
         convert(x, row.data(), hd);
         PackTileRow(layout.type, hd, row.data(), static_cast<int>(p % kTileRows),

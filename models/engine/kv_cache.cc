@@ -33,7 +33,7 @@ KvLayout StorageLayout(const KvLayerGeometry& g, GgmlType type, int64_t capacity
 
 KvLayout KeyLayout(const KvLayout& values) {
   KvLayout k = values;
-  k.tiles16 = values.capacity > 0 && KeyTilesApply(values.type);
+  k.tiles16 = KeyTilesApply(values.type);
   return k;
 }
 
@@ -78,8 +78,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::span<const KvLayer
     } else {
       layer.layout = StorageLayout(g, type, capacity);
       layer.key_layout = KeyLayout(layer.layout);
-      if (absl::Status s = ValidateKvLayout(layer.key_layout); !s.ok()) return s;
       if (absl::Status s = ValidateKvLayout(layer.layout); !s.ok()) return s;
+      if (absl::Status s = ValidateKvLayout(layer.key_layout); !s.ok()) return s;
       total += 2.0 * static_cast<double>(layer.layout.TotalBytes());
     }
     cache->layers_.push_back(layer);
