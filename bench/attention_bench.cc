@@ -1,7 +1,6 @@
 #include "bench/attention_bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/best_rate.h"
 #include "bench/stream_bounds.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/thread_pool.h"
@@ -20,8 +20,6 @@
 
 namespace fucina::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The caches of `layers` layers, K then V per layer, 64-byte aligned and laid out as KvCache
 // lays them out (a q8_0 K in tiles where KeyTilesApply).
@@ -67,18 +65,13 @@ double PassGbps(const LayerCaches& c, int64_t context, ThreadPool& pool, double 
   const int heads = c.layout.num_heads_kv;
   const double bytes = 2.0 * c.layers * heads * context * c.layout.HeadBytes();
   std::vector<double> sinks(static_cast<size_t>(pool.num_threads()) * 8);
-  double best = 0;
-  const Clock::time_point start = Clock::now();
-  do {
-    const Clock::time_point t0 = Clock::now();
+  const double best = BestRate(bytes / 1e9, min_seconds, [&] {
     for (int l = 0; l < c.layers; ++l) {
       pool.ParallelFor(heads, 1, [&](int64_t b, int64_t e, int thread) {
         for (int64_t h = b; h < e; ++h) sinks[thread * 8] += fn(l, static_cast<int>(h));
       });
     }
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, bytes / s / 1e9);
-  } while (std::chrono::duration<double>(Clock::now() - start).count() < min_seconds);
+  });
   volatile double keep = sinks[0];  // the streams' results stay observable.
   (void)keep;
   return best;

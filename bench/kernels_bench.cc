@@ -31,6 +31,7 @@
 #include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
 #include "bench/attention_bench.h"
+#include "bench/best_rate.h"
 #include "bench/stream_bounds.h"
 #include "tools/commands.h"
 
@@ -115,21 +116,15 @@ ComputePeak MeasureComputePeak() {
 // Best-of-repeats read bandwidth in GB/s over `buf` with `pool`'s threads.
 double ReadBandwidth(const std::vector<uint64_t>& buf, ThreadPool& pool, double min_seconds) {
   const int64_t n = static_cast<int64_t>(buf.size());
-  double best = 0;
   std::vector<uint64_t> sinks(pool.num_threads() * 8);
-  const Clock::time_point start = Clock::now();
-  do {
-    const Clock::time_point t0 = Clock::now();
+  return BestRate(n * 8.0 / 1e9, min_seconds, [&] {
     pool.Run([&](int thread) {
       const int64_t per = (n / pool.num_threads()) & ~int64_t{31};
       const int64_t b = thread * per;
       const int64_t e = thread == pool.num_threads() - 1 ? n : b + per;
       sinks[thread * 8] = ReadRange(buf.data() + b, e - b);  // keeps the loads alive.
     });
-    const double s = Seconds(t0, Clock::now());
-    best = std::max(best, n * 8.0 / s / 1e9);
-  } while (Seconds(start, Clock::now()) < min_seconds);
-  return best;
+  });
 }
 
 struct TypeResult {
@@ -140,15 +135,11 @@ struct TypeResult {
 // Matvec over the cycled stack of matrices; best of repeated full passes.
 TypeResult MatVecThroughput(const std::vector<WeightView>& mats, const std::vector<float>& x,
                             std::vector<float>& y, ThreadPool& pool, double min_seconds) {
-  double best = 0;
-  const Clock::time_point start = Clock::now();
   uint64_t bytes = 0;
   for (const WeightView& w : mats) bytes += w.row_stride * w.rows;
-  do {
-    const Clock::time_point t0 = Clock::now();
+  const double best = BestRate(static_cast<double>(bytes), min_seconds, [&] {
     for (const WeightView& w : mats) MatMul(w, x.data(), 1, y.data(), pool);
-    best = std::max(best, bytes / Seconds(t0, Clock::now()));
-  } while (Seconds(start, Clock::now()) < min_seconds);
+  });
   const WeightView& w0 = mats.front();
   const double per_matrix_bytes = static_cast<double>(w0.row_stride * w0.rows);
   return {best / 1e9, best / per_matrix_bytes * 2.0 * w0.rows * w0.cols / 1e9};
@@ -159,14 +150,8 @@ double MatMulGflops(const WeightView& w, int64_t m, ThreadPool& pool, double min
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   for (float& v : x) v = nd(rng);
-  double best = 0;
-  const Clock::time_point start = Clock::now();
-  do {
-    const Clock::time_point t0 = Clock::now();
-    MatMul(w, x.data(), m, y.data(), pool);
-    best = std::max(best, 2.0 * m * w.rows * w.cols / Seconds(t0, Clock::now()) / 1e9);
-  } while (Seconds(start, Clock::now()) < min_seconds);
-  return best;
+  return BestRate(2.0 * m * w.rows * w.cols / 1e9, min_seconds,
+                  [&] { MatMul(w, x.data(), m, y.data(), pool); });
 }
 
 int RunKernels(const BenchArgs& args) {
