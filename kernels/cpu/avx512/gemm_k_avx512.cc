@@ -176,7 +176,7 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
     const size_t off = b * sizeof(typename U::W);
     U u;
     if constexpr (!kPacked) {
-      PrefetchNextTile<sizeof(typename U::W)>(rp, ahead, off, j);
+      PrefetchNextTileRun<sizeof(typename U::W)>(rp, ahead, b0 * sizeof(typename U::W), n, j);
       u.Header(rp, off);
     }
 #pragma GCC unroll 4
@@ -395,7 +395,7 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
     const size_t off = b * sizeof(BlockQ6_K);
     Q6KUnpacker u;
     if constexpr (!kPacked) {
-      PrefetchNextTile<sizeof(BlockQ6_K)>(rp, ahead, off, b);
+      PrefetchNextTileRun<sizeof(BlockQ6_K)>(rp, ahead, 0, nb, b);
       u.Header(rp, off);
     }
     __m512i tot[kRn];
