@@ -66,9 +66,13 @@ struct Bf16Row {
 };
 
 // y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn.
-// ahead > 0 (decode-shaped calls, which read each weight once): the same elements of the rows
-// `ahead` bytes further on (the next tile) are requested into L2 as this tile reads its own,
-// one request per 64-byte line: 4 short row streams alone keep too few lines in flight.
+// ahead > 0 (decode-shaped calls, which read each weight once): the next tile (`ahead` bytes
+// further on) is requested as this tile reads its own, one request per 64-byte line: 4 short
+// row streams alone keep too few lines in flight. Where the pass reads the 4 rows whole and
+// they lie back to back, the requests go in address order into L1, as for the k-quant tiles
+// (tile_avx512.h): on a Zen 5 core the f16 matvec of 1024 columns went from 91% to 97% of the
+// read bandwidth and f16 decode from 20.4 to 22.2 t/s; else the same elements of each row,
+// into L2.
 template <typename L, int kRn>
 FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
                                     const float* const* xc, int rows, float* y, size_t y_stride,
@@ -79,11 +83,18 @@ FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
   for (int r = 0; r < kFRows; ++r) {
     for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
   }
+  // The tile's rows lie back to back and this pass reads them whole.
+  const bool whole = ahead == kFRows * n * sizeof(T);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     if (ahead != 0 && i % kLine == 0) {
-      for (int r = 0; r < kFRows; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+      if (whole) {
+        const char* run = reinterpret_cast<const char*>(wr[0]) + ahead + i * sizeof(T) * kFRows;
+        for (int r = 0; r < kFRows; ++r) _mm_prefetch(run + 64 * r, _MM_HINT_T0);
+      } else {
+        for (int r = 0; r < kFRows; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+        }
       }
     }
     __m512 w[kFRows];
