@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -190,6 +192,38 @@ INSTANTIATE_TEST_SUITE_P(AllTiledTypes, GemmTypeTest, testing::ValuesIn(kTiledTy
 
 // MatMul's tiled path (work items of weight rows, L1 sub-blocks) against the reference, with
 // prefill-shaped batches and several thread counts.
+// A row's dot product does not depend on how the call walks its tiles: decode-shaped calls
+// over back-to-back rows walk row tiles outer (gemm_float_loop.h), padded rows and wider calls
+// chunks outer; each activation row alone and within a wide call gives the same bits. k spans
+// several 1024-element chunks and a tail; rows end in a partial tile.
+TEST(GemmTest, FloatTileWalksGiveTheSameBits) {
+  const int64_t k = 2500, rows = 13;
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+    for (Isa isa : SimdIsas()) {
+      const GemmFn gemm = GetCpuTraits(type, isa)->gemm;
+      if (gemm == nullptr) continue;
+      SCOPED_TRACE(std::string(TypeName(type)) + " " + std::string(IsaName(isa)));
+      const int64_t cols = 9;
+      const size_t dense = RowBytes(type, k), padded = dense + 64;
+      const std::vector<float> wf = RandomRows(rows * k, 71);
+      const std::vector<uint8_t> wd = QuantizeRows(type, wf, rows, k, dense);
+      const std::vector<uint8_t> wp = QuantizeRows(type, wf, rows, k, padded);
+      const std::vector<float> x = RandomRows(cols * k, 72);
+      std::vector<float> wide(cols * rows);
+      gemm(k, wd.data(), dense, rows, x.data(), k * sizeof(float), cols, wide.data(), rows);
+      for (int64_t c = 0; c < cols; ++c) {
+        for (const auto& [w, stride] : {std::pair{&wd, dense}, std::pair{&wp, padded}}) {
+          std::vector<float> one(rows, -1.0f);
+          gemm(k, w->data(), stride, rows, x.data() + c * k, k * sizeof(float), 1, one.data(),
+               rows);
+          ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + c * rows, rows * sizeof(float)))
+              << "column " << c << " stride " << stride;
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmTest, MatMulTiledPathMatchesReference) {
   struct Case {
     GgmlType type;

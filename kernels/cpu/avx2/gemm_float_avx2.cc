@@ -46,13 +46,12 @@ struct Bf16Row {
   }
 };
 
-// y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn. ahead > 0
-// (decode-shaped calls): the next tile's rows, `ahead` bytes on, are requested into L2 one
-// line at a time as this tile reads its own.
+// y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn. pf: the
+// decode-shaped prefetch of the next tile (gemm_float_loop.h), one request per 64-byte line read.
 template <typename L, int kRn>
 FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
                                     const float* const* xc, int rows, float* y, size_t y_stride,
-                                    bool accumulate, size_t ahead) {
+                                    bool accumulate, const TilePrefetch& pf) {
   using T = typename L::T;
   constexpr int64_t kLine = 64 / sizeof(T);
   __m256 acc[kFRows][kRn];
@@ -61,9 +60,14 @@ FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
   }
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    if (ahead != 0 && i % kLine == 0) {
-      for (int r = 0; r < kFRows; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+    if (i % kLine == 0) {
+      if (pf.run != nullptr) {
+        const char* run = pf.run + i * static_cast<int64_t>(sizeof(T)) * kFRows;
+        for (int r = 0; r < kFRows; ++r) _mm_prefetch(run + 64 * r, _MM_HINT_T0);
+      } else if (pf.ahead != 0) {
+        for (int r = 0; r < kFRows; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + pf.ahead, _MM_HINT_T1);
+        }
       }
     }
     __m256 w[kFRows];
@@ -106,8 +110,8 @@ struct FloatTiles {
   template <int kRn>
   static FUCINA_ALWAYS_INLINE void Run(int64_t n, const T* const* wr, const float* const* xc,
                                        int rows, float* y, size_t y_stride, bool accumulate,
-                                       size_t ahead) {
-    FloatTile<L, kRn>(n, wr, xc, rows, y, y_stride, accumulate, ahead);
+                                       const TilePrefetch& pf) {
+    FloatTile<L, kRn>(n, wr, xc, rows, y, y_stride, accumulate, pf);
   }
 };
 

@@ -66,34 +66,27 @@ struct Bf16Row {
 };
 
 // y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn.
-// ahead > 0 (decode-shaped calls, which read each weight once): the next tile (`ahead` bytes
-// further on) is requested as this tile reads its own, one request per 64-byte line: 4 short
-// row streams alone keep too few lines in flight. Where the pass reads the 4 rows whole and
-// they lie back to back, the requests go in address order into L1, as for the k-quant tiles
-// (tile_avx512.h): on a Zen 5 core the f16 matvec of 1024 columns went from 91% to 97% of the
-// read bandwidth and f16 decode from 20.4 to 22.2 t/s; else the same elements of each row,
-// into L2.
+// pf: the decode-shaped prefetch of the next tile (gemm_float_loop.h), one request per
+// 64-byte line read.
 template <typename L, int kRn>
 FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
                                     const float* const* xc, int rows, float* y, size_t y_stride,
-                                    bool accumulate, size_t ahead) {
+                                    bool accumulate, const TilePrefetch& pf) {
   using T = typename L::T;
   constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line.
   __m512 acc[kFRows][kRn];
   for (int r = 0; r < kFRows; ++r) {
     for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
   }
-  // The tile's rows lie back to back and this pass reads them whole.
-  const bool whole = ahead == kFRows * n * sizeof(T);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    if (ahead != 0 && i % kLine == 0) {
-      if (whole) {
-        const char* run = reinterpret_cast<const char*>(wr[0]) + ahead + i * sizeof(T) * kFRows;
+    if (i % kLine == 0) {
+      if (pf.run != nullptr) {
+        const char* run = pf.run + i * static_cast<int64_t>(sizeof(T)) * kFRows;
         for (int r = 0; r < kFRows; ++r) _mm_prefetch(run + 64 * r, _MM_HINT_T0);
-      } else {
+      } else if (pf.ahead != 0) {
         for (int r = 0; r < kFRows; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + pf.ahead, _MM_HINT_T1);
         }
       }
     }
@@ -128,8 +121,8 @@ struct FloatTiles {
   template <int kRn>
   static FUCINA_ALWAYS_INLINE void Run(int64_t n, const T* const* wr, const float* const* xc,
                                        int rows, float* y, size_t y_stride, bool accumulate,
-                                       size_t ahead) {
-    FloatTile<L, kRn>(n, wr, xc, rows, y, y_stride, accumulate, ahead);
+                                       const TilePrefetch& pf) {
+    FloatTile<L, kRn>(n, wr, xc, rows, y, y_stride, accumulate, pf);
   }
 };
 
