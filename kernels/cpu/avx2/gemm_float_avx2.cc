@@ -60,16 +60,7 @@ FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
   }
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    if (i % kLine == 0) {
-      if (pf.run != nullptr) {
-        const char* run = pf.run + i * static_cast<int64_t>(sizeof(T)) * kFRows;
-        for (int r = 0; r < kFRows; ++r) _mm_prefetch(run + 64 * r, _MM_HINT_T0);
-      } else if (pf.ahead != 0) {
-        for (int r = 0; r < kFRows; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + pf.ahead, _MM_HINT_T1);
-        }
-      }
-    }
+    if (i % kLine == 0) PrefetchStep<kFRows>(pf, wr, i);
     __m256 w[kFRows];
     for (int r = 0; r < kFRows; ++r) w[r] = L::Load(wr[r] + i);
     for (int c = 0; c < kRn; ++c) {
