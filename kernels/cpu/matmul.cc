@@ -32,6 +32,18 @@ int64_t DecodeRowsPerItem(int64_t rows, size_t row_bytes, int threads) {
   return std::max<int64_t>(1, std::min(grain, rows / (2 * threads)));
 }
 
+// Prefill-shaped tiled calls: an item reads every activation row once from the shared cache
+// (512 rows of a 1024-wide layer are ~0.5 MiB quantized) for its weight rows, so items of 16
+// rows spent most of their time re-reading activations, and two threads doing so at once
+// scaled poorly. Items of one ~256 KiB L2 block of weights (tiles_job below), at least ~4 per
+// thread: Qwen3-0.6B-shaped Q8_0 prefill on 2 threads of a Zen 5 went from 494-511 to
+// 685-701 t/s, BF16 and Q4_K_M +9%; one thread unchanged.
+int64_t PrefillRowsPerItem(int64_t rows, size_t row_bytes, int threads) {
+  const int64_t grain =
+      std::max<int64_t>(16, static_cast<int64_t>((256 << 10) / std::max<size_t>(row_bytes, 1)));
+  return std::max<int64_t>(1, std::min(grain, rows / (4 * threads)));
+}
+
 // Activation rows the tiled kernels take in one pass over the weights (their widest tile).
 constexpr int64_t kDecodeColumns = 8;
 
@@ -97,7 +109,7 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
       const int threads = pool->num_threads();
       const int64_t grain =
           RoundUp16(m <= kDecodeColumns ? DecodeRowsPerItem(w.rows, w.row_stride, threads)
-                                        : RowsPerItem(w.rows, w.row_stride, threads));
+                                        : PrefillRowsPerItem(w.rows, w.row_stride, threads));
       pool->ParallelFor(w.rows, grain, tiles_job);
     } else {
       tiles_job(0, w.rows, 0);
