@@ -10,15 +10,26 @@
 namespace fucina {
 namespace {
 
-// Weight rows per work item. A decode matvec is bandwidth-bound: items must be large enough
-// to amortise the dispatch (~16 KiB of weights or more) and small enough to balance 2-16 cores.
-int64_t RowsPerItem(int64_t rows, size_t row_bytes, int threads) {
-  int64_t grain = std::max<int64_t>(4, static_cast<int64_t>((16 << 10) / std::max<size_t>(row_bytes, 1)));
-  // At least ~4 items per thread for dynamic balance.
-  const int64_t balanced = std::max<int64_t>(1, rows / (4 * threads));
-  grain = std::min(grain, balanced);
-  return std::max<int64_t>(grain, 1);
+// Weights a tiled call keeps in L2 while its activation tiles pass over them (tiles_job).
+constexpr int64_t kL2BlockBytes = 256 << 10;
+
+// How MatMul sizes its work items: ~`bytes` of weight rows, at least `min_rows`, and at least
+// `per_thread` items per thread for dynamic balance.
+struct ItemSize {
+  int64_t bytes;
+  int64_t min_rows;
+  int per_thread;
+};
+
+int64_t ItemRows(const ItemSize& size, int64_t rows, size_t row_bytes, int threads) {
+  const int64_t grain = std::max<int64_t>(
+      size.min_rows, size.bytes / static_cast<int64_t>(std::max<size_t>(row_bytes, 1)));
+  return std::max<int64_t>(1, std::min(grain, rows / (size.per_thread * threads)));
 }
+
+// vec_dot matvecs are bandwidth-bound: items must be large enough to amortise the dispatch
+// (~16 KiB of weights or more) and small enough to balance 2-16 cores.
+constexpr ItemSize kVecDotItems = {16 << 10, 4, 4};
 
 // Decode-shaped tiled calls (one group of activation rows: a single stream, or a few lockstep
 // ones) stream every weight byte once, and the kernels prefetch one tile of 16 rows ahead:
@@ -26,23 +37,15 @@ int64_t RowsPerItem(int64_t rows, size_t row_bytes, int threads) {
 // it mostly fetched rows another thread was about to read), and each item pays its start-up
 // (activation metadata, the first tile's prefetch) once for many tiles, while at least two
 // items per thread still balance the load.
-int64_t DecodeRowsPerItem(int64_t rows, size_t row_bytes, int threads) {
-  const int64_t grain =
-      std::max<int64_t>(32, static_cast<int64_t>((64 << 10) / std::max<size_t>(row_bytes, 1)));
-  return std::max<int64_t>(1, std::min(grain, rows / (2 * threads)));
-}
+constexpr ItemSize kDecodeItems = {64 << 10, 32, 2};
 
 // Prefill-shaped tiled calls: an item reads every activation row once from the shared cache
 // (512 rows of a 1024-wide layer are ~0.5 MiB quantized) for its weight rows, so items of 16
 // rows spent most of their time re-reading activations, and two threads doing so at once
-// scaled poorly. Items of one ~256 KiB L2 block of weights (tiles_job below), at least ~4 per
-// thread: Qwen3-0.6B-shaped Q8_0 prefill on 2 threads of a Zen 5 went from 494-511 to
-// 685-701 t/s, BF16 and Q4_K_M +9%; one thread unchanged.
-int64_t PrefillRowsPerItem(int64_t rows, size_t row_bytes, int threads) {
-  const int64_t grain =
-      std::max<int64_t>(16, static_cast<int64_t>((256 << 10) / std::max<size_t>(row_bytes, 1)));
-  return std::max<int64_t>(1, std::min(grain, rows / (4 * threads)));
-}
+// scaled poorly. Items of one L2 block of weights, at least ~4 per thread: Qwen3-0.6B-shaped
+// Q8_0 prefill on 2 threads of a Zen 5 went from 494-511 to 685-701 t/s, BF16 and Q4_K_M +9%;
+// one thread unchanged.
+constexpr ItemSize kPrefillItems = {kL2BlockBytes, 16, 4};
 
 // Activation rows the tiled kernels take in one pass over the weights (their widest tile).
 constexpr int64_t kDecodeColumns = 8;
@@ -97,7 +100,7 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
     // it, blocks of ~256 KiB of weights stay in L2 while all activation tiles pass over them
     // (large enough that per-activation-tile setup is shared by many weight tiles).
     const int64_t l2_rows =
-        RoundUp16(static_cast<int64_t>((256 << 10) / std::max<size_t>(w.row_stride, 1)));
+        RoundUp16(kL2BlockBytes / static_cast<int64_t>(std::max<size_t>(w.row_stride, 1)));
     auto tiles_job = [&](int64_t r0, int64_t r1, int) {
       for (int64_t b0 = r0; b0 < r1; b0 += l2_rows) {
         const int64_t b1 = std::min(r1, b0 + l2_rows);
@@ -108,8 +111,8 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
     if (pool != nullptr) {
       const int threads = pool->num_threads();
       const int64_t grain =
-          RoundUp16(m <= kDecodeColumns ? DecodeRowsPerItem(w.rows, w.row_stride, threads)
-                                        : PrefillRowsPerItem(w.rows, w.row_stride, threads));
+          RoundUp16(ItemRows(m <= kDecodeColumns ? kDecodeItems : kPrefillItems, w.rows,
+                             w.row_stride, threads));
       pool->ParallelFor(w.rows, grain, tiles_job);
     } else {
       tiles_job(0, w.rows, 0);
@@ -126,7 +129,8 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
     }
   };
   if (pool != nullptr) {
-    pool->ParallelFor(w.rows, RowsPerItem(w.rows, w.row_stride, pool->num_threads()), rows_job);
+    pool->ParallelFor(w.rows, ItemRows(kVecDotItems, w.rows, w.row_stride, pool->num_threads()),
+                      rows_job);
   } else {
     rows_job(0, w.rows, 0);
   }

@@ -190,8 +190,6 @@ INSTANTIATE_TEST_SUITE_P(AllTiledTypes, GemmTypeTest, testing::ValuesIn(kTiledTy
                            return std::string(TypeName(info.param));
                          });
 
-// MatMul's tiled path (work items of weight rows, L1 sub-blocks) against the reference, with
-// prefill-shaped batches and several thread counts.
 // A row's dot product does not depend on how the call walks its tiles: decode-shaped calls
 // over back-to-back rows walk row tiles outer (gemm_float_loop.h), padded rows and wider calls
 // chunks outer; each activation row alone and within a wide call gives the same bits. k spans
@@ -224,6 +222,8 @@ TEST(GemmTest, FloatTileWalksGiveTheSameBits) {
   }
 }
 
+// MatMul's tiled path (work items of weight rows, L1 sub-blocks) against the reference, with
+// prefill-shaped batches and several thread counts.
 TEST(GemmTest, MatMulTiledPathMatchesReference) {
   struct Case {
     GgmlType type;
