@@ -14,7 +14,8 @@
 // tile's 3-4 interleaved row streams, requested per row into L2, kept too few lines in flight
 // (on a Zen 5 core, f16 matvecs of 1024 and 3072 columns: 91% -> 97% and 79% -> 85% of the
 // read bandwidth). Each row's chunk sums are still added into y in k order, so the results
-// are the same bits.
+// are the same bits. A one-column tile then reads its rows one after another (the tiles'
+// FloatRowsInOrder), so the call is a single address-ordered stream.
 //
 // Internal linkage (anonymous namespace): the including files are compiled with ISA flags.
 #ifndef FUCINA_KERNELS_CPU_GEMM_FLOAT_LOOP_H_

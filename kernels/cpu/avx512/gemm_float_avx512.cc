@@ -65,6 +65,38 @@ struct Bf16Row {
   }
 };
 
+// The one-column tile of the decode walk (pf.run set, rows back to back): the same FMAs into
+// the same accumulators in the same order as FloatTile below, so the same bits, but row by
+// row: the tile's reads become one address-ordered stream instead of kFRows streams 2 KiB
+// apart, and the out-of-order core overlaps one row's FMA chain with the next row's loads.
+// On a Zen 5 core, f16 matvec of 1024 columns: 33 -> 39 GB/s, 94% -> 112% of a plain read.
+template <typename L>
+FUCINA_ALWAYS_INLINE void FloatRowsInOrder(int64_t n, const typename L::T* const* wr,
+                                           const float* x, int rows, float* y, bool accumulate,
+                                           const char* run) {
+  using T = typename L::T;
+  constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line.
+  __m512 acc[kFRows];
+  for (int r = 0; r < kFRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    // This row's share of the next tile's run: one line requested per line read.
+    const char* pf = run + r * n * static_cast<int64_t>(sizeof(T));
+    const T* w = wr[r];
+    __m512 a = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      if (i % kLine == 0) __builtin_prefetch(pf + i * static_cast<int64_t>(sizeof(T)), 0, 3);
+      a = _mm512_fmadd_ps(L::Load(w + i), _mm512_loadu_ps(x + i), a);
+    }
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+      a = _mm512_fmadd_ps(L::Load(w + i, m), _mm512_maskz_loadu_ps(m, x + i), a);
+    }
+    acc[r] = a;
+  }
+  StoreRows(y, rows, Reduce4(acc[0], acc[1], acc[2], acc[3]), accumulate);
+}
+
 // y[c * y_stride + r] (+)= dot(wr[r][0..n), xc[c][0..n)) for r < rows, c < kRn.
 // pf: the decode-shaped prefetch of the next tile (gemm_float_loop.h), one request per
 // 64-byte line read.
@@ -72,6 +104,12 @@ template <typename L, int kRn>
 FUCINA_ALWAYS_INLINE void FloatTile(int64_t n, const typename L::T* const* wr,
                                     const float* const* xc, int rows, float* y, size_t y_stride,
                                     bool accumulate, const TilePrefetch& pf) {
+  if constexpr (kRn == 1) {
+    if (pf.run != nullptr) {
+      FloatRowsInOrder<L>(n, wr, xc[0], rows, y, accumulate, pf.run);
+      return;
+    }
+  }
   using T = typename L::T;
   constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line.
   __m512 acc[kFRows][kRn];
