@@ -89,11 +89,13 @@ Rates Measure(const DecodeAttentionShape& shape, const LayerCaches& c, ThreadPoo
   auto k_span = [&](int layer, int h) { return c.K(layer) + l.RowOffset(0, h); };
   auto v_span = [&](int layer, int h) { return c.V(layer) + l.RowOffset(0, h); };
   Rates r;
-  r.read = PassGbps(c, shape.context, pool, min_seconds, [&](int layer, int h) {
-    return static_cast<double>(
-        ReadRange(reinterpret_cast<const uint64_t*>(k_span(layer, h)), span / 8) ^
-        ReadRange(reinterpret_cast<const uint64_t*>(v_span(layer, h)), span / 8));
-  });
+  for (const bool prefetch : {false, true}) {
+    r.read = std::max(r.read, PassGbps(c, shape.context, pool, min_seconds, [&](int layer, int h) {
+      return static_cast<double>(
+          ReadRange(reinterpret_cast<const uint64_t*>(k_span(layer, h)), span / 8, prefetch) ^
+          ReadRange(reinterpret_cast<const uint64_t*>(v_span(layer, h)), span / 8, prefetch));
+    }));
+  }
   if (HasConversionStreams()) {
     r.convert = PassGbps(c, shape.context, pool, min_seconds, [&](int layer, int h) -> double {
       if (l.type == GgmlType::kF16) {
