@@ -222,6 +222,38 @@ TEST(GemmTest, FloatTileWalksGiveTheSameBits) {
   }
 }
 
+// The same for the quantized tiles: decode-shaped calls (up to 8 activation rows) read the
+// weight rows as they go, wider ones through a per-thread unpacked copy of the call's rows;
+// both must give each activation row the bits it gets alone (the engine's batched and
+// single-stream steps agree bit for bit). 19 rows end in a partial 16-row tile.
+TEST(GemmTest, QuantTileWalksGiveTheSameBits) {
+  const int64_t rows = 19, cols = 11;
+  for (GgmlType type : kTiledTypes) {
+    const int64_t block = TypeInfo(type).block_size;
+    if (block == 1) continue;
+    const int64_t k = 9 * block;  // 288 for the legacy types, 2304 for the k-quants
+    for (Isa isa : SimdIsas()) {
+      const CpuTypeTraits* traits = GetCpuTraits(type, isa);
+      if (traits->gemm == nullptr) continue;
+      SCOPED_TRACE(std::string(TypeName(type)) + " " + std::string(IsaName(isa)));
+      const size_t w_stride = RowBytes(type, k);
+      const size_t x_stride = RowBytes(traits->vec_dot_type, k);
+      const std::vector<uint8_t> w = QuantizeRows(type, RandomRows(rows * k, 81), rows, k, w_stride);
+      const std::vector<uint8_t> x =
+          QuantizeRows(traits->vec_dot_type, RandomRows(cols * k, 82), cols, k, x_stride);
+      std::vector<float> wide(cols * rows);
+      traits->gemm(k, w.data(), w_stride, rows, x.data(), x_stride, cols, wide.data(), rows);
+      for (int64_t c = 0; c < cols; ++c) {
+        std::vector<float> one(rows, -1.0f);
+        traits->gemm(k, w.data(), w_stride, rows, x.data() + c * x_stride, x_stride, 1,
+                     one.data(), rows);
+        ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + c * rows, rows * sizeof(float)))
+            << "column " << c;
+      }
+    }
+  }
+}
+
 // MatMul's tiled path (work items of weight rows, L1 sub-blocks) against the reference, with
 // prefill-shaped batches and several thread counts.
 TEST(GemmTest, MatMulTiledPathMatchesReference) {

@@ -1,21 +1,12 @@
-// AVX-512 (F/BW/VL/DQ + VNNI) tile kernels for kernels/cpu/gemm_isa.h.
-//
-// Two schemes. Q8_0, Q4_0 and Q4_1 (the common formats) use row-transposed tiles of 16
-// weight rows x 8 activation rows, described further down. Q5_0 and Q5_1 use pair tiles of
-// 4 x 4: one 512-bit register holds two consecutive blocks of a row, as in the vec_dot kernels
-// (quant_legacy_avx512.cc); per step the 4 weight rows are unpacked once to unsigned bytes and
-// every activation row meets each weight row with one vpdpbusd, whose starting value folds in
-// the offset that made the weights unsigned (sum((q + c) * y) - c * sum(y)). Each (row,
-// column) pair then costs a convert, a scale product and an FMA into its own accumulator; the
-// 16 accumulators are reduced together at the end, and the m_w * s_y term of Q5_1 is an outer
-// product per block kept in one more vector (lane 4c + r).
+// AVX-512 (F/BW/VL/DQ + VNNI) tile kernels for kernels/cpu/gemm_isa.h: row-transposed tiles
+// of 16 weight rows x 8 activation rows for the legacy formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1),
+// described further down.
 #include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/cpu/avx512/avx512_util.h"
 #include "kernels/cpu/avx512/tile_avx512.h"
@@ -28,152 +19,7 @@ namespace {
 
 #define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
 
-constexpr int kRm = 4;  // weight rows per tile (fixed; short edges repeat the last row).
-constexpr int kMaxRn = 4;  // activation rows per tile (1..4 instantiated).
-
-// ---------------------------------------------------------------------------------------------
-// Legacy formats.
-
-// The f16 fields at the start of two blocks as floats [d_a, e_a, d_b, e_b], where e is the
-// second f16 field (m of Q4_1/Q5_1, s of Q8_1) when kTwo, else 0.
-template <bool kTwo>
-FUCINA_ALWAYS_INLINE __m128 HalfFields(const void* a, const void* b) {
-  uint32_t ua = 0, ub = 0;
-  std::memcpy(&ua, a, kTwo ? 4 : 2);
-  std::memcpy(&ub, b, kTwo ? 4 : 2);
-  const uint64_t both = static_cast<uint64_t>(ua) | (static_cast<uint64_t>(ub) << 32);
-  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(both)));
-}
-
-// Pair-tile formats: the unsigned quants of two blocks, the offset c subtracted back
-// (as c * sum(y)), and whether the format has the m * s term.
-struct Q5_0Policy {
-  using W = BlockQ5_0;
-  using X = BlockQ8_0;
-  static constexpr char kOffset = 16;
-  static constexpr bool kHasMin = false;
-  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
-    return AddHighBits(UnpackNibbles(a.qs, b.qs), a.qh, b.qh);
-  }
-};
-struct Q5_1Policy {
-  using W = BlockQ5_1;
-  using X = BlockQ8_1;
-  static constexpr char kOffset = 0;
-  static constexpr bool kHasMin = true;
-  static FUCINA_ALWAYS_INLINE __m512i Quants(const W& a, const W& b) {
-    return AddHighBits(UnpackNibbles(a.qs, b.qs), a.qh, b.qh);
-  }
-};
-
-template <typename P, int kRn>
-struct LegacyTile {
-  using W = typename P::W;
-  using X = typename P::X;
-
-  __m512 acc[kRm][kRn];
-  __m512 offs;  // kHasMin: lane 4c + r accumulates m_w * s_y of pair (r, c).
-
-  // Blocks (i, i + 1) of every row, or block i and an all-zero block (which adds nothing).
-  template <bool kPair>
-  FUCINA_ALWAYS_INLINE void Step(const W* const* wr, const X* const* xc, int64_t i) {
-    static constexpr W kZeroW{};
-    static constexpr X kZeroX{};
-    // Scale of lanes 0..7 from block a (field 0), of lanes 8..15 from block b (field 2).
-    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-    __m512i q[kRm];
-    __m512 dw[kRm];
-    __m512 fields_w = _mm512_setzero_ps();  // row r's [d_a, m_a, d_b, m_b] in chunk r.
-    for (int r = 0; r < kRm; ++r) {
-      const W& a = wr[r][i];
-      const W& b = kPair ? wr[r][i + 1] : kZeroW;
-      q[r] = P::Quants(a, b);
-      const __m128 f = HalfFields<P::kHasMin>(&a, &b);
-      dw[r] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(f));
-      if constexpr (P::kHasMin) fields_w = _mm512_insertf32x4(fields_w, f, r);
-    }
-    __m512 fields_x = _mm512_setzero_ps();  // column c's [d_a, s_a, d_b, s_b] in chunk c.
-    for (int c = 0; c < kRn; ++c) {
-      const X& a = xc[c][i];
-      const X& b = kPair ? xc[c][i + 1] : kZeroX;
-      const __m512i yq = LoadQs(a.qs, b.qs);
-      __m512i init = _mm512_setzero_si512();
-      if constexpr (P::kOffset != 0) {
-        init = _mm512_sub_epi32(init, _mm512_dpbusd_epi32(init, _mm512_set1_epi8(P::kOffset), yq));
-      }
-      const __m128 f = HalfFields<P::kHasMin>(&a, &b);
-      const __m512 dx = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(f));
-      if constexpr (P::kHasMin) fields_x = _mm512_insertf32x4(fields_x, f, c);
-      for (int r = 0; r < kRm; ++r) {
-        const __m512i sum = _mm512_dpbusd_epi32(init, q[r], yq);
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw[r], dx), acc[r][c]);
-      }
-    }
-    if constexpr (P::kHasMin) {
-      // Lane 4c + r: m_r (field 1 or 3 of chunk r) times s_c (field 1 or 3 of chunk c).
-      const __m512i m_a = _mm512_setr_epi32(1, 5, 9, 13, 1, 5, 9, 13, 1, 5, 9, 13, 1, 5, 9, 13);
-      const __m512i s_a = _mm512_setr_epi32(1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13);
-      const __m512i two = _mm512_set1_epi32(2);
-      offs = _mm512_fmadd_ps(_mm512_permutexvar_ps(m_a, fields_w),
-                             _mm512_permutexvar_ps(s_a, fields_x), offs);
-      if constexpr (kPair) {
-        offs = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(m_a, two), fields_w),
-                               _mm512_permutexvar_ps(_mm512_add_epi32(s_a, two), fields_x), offs);
-      }
-    }
-  }
-
-  void Run(int64_t nb, const uint8_t* w, size_t w_stride, int rows, const uint8_t* x,
-           size_t x_stride, float* y, size_t y_stride) {
-    const W* wr[kRm];
-    for (int r = 0; r < kRm; ++r) {
-      wr[r] = reinterpret_cast<const W*>(w + (r < rows ? r : rows - 1) * w_stride);
-    }
-    const X* xc[kRn];
-    for (int c = 0; c < kRn; ++c) xc[c] = reinterpret_cast<const X*>(x + c * x_stride);
-    for (int r = 0; r < kRm; ++r) {
-      for (int c = 0; c < kRn; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
-    offs = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) Step<true>(wr, xc, i);
-    if (i < nb) Step<false>(wr, xc, i);
-    alignas(64) float o[16];
-    if constexpr (P::kHasMin) _mm512_store_ps(o, offs);
-    for (int c = 0; c < kRn; ++c) {
-      __m128 s = Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
-      if constexpr (P::kHasMin) s = _mm_add_ps(s, _mm_load_ps(o + 4 * c));
-      StoreRows(y + c * y_stride, rows, s);
-    }
-  }
-};
-
-template <typename P>
-void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  const int64_t nb = k / 32;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const auto* xb = static_cast<const uint8_t*>(x);
-  for (int64_t c0 = 0; c0 < cols; c0 += kMaxRn) {
-    const int64_t nc = cols - c0 < kMaxRn ? cols - c0 : kMaxRn;
-    const uint8_t* xt = xb + c0 * x_stride;
-    for (int64_t r0 = 0; r0 < rows; r0 += kRm) {
-      const int nr = static_cast<int>(rows - r0 < kRm ? rows - r0 : kRm);
-      const uint8_t* wt = wb + r0 * w_stride;
-      float* yt = y + c0 * y_stride + r0;
-      switch (nc) {
-        case 4: LegacyTile<P, 4>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
-        case 3: LegacyTile<P, 3>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
-        case 2: LegacyTile<P, 2>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
-        default: LegacyTile<P, 1>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride); break;
-      }
-    }
-  }
-}
-
-
-// ---------------------------------------------------------------------------------------------
-// Row-transposed tiles for Q8_0, Q4_0, Q4_1: 16 weight rows, one per int32 lane.
+// Row-transposed tiles: 16 weight rows, one per int32 lane.
 //
 // Per block, the quants of 16 rows are transposed in registers (4x4 dword transposes) so that
 // vector k holds dword k (4 consecutive quants) of every row. An activation block is then 8
@@ -283,6 +129,57 @@ struct T4_1 {
     const uint8_t* fields = tile + nb * kTileQuantBytes + b * 64;
     *d = TileFields(fields);
     *m = TileFields(fields + 32);
+  }
+};
+
+// Bit 4 of the Q5_0/Q5_1 quants: element e of a block has its fifth bit at bit e of the
+// block's qh, and q[v] holds elements 4v..4v+3 of every row (SplitNibbles), so byte j of q[v]
+// takes bit 4v + j of its lane's qh (qh: the rows' qh dwords, LoadTransposed's lane order).
+// Per pair of quant vectors: one byte of qh spread over its lane's 4 bytes, two bit tests,
+// two masked adds.
+FUCINA_ALWAYS_INLINE void AddFifthBits(__m512i qh, __m512i q[8]) {
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  const __m512i low = _mm512_set1_epi32(0x08040201);                      // byte j: bit j
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0x80402010u));  // byte j: bit 4 + j
+  for (int u = 0; u < 4; ++u) {
+    const __m512i b = _mm512_shuffle_epi8(qh, DwordPattern(0x01010101u * u));
+    q[2 * u] = _mm512_mask_add_epi8(q[2 * u], _mm512_test_epi8_mask(b, low), q[2 * u], sixteen);
+    q[2 * u + 1] = _mm512_mask_add_epi8(q[2 * u + 1], _mm512_test_epi8_mask(b, high),
+                                        q[2 * u + 1], sixteen);
+  }
+}
+
+// Q5_0 and Q5_1 have no kTiles16 layout (no LoadTiles): decode transposes as it goes, prefill
+// through the unpacked copy.
+struct T5_0 {
+  using W = BlockQ5_0;
+  using X = BlockQ8_0;
+  static constexpr int kOffset = 16;
+  static constexpr bool kHasMin = false;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512*) {
+    __m512i t[4];
+    LoadTransposed(rp, off + offsetof(W, qs), t);
+    SplitNibbles(t, q);
+    AddFifthBits(LoadDword0(rp, off + offsetof(W, qh)), q);
+    *d = LowHalves(LoadDword0(rp, off));
+  }
+};
+
+struct T5_1 {
+  using W = BlockQ5_1;
+  using X = BlockQ8_1;
+  static constexpr int kOffset = 0;
+  static constexpr bool kHasMin = true;
+  static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
+                                        __m512* d, __m512* m) {
+    __m512i t[4];
+    LoadTransposed(rp, off + offsetof(W, qs), t);
+    SplitNibbles(t, q);
+    AddFifthBits(LoadDword0(rp, off + offsetof(W, qh)), q);
+    const __m512i h = LoadDword0(rp, off);
+    *d = LowHalves(h);
+    *m = LowHalves(_mm512_srli_epi32(h, 16));
   }
 };
 
@@ -516,11 +413,11 @@ void GemmTilesQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, 
 }
 void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q5_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+  GemmTransposed<T5_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ5_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q5_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+  GemmTransposed<T5_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 
 }  // namespace fucina::avx512
