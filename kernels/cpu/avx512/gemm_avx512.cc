@@ -150,7 +150,9 @@ FUCINA_ALWAYS_INLINE void AddFifthBits(__m512i qh, __m512i q[8]) {
 }
 
 // Q5_0 and Q5_1 have no kTiles16 layout (no LoadTiles): decode transposes as it goes, prefill
-// through the unpacked copy.
+// through the unpacked copy. A block's first 8 bytes (Q5_0: d, qh, 2 quant bytes; Q5_1: d, m,
+// qh) come from one 16-byte load per row, as dwords 0 and 1: a second 16-row load for qh
+// alone made decode compute-bound.
 struct T5_0 {
   using W = BlockQ5_0;
   using X = BlockQ8_0;
@@ -161,8 +163,10 @@ struct T5_0 {
     __m512i t[4];
     LoadTransposed(rp, off + offsetof(W, qs), t);
     SplitNibbles(t, q);
-    AddFifthBits(LoadDword0(rp, off + offsetof(W, qh)), q);
-    *d = LowHalves(LoadDword0(rp, off));
+    __m512i h0, h1;  // d | qh[0..1] << 16, qh[2..3] | qs[0..1] << 16
+    LoadDwords01(rp, off, &h0, &h1);
+    AddFifthBits(_mm512_or_si512(_mm512_srli_epi32(h0, 16), _mm512_slli_epi32(h1, 16)), q);
+    *d = LowHalves(h0);
   }
 };
 
@@ -176,8 +180,9 @@ struct T5_1 {
     __m512i t[4];
     LoadTransposed(rp, off + offsetof(W, qs), t);
     SplitNibbles(t, q);
-    AddFifthBits(LoadDword0(rp, off + offsetof(W, qh)), q);
-    const __m512i h = LoadDword0(rp, off);
+    __m512i h, qh;  // d | m << 16, qh
+    LoadDwords01(rp, off, &h, &qh);
+    AddFifthBits(qh, q);
     *d = LowHalves(h);
     *m = LowHalves(_mm512_srli_epi32(h, 16));
   }

@@ -62,6 +62,17 @@ FUCINA_TILE_INLINE __m512i LoadDword0(const uint8_t* const* rp, size_t off) {
                                _mm512_unpacklo_epi32(z[2], z[3]));
 }
 
+// Dwords 0 and 1 of the 16 bytes at rp[q] + off of the 16 rows, same lane order.
+FUCINA_TILE_INLINE void LoadDwords01(const uint8_t* const* rp, size_t off, __m512i* d0,
+                                     __m512i* d1) {
+  __m512i z[4];
+  Load16x16(rp, off, z);
+  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]);
+  const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);
+  *d0 = _mm512_unpacklo_epi64(a, c);
+  *d1 = _mm512_unpackhi_epi64(a, c);
+}
+
 // Dword 3 of the 16 bytes at rp[q] + off of the 16 rows, same lane order (for fields at the end
 // of a block: the load stays inside it).
 FUCINA_TILE_INLINE __m512i LoadDword3(const uint8_t* const* rp, size_t off) {
