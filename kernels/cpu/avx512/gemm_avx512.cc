@@ -80,6 +80,15 @@ FUCINA_ALWAYS_INLINE void SplitNibbles(const __m512i t[4], __m512i q[8]) {
   }
 }
 
+// The 16 quant bytes at rp[q] + qs_off of the 16 rows (Q4_0/Q4_1/Q5_0/Q5_1 nibbles),
+// transposed and split: q[v] holds elements 4v..4v+3 of every row.
+FUCINA_ALWAYS_INLINE void TransposedNibbles(const uint8_t* const* rp, size_t qs_off,
+                                            __m512i q[8]) {
+  __m512i t[4];
+  LoadTransposed(rp, qs_off, t);
+  SplitNibbles(t, q);
+}
+
 // The 4 quant vectors of a Q4_0/Q4_1 block in a kTiles16 tile (at qs), split as Prep splits
 // the transposed ones.
 FUCINA_ALWAYS_INLINE void TileNibbles(const uint8_t* qs, __m512i q[8]) {
@@ -96,9 +105,7 @@ struct T4_0 {
   static constexpr int kTileQuantBytes = 256;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512*) {
-    __m512i t[4];
-    LoadTransposed(rp, off + offsetof(W, qs), t);
-    SplitNibbles(t, q);
+    TransposedNibbles(rp, off + offsetof(W, qs), q);
     *d = LowHalves(LoadDword0(rp, off));
   }
   static FUCINA_ALWAYS_INLINE void LoadTiles(const uint8_t* tile, int64_t nb, int64_t b,
@@ -116,9 +123,7 @@ struct T4_1 {
   static constexpr int kTileQuantBytes = 256;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512* m) {
-    __m512i t[4];
-    LoadTransposed(rp, off + offsetof(W, qs), t);
-    SplitNibbles(t, q);
+    TransposedNibbles(rp, off + offsetof(W, qs), q);
     const __m512i h = LoadDword0(rp, off);
     *d = LowHalves(h);
     *m = LowHalves(_mm512_srli_epi32(h, 16));
@@ -160,9 +165,7 @@ struct T5_0 {
   static constexpr bool kHasMin = false;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512*) {
-    __m512i t[4];
-    LoadTransposed(rp, off + offsetof(W, qs), t);
-    SplitNibbles(t, q);
+    TransposedNibbles(rp, off + offsetof(W, qs), q);
     __m512i h0, h1;  // d | qh[0..1] << 16, qh[2..3] | qs[0..1] << 16
     LoadDwords01(rp, off, &h0, &h1);
     AddFifthBits(_mm512_or_si512(_mm512_srli_epi32(h0, 16), _mm512_slli_epi32(h1, 16)), q);
@@ -177,9 +180,7 @@ struct T5_1 {
   static constexpr bool kHasMin = true;
   static FUCINA_ALWAYS_INLINE void Prep(const uint8_t* const* rp, size_t off, __m512i q[8],
                                         __m512* d, __m512* m) {
-    __m512i t[4];
-    LoadTransposed(rp, off + offsetof(W, qs), t);
-    SplitNibbles(t, q);
+    TransposedNibbles(rp, off + offsetof(W, qs), q);
     __m512i h, qh;  // d | m << 16, qh
     LoadDwords01(rp, off, &h, &qh);
     AddFifthBits(qh, q);
