@@ -34,12 +34,16 @@ for (const flashAttention of [false, true]) {
     });
     const sequence = context.getSequence();
     const t0 = performance.now();
+    // yieldEogToken: an end-of-generation token does not end the loop (by default it does, and
+    // a model that emits one early would be timed for fewer tokens than `gen`); `fucina run
+    // --bench` also decodes exactly `gen` tokens.
     let t1 = 0, n = 0;
-    for await (const token of sequence.evaluate(prompt, {temperature: 0})) {
+    for await (const token of sequence.evaluate(prompt, {temperature: 0, yieldEogToken: true})) {
       if (n === 0) t1 = performance.now();
       if (++n > gen) break;
     }
     const t2 = performance.now();
+    if (n <= gen) throw new Error(`generation stopped after ${n} of ${gen + 1} tokens`);
     prefill.push(promptLen / ((t1 - t0) / 1000));
     decode.push(gen / ((t2 - t1) / 1000));
     await context.dispose();
