@@ -53,6 +53,13 @@ inline void PrefetchStep(const TilePrefetch& pf, const T* const* wr, int64_t i) 
   }
 }
 
+// The same run requested by a one-column tile that reads its rows one after another (the
+// tiles' FloatRowsInOrder): row r's share of the run, one line per line read from element i.
+template <typename T>
+inline void PrefetchRowStep(const char* run, int64_t n, int r, int64_t i) {
+  __builtin_prefetch(run + (r * n + i) * static_cast<int64_t>(sizeof(T)), 0, 3);
+}
+
 // Tile::Run<kRn>(n, wr, xc, rows, y, y_stride, accumulate, pf) for kRn = nc.
 template <typename Tile, int kRn>
 inline void RunFloatTile(int nc, int64_t n, const typename Tile::T* const* wr,

@@ -58,12 +58,11 @@ FUCINA_ALWAYS_INLINE void FloatRowsInOrder(int64_t n, const typename L::T* const
   using T = typename L::T;
   constexpr int64_t kLine = 64 / sizeof(T);
   for (int r = 0; r < rows; ++r) {
-    const char* pf = run + r * n * static_cast<int64_t>(sizeof(T));
     const T* w = wr[r];
     __m256 a = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-      if (i % kLine == 0) __builtin_prefetch(pf + i * static_cast<int64_t>(sizeof(T)), 0, 3);
+      if (i % kLine == 0) PrefetchRowStep<T>(run, n, r, i);
       a = _mm256_fmadd_ps(L::Load(w + i), _mm256_loadu_ps(x + i), a);
     }
     if (i < n) {

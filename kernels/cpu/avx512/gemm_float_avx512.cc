@@ -79,13 +79,11 @@ FUCINA_ALWAYS_INLINE void FloatRowsInOrder(int64_t n, const typename L::T* const
   __m512 acc[kFRows];
   for (int r = 0; r < kFRows; ++r) acc[r] = _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r) {
-    // This row's share of the next tile's run: one line requested per line read.
-    const char* pf = run + r * n * static_cast<int64_t>(sizeof(T));
     const T* w = wr[r];
     __m512 a = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-      if (i % kLine == 0) __builtin_prefetch(pf + i * static_cast<int64_t>(sizeof(T)), 0, 3);
+      if (i % kLine == 0) PrefetchRowStep<T>(run, n, r, i);
       a = _mm512_fmadd_ps(L::Load(w + i), _mm512_loadu_ps(x + i), a);
     }
     if (i < n) {

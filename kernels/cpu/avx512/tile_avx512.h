@@ -54,14 +54,6 @@ FUCINA_TILE_INLINE void LoadTransposed(const uint8_t* const* rp, size_t off, __m
   t[3] = _mm512_unpackhi_epi64(b, d);
 }
 
-// Dword 0 of the 16 bytes at rp[q] + off of the 16 rows, same lane order.
-FUCINA_TILE_INLINE __m512i LoadDword0(const uint8_t* const* rp, size_t off) {
-  __m512i z[4];
-  Load16x16(rp, off, z);
-  return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(z[0], z[1]),
-                               _mm512_unpacklo_epi32(z[2], z[3]));
-}
-
 // Dwords 0 and 1 of the 16 bytes at rp[q] + off of the 16 rows, same lane order.
 FUCINA_TILE_INLINE void LoadDwords01(const uint8_t* const* rp, size_t off, __m512i* d0,
                                      __m512i* d1) {
@@ -71,6 +63,13 @@ FUCINA_TILE_INLINE void LoadDwords01(const uint8_t* const* rp, size_t off, __m51
   const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);
   *d0 = _mm512_unpacklo_epi64(a, c);
   *d1 = _mm512_unpackhi_epi64(a, c);
+}
+
+// Dword 0 alone (the unused dword 1 folds away inline).
+FUCINA_TILE_INLINE __m512i LoadDword0(const uint8_t* const* rp, size_t off) {
+  __m512i d0, d1;
+  LoadDwords01(rp, off, &d0, &d1);
+  return d0;
 }
 
 // Dword 3 of the 16 bytes at rp[q] + off of the 16 rows, same lane order (for fields at the end
