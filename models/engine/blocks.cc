@@ -138,16 +138,14 @@ absl::StatusOr<WeightView> TensorBinder::Matrix(const std::string& name) {
   if (f32_ && f32_(name)) {
     // A trainable copy: f32, owned, written by training (converted row by row, exactly).
     if (!p.locations.empty()) return p.locations.front().view;
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[rows * cols * sizeof(float)]);
     const CpuTypeTraits* traits = GetCpuTraits((*t)->type);
     const size_t row_bytes = static_cast<size_t>(RowBytes((*t)->type, cols));
-    float* dst = reinterpret_cast<float*>(buf.get());
+    float* dst = reinterpret_cast<float*>(owned_.Allocate(rows * cols * sizeof(float)));
     for (int64_t r = 0; r < rows; ++r) {
       traits->to_float(static_cast<const uint8_t*>((*t)->data) + r * row_bytes, dst + r * cols,
                        cols);
     }
     const WeightView w = WeightView::Dense(dst, GgmlType::kF32, rows, cols);
-    owned_.push_back(std::move(buf));
     p.locations.push_back({w, true});
     return w;
   }
@@ -180,7 +178,7 @@ std::optional<WeightView> TensorBinder::Fuse(
     if (p.data == nullptr || p.type != p0.type || p.cols != p0.cols) return std::nullopt;
     rows += p.rows;
   }
-  uint8_t* const buf = Allocate(rows * p0.row_stride);
+  uint8_t* const buf = owned_.Allocate(rows * p0.row_stride);
   size_t offset = 0;
   for (const auto& [name, p] : parts) {
     copies_.push_back({buf + offset, p.data, p.rows * p.row_stride});
@@ -194,13 +192,6 @@ std::optional<WeightView> TensorBinder::Fuse(
   }
   fused_.push_back({buf, offset});
   return WeightView::Dense(buf, p0.type, rows, p0.cols);
-}
-
-uint8_t* TensorBinder::Allocate(size_t bytes) {
-  std::unique_ptr<uint8_t[]> buf(new uint8_t[bytes + 64]);
-  uint8_t* const aligned = buf.get() + (64 - reinterpret_cast<uintptr_t>(buf.get()) % 64) % 64;
-  owned_.push_back(std::move(buf));
-  return aligned;
 }
 
 WeightView TensorBinder::Tiles(const WeightView& w) {
@@ -227,7 +218,7 @@ WeightView TensorBinder::Tiles(const WeightView& w) {
     repacks_.push_back({w, const_cast<uint8_t*>(base)});
     return packed;
   }
-  uint8_t* const dst = Allocate(bytes);
+  uint8_t* const dst = owned_.Allocate(bytes);
   repacks_.push_back({w, dst});
   packed.data = dst;
   return packed;

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/streamed_memory.h"
 #include "kernels/matmul.h"
 #include "models/engine/config.h"
 #include "models/gguf/gguf.h"
@@ -109,15 +110,12 @@ class TensorBinder {
   // Runs the fuse copies, then the repacks, on the pool (a progress bar on a terminal).
   void Finish();
 
-  std::vector<std::unique_ptr<uint8_t[]>> TakeOwned() { return std::move(owned_); }
+  StreamedArena TakeOwned() { return std::move(owned_); }
   std::vector<Parameter> TakeParameters() { return std::move(parameters_); }
 
  private:
   absl::StatusOr<const gguf::TensorInfo*> Find(const std::string& name, const TensorSpec** spec);
   Parameter& Record(const std::string& name, const TensorSpec& spec);
-
-  // A 64-byte aligned owned buffer (kept in owned_): tile kernels load whole cache lines.
-  uint8_t* Allocate(size_t bytes);
 
   struct Copy {
     uint8_t* dst;
@@ -135,7 +133,8 @@ class TensorBinder {
   std::vector<Copy> copies_;
   std::vector<Repack> repacks_;
   std::vector<std::pair<const uint8_t*, size_t>> fused_;  // fused buffers: base, bytes
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  // Fused, repacked and trainable copies: decode streams them every token (huge pages).
+  StreamedArena owned_;
   std::vector<Parameter> parameters_;
 };
 

@@ -90,8 +90,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::span<const KvLayer
         "KV cache of ", capacity, " positions would need ", total / (1 << 30), " GiB"));
   }
   cache->bytes_ = static_cast<size_t>(total);
-  cache->data_.reset(new uint8_t[cache->bytes_]);
-  uint8_t* p = cache->data_.get();
+  absl::StatusOr<StreamedBuffer> data = StreamedBuffer::Create(cache->bytes_);
+  if (!data.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache of ", capacity, " positions: ", data.status().message()));
+  }
+  cache->data_ = *std::move(data);
+  uint8_t* p = cache->data_.data();
   for (Layer& layer : cache->layers_) {
     if (layer.geometry.source >= 0) continue;
     const size_t bytes = static_cast<size_t>(layer.layout.TotalBytes());

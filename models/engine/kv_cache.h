@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/streamed_memory.h"
 
 namespace fucina {
 
@@ -112,7 +113,7 @@ class KvCache {
   int64_t len_ = 0;
   int64_t high_water_ = 0;  // the most positions ever valid since Clear: what rings overwrote.
   size_t bytes_ = 0;
-  std::unique_ptr<uint8_t[]> data_;
+  StreamedBuffer data_;  // every layer's K and V: decode reads them each token (huge pages)
 };
 
 // Rows a layer of `window` keeps in a cache of `capacity` positions (a q8_0 cache allocates

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/streamed_memory.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/matmul.h"
 #include "models/engine/blocks.h"
@@ -177,7 +178,7 @@ class Model {
   WeightView embed_;                 // [vocab, hidden]
   WeightView head_;                  // [vocab, hidden] (token_embd when tied)
   const float* output_norm_ = nullptr;
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // fused matrices
+  StreamedArena owned_;  // fused, repacked and trainable matrices
   std::vector<Parameter> parameters_;
   std::unique_ptr<LocalExpertsFfn> local_experts_;
   ExpertFfn* experts_ = nullptr;
