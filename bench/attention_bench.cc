@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -13,6 +14,7 @@
 #include "bench/best_rate.h"
 #include "bench/stream_bounds.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/streamed_memory.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/fp16.h"
 #include "kernels/ggml_type.h"
@@ -27,7 +29,7 @@ struct LayerCaches {
   KvLayout layout;  // V's; K's but for tiles16
   bool k_tiles16 = false;
   int layers = 0;
-  std::unique_ptr<uint8_t[]> buffer;
+  StreamedBuffer buffer;  // the KV cache's own kind of memory (huge pages)
   uint8_t* base = nullptr;
 
   const uint8_t* K(int l) const { return base + 2 * l * layout.TotalBytes(); }
@@ -41,8 +43,13 @@ LayerCaches MakeCaches(const DecodeAttentionShape& shape, GgmlType type, int64_t
   c.k_tiles16 = KeyTilesApply(type);
   const int64_t per_layer = 2 * c.layout.TotalBytes();
   c.layers = static_cast<int>(std::max<int64_t>(2, (working_set + per_layer - 1) / per_layer));
-  c.buffer.reset(new uint8_t[per_layer * c.layers + 64]);
-  c.base = c.buffer.get() + (64 - reinterpret_cast<uintptr_t>(c.buffer.get()) % 64) % 64;
+  absl::StatusOr<StreamedBuffer> buffer = StreamedBuffer::Create(per_layer * c.layers);
+  if (!buffer.ok()) {
+    std::fprintf(stderr, "KV caches: %s\n", std::string(buffer.status().message()).c_str());
+    std::exit(1);
+  }
+  c.buffer = *std::move(buffer);
+  c.base = c.buffer.data();
   // One layer from normal rows (scaled like real keys and values), copied to the others.
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;

@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_split.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/streamed_memory.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ggml_type.h"
 #include "kernels/matmul.h"
@@ -115,8 +116,7 @@ ComputePeak MeasureComputePeak() {
 
 // Best-of-repeats read bandwidth in GB/s over `buf` with `pool`'s threads, the faster of the
 // read with and without software prefetch (bench/stream_bounds.h).
-double ReadBandwidth(const std::vector<uint64_t>& buf, ThreadPool& pool, double min_seconds) {
-  const int64_t n = static_cast<int64_t>(buf.size());
+double ReadBandwidth(const uint64_t* buf, int64_t n, ThreadPool& pool, double min_seconds) {
   std::vector<uint64_t> sinks(pool.num_threads() * 8);
   double best = 0;
   for (const bool prefetch : {false, true}) {
@@ -126,7 +126,7 @@ double ReadBandwidth(const std::vector<uint64_t>& buf, ThreadPool& pool, double 
         const int64_t b = thread * per;
         const int64_t e = thread == pool.num_threads() - 1 ? n : b + per;
         // The sink keeps the loads alive.
-        sinks[thread * 8] = ReadRange(buf.data() + b, e - b, prefetch);
+        sinks[thread * 8] = ReadRange(buf + b, e - b, prefetch);
       });
     }));
   }
@@ -174,10 +174,18 @@ int RunKernels(const BenchArgs& args) {
               static_cast<long long>(args.batch), static_cast<long long>(args.prefill_batch));
   double bw1, bwn;
   {
-    std::vector<uint64_t> buf(ws_bytes / 8);
-    for (size_t i = 0; i < buf.size(); ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;
-    bw1 = ReadBandwidth(buf, one, args.min_seconds);
-    bwn = ReadBandwidth(buf, all, args.min_seconds);
+    // The same kind of memory as the weights below and the engine's (huge pages): the bound
+    // must not pay TLB misses the kernels do not.
+    absl::StatusOr<StreamedBuffer> mem = StreamedBuffer::Create(ws_bytes);
+    if (!mem.ok()) {
+      std::fprintf(stderr, "working set: %s\n", std::string(mem.status().message()).c_str());
+      return 1;
+    }
+    auto* const buf = reinterpret_cast<uint64_t*>(mem->data());
+    const int64_t n = static_cast<int64_t>(ws_bytes / 8);
+    for (int64_t i = 0; i < n; ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;
+    bw1 = ReadBandwidth(buf, n, one, args.min_seconds);
+    bwn = ReadBandwidth(buf, n, all, args.min_seconds);
   }
   std::printf("read bandwidth: %.2f GB/s (1 thread), %.2f GB/s (%d threads)\n", bw1, bwn,
               all_threads);
@@ -210,9 +218,14 @@ int RunKernels(const BenchArgs& args) {
     const size_t mat_bytes = row_bytes * args.rows;
     // One matrix quantized once, then copied to fill a working set larger than the caches.
     const size_t count = std::max<size_t>(2, (ws_bytes + mat_bytes - 1) / mat_bytes);
-    // 64-byte aligned, as the engine's weights are (a mapping's pages, or its aligned copies).
-    std::unique_ptr<uint8_t[]> buffer(new uint8_t[mat_bytes * count + 64]);
-    uint8_t* const base = buffer.get() + (64 - reinterpret_cast<uintptr_t>(buffer.get()) % 64) % 64;
+    // Huge pages, as the engine's own weight copies (kernels/cpu/streamed_memory.h).
+    absl::StatusOr<StreamedBuffer> buffer = StreamedBuffer::Create(mat_bytes * count);
+    if (!buffer.ok()) {
+      std::fprintf(stderr, "%s weights: %s\n", name.c_str(),
+                   std::string(buffer.status().message()).c_str());
+      return 1;
+    }
+    uint8_t* const base = buffer->data();
     const CpuTypeTraits* traits = GetCpuTraits(*type);
     for (int64_t r = 0; r < args.rows; ++r) {
       traits->from_float(src.data() + r * args.cols, base + r * row_bytes, args.cols);
