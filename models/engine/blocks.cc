@@ -194,13 +194,15 @@ std::optional<WeightView> TensorBinder::Fuse(
   return WeightView::Dense(buf, p0.type, rows, p0.cols);
 }
 
-WeightView TensorBinder::Tiles(const WeightView& w) {
-  if (!TileLayoutApplies(w)) return w;
+WeightView TensorBinder::Streamed(const WeightView& w) {
+  if (w.data == nullptr) return w;
+  const bool tiles = TileLayoutApplies(w);
   const size_t bytes = w.rows * w.row_stride;
   WeightView packed = w;
   packed.layout = WeightLayout::kTiles16;
   for (const auto& [base, size] : fused_) {
     if (base != w.data) continue;
+    if (!tiles) return w;  // owned already
     // In place: the parameter locations in this buffer then describe packed rows, which holds
     // only where each starts and ends on a tile boundary.
     std::vector<ParameterLocation*> inside;
@@ -218,7 +220,19 @@ WeightView TensorBinder::Tiles(const WeightView& w) {
     repacks_.push_back({w, const_cast<uint8_t*>(base)});
     return packed;
   }
+  // A trainable copy stays where training writes it.
+  for (const Parameter& param : parameters_) {
+    for (const ParameterLocation& loc : param.locations) {
+      if (loc.owned && loc.view.data == w.data) return w;
+    }
+  }
   uint8_t* const dst = owned_.Allocate(bytes);
+  if (!tiles) {
+    copies_.push_back({dst, w.data, bytes});
+    WeightView copy = w;
+    copy.data = dst;
+    return copy;
+  }
   repacks_.push_back({w, dst});
   packed.data = dst;
   return packed;
@@ -255,10 +269,18 @@ void TensorBinder::Finish() {
     pool_.ParallelFor(static_cast<int64_t>(items->size()), 1, [&](int64_t b, int64_t e, int thread) {
       for (int64_t i = b; i < e; ++i) {
         const Item& it = (*items)[i];
+        // Each source leaves the resident set once copied, so a load peaks at about one model
+        // in memory, not two (the page cache keeps the file; other readers, such as embedding
+        // lookups in a tied head's rows, map their pages in again).
         if (it.copy != nullptr) {
           std::memcpy(it.copy->dst, it.copy->src, it.copy->bytes);
+          file_.ReleasePages(it.copy->src, it.copy->bytes);
         } else {
-          PackTiles16(it.repack->src, it.tile_begin, it.tile_end, it.repack->dst);
+          const WeightView& src = it.repack->src;
+          PackTiles16(src, it.tile_begin, it.tile_end, it.repack->dst);
+          file_.ReleasePages(static_cast<const uint8_t*>(src.data) +
+                                 it.tile_begin * kTileRows * src.row_stride,
+                             it.bytes);
         }
         const size_t now = done.fetch_add(it.bytes) + it.bytes;
         const int percent = total == 0 ? 100 : static_cast<int>(100 * now / total);
@@ -302,13 +324,13 @@ absl::StatusOr<AttentionWeights> BindAttention(TensorBinder& b, const ModelConfi
       w.wqkv = *fused;
       w.wk = w.wv = {};
     }
-    w.wk = b.Tiles(w.wk);
-    w.wv = b.Tiles(w.wv);
+    w.wk = b.Streamed(w.wk);
+    w.wv = b.Streamed(w.wv);
   }
-  w.wqkv = b.Tiles(w.wqkv);
+  w.wqkv = b.Streamed(w.wqkv);
   auto o = b.Matrix(LayerTensor(l, "attn_output.weight"));
   if (!o.ok()) return o.status();
-  w.wo = b.Tiles(*o);
+  w.wo = b.Streamed(*o);
   if (qk_norm) {
     auto qn = b.Vector(LayerTensor(l, "attn_q_norm.weight"));
     if (!qn.ok()) return qn.status();
@@ -330,13 +352,13 @@ absl::StatusOr<FfnWeights> BindFfn(TensorBinder& b, int64_t l) {
   if (!up.ok()) return up.status();
   auto down = b.Matrix(LayerTensor(l, "ffn_down.weight"));
   if (!down.ok()) return down.status();
-  w.down = b.Tiles(*down);
+  w.down = b.Streamed(*down);
   if (auto fused = b.Fuse({{LayerTensor(l, "ffn_gate.weight"), *gate},
                            {LayerTensor(l, "ffn_up.weight"), *up}})) {
-    w.gate_up = b.Tiles(*fused);
+    w.gate_up = b.Streamed(*fused);
   } else {
-    w.gate_up = b.Tiles(*gate);
-    w.up = b.Tiles(*up);
+    w.gate_up = b.Streamed(*gate);
+    w.up = b.Streamed(*up);
   }
   return w;
 }

@@ -102,11 +102,13 @@ class TensorBinder {
   // Concatenates the rows of same-typed matrices into one owned matrix (q/k/v, gate/up); the
   // copies run in Finish(). nullopt when types or widths differ (callers keep them apart).
   std::optional<WeightView> Fuse(std::initializer_list<std::pair<std::string, WeightView>> parts);
-  // `w` in the layout the tile kernels read fastest: WeightLayout::kTiles16 where it applies
-  // at the active ISA (kernels/tile_layout.h), else `w` itself. Fused matrices are repacked in
-  // place, others into an owned copy; either happens in Finish(). For the matrices of dense
-  // layers and the head, which every decode step streams whole.
-  WeightView Tiles(const WeightView& w);
+  // `w` where and how decode reads it fastest: in owned huge-page memory
+  // (kernels/cpu/streamed_memory.h), in WeightLayout::kTiles16 where that applies at the active
+  // ISA (kernels/tile_layout.h). Fused matrices are repacked in place, trainable copies stay as
+  // they are, others are copied (repacked or as they are); all in Finish(), which releases the
+  // mapping's pages of each source once copied. For the matrices of dense layers and the head,
+  // which every decode step streams whole.
+  WeightView Streamed(const WeightView& w);
   // Runs the fuse copies, then the repacks, on the pool (a progress bar on a terminal).
   void Finish();
 

@@ -158,8 +158,8 @@ absl::Status Model::Bind(const LoadOptions& options) {
   if (head) {
     FUCINA_BIND(output_norm_, binder.Vector("output_norm.weight"));
     FUCINA_BIND(head_, binder.Matrix(tied ? "token_embd.weight" : "output.weight"));
-    // Tied: the head gets its own repacked copy; lookups keep reading the mapping's rows.
-    head_ = binder.Tiles(head_);
+    // Tied: the head gets its own copy; lookups keep reading the mapping's rows.
+    head_ = binder.Streamed(head_);
   }
 #undef FUCINA_BIND
   LoadOptions resolved = options;

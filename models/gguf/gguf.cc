@@ -250,6 +250,21 @@ File::~File() {
   }
 }
 
+void File::ReleasePages(const void* p, size_t n) const {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  for (const Buffer& b : buffers_) {
+    const auto base = reinterpret_cast<uintptr_t>(b.data);
+    if (!b.mapped || lo < base || lo + n > base + b.size) continue;
+    // Whole pages only: the bytes around the range may belong to tensors still read here.
+    const uintptr_t first = (lo + page - 1) / page * page;
+    const uintptr_t end = (lo + n) / page * page;
+    // A private read-only mapping: dropping its pages loses nothing (no private copies).
+    if (end > first) ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
+    return;
+  }
+}
+
 absl::Status File::CheckMappedIntact() const {
   for (const Buffer& b : buffers_) {
     if (!b.mapped) continue;

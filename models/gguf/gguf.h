@@ -83,6 +83,11 @@ class File {
   // (Replacing the file by renaming a new one over it is safe: the mapping keeps the old one.)
   absl::Status CheckMappedIntact() const;
 
+  // Gives the whole pages of [p, p + n) that lie in a mapped part back to the page cache: for
+  // tensor bytes the caller has copied and no longer reads in its hot path. They stay valid;
+  // a later read maps them in again. Parts held as copies (FromBytes) are left as they are.
+  void ReleasePages(const void* p, size_t n) const;
+
  private:
   // Bytes backing one part: a read-only mapping or an owned aligned copy.
   struct Buffer {
