@@ -10,7 +10,9 @@
 # 4096, 8 heads; sliding layers of window 512 with 2 KV heads of 128, every sixth layer global
 # with 1 KV head of 256; Gemma's 262144-token vocabulary), and SmolLM2 requantized to Q4_K_M, all
 # cached in $FUCINA_CACHE/bench. Env: THREADS
-# (default "1 2"), PROMPT (512), GEN (64), REPEATS (3).
+# (default "1 2"), PROMPT (512), GEN (64), REPEATS (3), ROUNDS (1): with ROUNDS > 1 ours and
+# the reference alternate, one load each per round, and each figure is the median over rounds,
+# so a slow minute on a shared machine lands on both sides instead of one.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 ensure_apt_packages
 ensure_rust
@@ -18,6 +20,7 @@ ensure_npm_packages
 build_tree "$FUCINA_ROOT/build"
 fucina="$FUCINA_ROOT/build/tools/fucina"
 THREADS="${THREADS:-1 2}" PROMPT="${PROMPT:-512}" GEN="${GEN:-64}" REPEATS="${REPEATS:-3}"
+ROUNDS="${ROUNDS:-1}"
 
 models=("$@")
 if [ ${#models[@]} -eq 0 ]; then
@@ -54,14 +57,26 @@ if [ ${#models[@]} -eq 0 ]; then
   models+=("$f")
 fi
 
+# The median of the second field of the lines starting "$1:" (one per round).
+median_of() {
+  awk -v key="$1:" '$1 == key {v[n++] = $2} END {
+    for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (v[j] < v[i]) {x = v[i]; v[i] = v[j]; v[j] = x}
+    print n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2
+  }'
+}
+
 ids=$(node -e "console.log(Array.from({length: $PROMPT}, (_, i) => 1000 + ((i * 7919) % 5000)).join(','))")
 printf '%-40s %3s | %10s %10s %6s | %10s %10s %6s | %s\n' model thr "pp ours" "pp ref" ratio "tg ours" "tg ref" ratio fa
 for m in "${models[@]}"; do
   for t in $THREADS; do
-    ours=$("$fucina" run "$m" "$ids" --gen "$GEN" --bench "$REPEATS" --threads "$t" --cache-type f16)
-    ref=$(node "$FUCINA_ROOT/bench/llamacpp_speed.mjs" "$m" "$t" "$PROMPT" "$GEN" "$REPEATS")
-    pp_o=$(echo "$ours" | awk '/^prefill:/ {print $2}'); tg_o=$(echo "$ours" | awk '/^decode:/ {print $2}')
-    pp_r=$(echo "$ref" | awk '/^prefill:/ {print $2}'); tg_r=$(echo "$ref" | awk '/^decode:/ {print $2}')
+    ours="" ref=""
+    for ((round = 0; round < ROUNDS; round++)); do
+      ours+=$("$fucina" run "$m" "$ids" --gen "$GEN" --bench "$REPEATS" --threads "$t" \
+        --cache-type f16)$'\n'
+      ref+=$(node "$FUCINA_ROOT/bench/llamacpp_speed.mjs" "$m" "$t" "$PROMPT" "$GEN" "$REPEATS")$'\n'
+    done
+    pp_o=$(echo "$ours" | median_of prefill); tg_o=$(echo "$ours" | median_of decode)
+    pp_r=$(echo "$ref" | median_of prefill); tg_r=$(echo "$ref" | median_of decode)
     fa=$(echo "$ref" | awk '/^prefill:/ {p=$NF} /^decode:/ {d=$NF} END {gsub(/\)/, "", p); gsub(/\)/, "", d); print p "/" d}')
     printf '%-40s %3s | %10s %10s %6.2f | %10s %10s %6.2f | %s\n' "$(basename "$m")" "$t" \
       "$pp_o" "$pp_r" "$(awk "BEGIN {print $pp_o / $pp_r}")" "$tg_o" "$tg_r" \
