@@ -8,15 +8,20 @@
 // summation order (same integer block sums, same per-block scales).
 //
 // The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
-// on AVX-512, 4 x 6 for float weights; 4 x 2 on AVX2, 3 x 4 for float weights;
-// docs/kernels.md), so each loaded block serves every row or column
-// of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
+// on AVX-512, 4 x 6 for float weights; 4 x 2 on AVX2, 3 x 4 for float weights and 1 x 8
+// for k-quants; docs/kernels.md), so each loaded block serves every row or column of the
+// tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
 // rows keeps those rows in L2 while every activation tile streams past them.
 #ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
 #define FUCINA_KERNELS_CPU_GEMM_ISA_H_
 
 #include <cstddef>
 #include <cstdint>
+
+// For the tile kernels' helpers: a tile's accumulators stay in registers only when every step
+// is inlined into its loop, which GCC's size heuristics would otherwise decline for the wider
+// instantiations.
+#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace fucina {
 
@@ -37,10 +42,17 @@ namespace fucina {
   FUCINA_GEMM_ONE_DECL(GemmF16F32) \
   FUCINA_GEMM_ONE_DECL(GemmBf16F32)
 
+// The k-quants against Q8_K activations (gemm_k_{avx2,avx512}.cc).
+#define FUCINA_GEMM_K_DECLS          \
+  FUCINA_GEMM_ONE_DECL(GemmQ4_KQ8_K) \
+  FUCINA_GEMM_ONE_DECL(GemmQ5_KQ8_K) \
+  FUCINA_GEMM_ONE_DECL(GemmQ6_KQ8_K)
+
 // Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
 namespace avx2 {
 FUCINA_GEMM_LEGACY_DECLS
 FUCINA_GEMM_FLOAT_DECLS
+FUCINA_GEMM_K_DECLS
 }  // namespace avx2
 namespace avx512 {
 FUCINA_GEMM_LEGACY_DECLS
@@ -49,9 +61,7 @@ FUCINA_GEMM_ONE_DECL(GemmTilesQ8_0Q8_0)
 FUCINA_GEMM_ONE_DECL(GemmTilesQ4_0Q8_0)
 FUCINA_GEMM_ONE_DECL(GemmTilesQ4_1Q8_1)
 FUCINA_GEMM_FLOAT_DECLS
-FUCINA_GEMM_ONE_DECL(GemmQ4_KQ8_K)
-FUCINA_GEMM_ONE_DECL(GemmQ5_KQ8_K)
-FUCINA_GEMM_ONE_DECL(GemmQ6_KQ8_K)
+FUCINA_GEMM_K_DECLS
 }  // namespace avx512
 
 }  // namespace fucina

@@ -102,14 +102,8 @@ std::vector<Shape> Shapes(int block) {
 
 TEST(GemmTest, TiledKernelsArePresentWhereImplemented) {
   for (Isa isa : SimdIsas()) {
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
-                          GgmlType::kQ5_1, GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+    for (GgmlType type : kTiledTypes) {
       EXPECT_NE(GetCpuTraits(type, isa)->gemm, nullptr) << TypeName(type) << " " << IsaName(isa);
-    }
-  }
-  if (DetectedIsa() >= Isa::kAvx512) {
-    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
-      EXPECT_NE(GetCpuTraits(type, Isa::kAvx512)->gemm, nullptr) << TypeName(type);
     }
   }
   // The scalar level is the reference: it never has a tiled kernel.
@@ -249,6 +243,33 @@ TEST(GemmTest, QuantTileWalksGiveTheSameBits) {
                      one.data(), rows);
         ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + c * rows, rows * sizeof(float)))
             << "column " << c;
+      }
+    }
+  }
+}
+
+// The AVX2 k-quant tiles do, for every (weight row, activation row) pair, the operations of
+// that ISA's vec_dot in its order: a tile gives each pair the dot's bits, so MatMul's tiled
+// and per-dot paths (and prefill against decode) agree exactly on AVX2 machines.
+TEST(GemmTest, Avx2KQuantTilesGiveTheDotsBits) {
+  if (DetectedIsa() < Isa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  const int64_t rows = 7, cols = 11;  // a full 8-column tile and a 3-column edge
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    SCOPED_TRACE(TypeName(type));
+    const CpuTypeTraits* traits = GetCpuTraits(type, Isa::kAvx2);
+    const int64_t k = 5 * TypeInfo(type).block_size;
+    const size_t w_stride = RowBytes(type, k) + 16;  // padded rows: the stride is honoured
+    const size_t x_stride = RowBytes(traits->vec_dot_type, k);
+    const std::vector<uint8_t> w = QuantizeRows(type, RandomRows(rows * k, 91), rows, k, w_stride);
+    const std::vector<uint8_t> x =
+        QuantizeRows(traits->vec_dot_type, RandomRows(cols * k, 92), cols, k, x_stride);
+    std::vector<float> y(cols * rows);
+    traits->gemm(k, w.data(), w_stride, rows, x.data(), x_stride, cols, y.data(), rows);
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float dot = traits->vec_dot(k, w.data() + r * w_stride, x.data() + c * x_stride);
+        ASSERT_EQ(0, std::memcmp(&dot, &y[c * rows + r], sizeof(float)))
+            << "row " << r << " column " << c << ": " << dot << " against " << y[c * rows + r];
       }
     }
   }

@@ -22,8 +22,6 @@
 namespace fucina::avx2 {
 namespace {
 
-#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
-
 constexpr int kRm = 4;     // weight rows per tile (fixed; short edges repeat the last row).
 constexpr int kMaxRn = 2;  // activation rows per tile (1..2 instantiated).
 

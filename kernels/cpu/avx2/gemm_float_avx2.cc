@@ -21,8 +21,6 @@
 namespace fucina::avx2 {
 namespace {
 
-#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
-
 constexpr int kFRows = 3;          // weight rows per tile (short edges repeat the last row).
 constexpr int kFCols = 4;          // activation rows per tile (1..4 instantiated).
 

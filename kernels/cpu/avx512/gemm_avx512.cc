@@ -17,8 +17,6 @@
 namespace fucina::avx512 {
 namespace {
 
-#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
-
 // Row-transposed tiles: 16 weight rows, one per int32 lane.
 //
 // Per block, the quants of 16 rows are transposed in registers (4x4 dword transposes) so that

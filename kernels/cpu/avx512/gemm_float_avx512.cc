@@ -29,8 +29,6 @@
 namespace fucina::avx512 {
 namespace {
 
-#define FUCINA_ALWAYS_INLINE inline __attribute__((always_inline))
-
 constexpr int kFRows = 4;       // weight rows per tile (short edges repeat the last row).
 constexpr int kFCols = 6;       // activation rows per tile (1..6 instantiated).
 
