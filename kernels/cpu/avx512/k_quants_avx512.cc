@@ -15,28 +15,13 @@
 #include <cstring>
 
 #include "kernels/cpu/avx512/avx512_util.h"
+#include "kernels/cpu/k_scales.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 #include "kernels/quant/k_quants.h"
 
 namespace fucina::avx512 {
 namespace {
-
-// As in the AVX2 path: 8 scales (bytes 0..7) then 8 mins (bytes 8..15), 6 bits each.
-inline __m128i UnpackScalesMins(const uint8_t* packed) {
-  constexpr uint32_t kMask6 = 0x3f3f3f3f, kMask4 = 0x0f0f0f0f, kMask2 = 0x03030303;
-  uint32_t u[4];
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & kMask4) | (((u[1] >> 6) & kMask2) << 4);
-  const uint32_t mins_lo = u[1] & kMask6;
-  u[1] = (u[2] & kMask4) | (((u[0] >> 6) & kMask2) << 4);
-  u[2] = mins_lo;
-  u[0] &= kMask6;
-  // Built from registers: a 16-byte load right after four 4-byte stores would stall on store
-  // forwarding, and this runs once per super-block in the hot loop.
-  return _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
-                       static_cast<int>(u[0]));
-}
 
 // Index vector for _mm512_permutexvar_epi16: s16 lanes 0..15 read lane a, 16..31 lane b.
 inline __m512i SplitIndex(int a, int b) {
