@@ -44,9 +44,13 @@ FUCINA_AVX2_INLINE __m256i Load32(const void* p) {
 }
 
 // 16 packed bytes -> 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
+// The 16 bytes are broadcast to both halves by the load itself and the high half shifted by 4
+// (a 32-bit shift: bits crossing into a byte from its neighbour are masked off), which keeps
+// the lane-crossing insert off the one shuffle port of Zen 2/3 cores.
 FUCINA_AVX2_INLINE __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi32(t, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                          _mm256_set1_epi8(0x0F));
 }
 
 // Byte j = 0xFF where bit j of the little-endian qh is set, else 0.

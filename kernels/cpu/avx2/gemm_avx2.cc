@@ -103,6 +103,29 @@ struct Q5_1Policy {
   }
 };
 
+// The 4 weight rows' f16 scales (and mins, kHasMin) as floats: lane r of *d (and *m).
+template <typename P>
+FUCINA_ALWAYS_INLINE void RowScales(const typename P::W* const* wr, int64_t i, __m128* d,
+                                    __m128* m) {
+  if constexpr (P::kHasMin) {
+    // [d_0, m_0, d_1, m_1, ...] -> [d_0..d_3, m_0..m_3].
+    const auto f = [&](int r) { return static_cast<uint32_t>(HalfFields<true>(&wr[r][i])); };
+    const __m256 fw = _mm256_permutevar8x32_ps(
+        _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(f(2) | uint64_t{f(3)} << 32),
+                                       static_cast<int64_t>(f(0) | uint64_t{f(1)} << 32))),
+        _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    *d = _mm256_castps256_ps128(fw);
+    *m = _mm256_extractf128_ps(fw, 1);
+  } else {
+    // The four halves packed in a general register: one move into the vector unit.
+    uint64_t u = 0;
+    for (int r = 0; r < kRm; ++r) {
+      u |= static_cast<uint64_t>(static_cast<uint16_t>(HalfFields<false>(&wr[r][i]))) << (16 * r);
+    }
+    *d = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(u)));
+  }
+}
+
 template <typename P, int kRn>
 struct LegacyTile {
   using W = typename P::W;
@@ -113,47 +136,59 @@ struct LegacyTile {
 
   FUCINA_ALWAYS_INLINE void Step(const W* const* wr, const X* const* xc, int64_t i) {
     const __m256i ones = _mm256_set1_epi16(1);
-    // [d_0, e_0, d_1, e_1, ...] of the 4 weight rows (e = m for the _1 formats).
-    const __m256 fw = _mm256_cvtph_ps(
-        _mm_setr_epi32(HalfFields<P::kHasMin>(&wr[0][i]), HalfFields<P::kHasMin>(&wr[1][i]),
-                       HalfFields<P::kHasMin>(&wr[2][i]), HalfFields<P::kHasMin>(&wr[3][i])));
+    // The scale d_w * d_x of every pair, in memory: each pair broadcasts its own with a load.
+    // (Broadcasting lanes of a register instead kept Zen 3's one shuffle port busiest.)
+    alignas(16) float scale[kRn][kRm];
+    __m128 dw, mw;
+    RowScales<P>(wr, i, &dw, &mw);
+    uint64_t xu = 0;  // the columns' leading fields: [d_0, d_1] or [d_0, s_0, d_1, s_1]
+    for (int c = 0; c < kRn; ++c) {
+      xu |= static_cast<uint64_t>(static_cast<uint32_t>(HalfFields<P::kHasMin>(&xc[c][i])))
+            << ((P::kHasMin ? 32 : 16) * c);
+    }
+    const __m128 fx = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(xu)));
+    for (int c = 0; c < kRn; ++c) {
+      const int lane = P::kHasMin ? 2 * c : c;
+      const __m128 dx = _mm_permutevar_ps(fx, _mm_set1_epi32(lane));
+      _mm_store_ps(scale[c], _mm_mul_ps(dw, dx));
+    }
     __m256i q[kRm], sign[kRm];
-    __m256 dw[kRm];
     for (int r = 0; r < kRm; ++r) {
       q[r] = P::Quants(wr[r][i]);
       if constexpr (P::kSigned) {
         sign[r] = q[r];
         q[r] = _mm256_sign_epi8(q[r], q[r]);
       }
-      dw[r] = _mm256_permutevar8x32_ps(fw, _mm256_set1_epi32(2 * r));
     }
-    int fx_bits[4] = {0, 0, 0, 0};
-    for (int c = 0; c < kRn; ++c) fx_bits[c] = HalfFields<P::kHasMin>(&xc[c][i]);
-    const __m256 fx = _mm256_cvtph_ps(_mm_setr_epi32(fx_bits[0], fx_bits[1], fx_bits[2], fx_bits[3]));
     for (int c = 0; c < kRn; ++c) {
       const __m256i yq = Load32(xc[c][i].qs);
       __m256i corr = _mm256_setzero_si256();
       if constexpr (P::kOffset != 0) {
         corr = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(P::kOffset), yq), ones);
       }
-      const __m256 dx = _mm256_permutevar8x32_ps(fx, _mm256_set1_epi32(2 * c));
       for (int r = 0; r < kRm; ++r) {
         const __m256i y_signed = P::kSigned ? _mm256_sign_epi8(yq, sign[r]) : yq;
         __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y_signed), ones);
         if constexpr (P::kOffset != 0) sum = _mm256_sub_epi32(sum, corr);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw[r], dx), acc[r][c]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scale[c][r]),
+                                    acc[r][c]);
       }
     }
     if constexpr (P::kHasMin) {
-      // Lane 4c + r: m_r (odd lane 2r + 1 of fw) times s_c (odd lane 2c + 1 of fx).
-      const __m256 m = _mm256_permutevar8x32_ps(fw, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
-      const __m256 s = _mm256_permutevar8x32_ps(fx, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+      // Lane 4c + r: m_r times s_c (lane 2c + 1 of fx).
+      const __m256 m = _mm256_set_m128(mw, mw);
+      const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(fx),
+                                                _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
       offs = _mm256_fmadd_ps(m, s, offs);
     }
   }
 
+  // ahead != 0 (decode-shaped calls, which read each weight byte once): while this tile runs,
+  // the same bytes `ahead` further on (the next tile's rows) are requested into L2, one request
+  // per 64-byte line. Four rows read side by side are four short streams to the hardware
+  // prefetchers, which then keep too few lines in flight.
   void Run(int64_t nb, const uint8_t* w, size_t w_stride, int rows, const uint8_t* x,
-           size_t x_stride, float* y, size_t y_stride) {
+           size_t x_stride, float* y, size_t y_stride, size_t ahead) {
     const W* wr[kRm];
     for (int r = 0; r < kRm; ++r) {
       wr[r] = reinterpret_cast<const W*>(w + (r < rows ? r : rows - 1) * w_stride);
@@ -164,7 +199,18 @@ struct LegacyTile {
       for (int c = 0; c < kRn; ++c) acc[r][c] = _mm256_setzero_ps();
     }
     offs = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; ++i) Step(wr, xc, i);
+    if (ahead != 0) {
+      constexpr int64_t kEvery = 64 / sizeof(W) > 0 ? 64 / sizeof(W) : 1;
+      for (int64_t i = 0; i < nb; i += kEvery) {
+        for (int r = 0; r < kRm; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
+        }
+        const int64_t end = i + kEvery < nb ? i + kEvery : nb;
+        for (int64_t j = i; j < end; ++j) Step(wr, xc, j);
+      }
+    } else {
+      for (int64_t i = 0; i < nb; ++i) Step(wr, xc, i);
+    }
     alignas(32) float o[8];
     if constexpr (P::kHasMin) _mm256_store_ps(o, offs);
     for (int c = 0; c < kRn; ++c) {
@@ -181,6 +227,9 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
   const int64_t nb = k / 32;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
+  // One pass over the weights (a decode-shaped call) reads each byte once: prefetch the next
+  // tile's rows.
+  const size_t ahead = cols <= kMaxRn ? kRm * w_stride : 0;
   for (int64_t c0 = 0; c0 < cols; c0 += kMaxRn) {
     const int64_t nc = cols - c0 < kMaxRn ? cols - c0 : kMaxRn;
     const uint8_t* xt = xb + c0 * x_stride;
@@ -189,9 +238,9 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
       const uint8_t* wt = wb + r0 * w_stride;
       float* yt = y + c0 * y_stride + r0;
       if (nc == 2) {
-        LegacyTile<P, 2>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride);
+        LegacyTile<P, 2>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride, ahead);
       } else {
-        LegacyTile<P, 1>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride);
+        LegacyTile<P, 1>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride, ahead);
       }
     }
   }
