@@ -17,6 +17,8 @@
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/fp16.h"
+#include "kernels/ggml_type.h"
 #include "kernels/matmul.h"
 #include "kernels/type_traits.h"
 
@@ -243,6 +245,63 @@ TEST(GemmTest, QuantTileWalksGiveTheSameBits) {
                      one.data(), rows);
         ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + c * rows, rows * sizeof(float)))
             << "column " << c;
+      }
+    }
+  }
+}
+
+// Every code of the legacy formats at its extreme: random quant bytes (Q8_0 weights include
+// -128, the 4- and 5-bit ones every nibble and high bit), activations of +-127 and scales of 1
+// (m = 1, s = 3 for the _1 formats). Every partial sum is then an integer below 2^24, exact in
+// any float order, so each ISA's tiles must give the scalar vec_dot's value exactly: a
+// saturated pair sum or a sign trick that wraps would show. Shapes cover the decode tile (one
+// column, rows past a multiple of 4) and every width of the prefill tiles (1..9 columns).
+TEST(GemmTest, LegacyTilesAreExactAtTheExtremeCodes) {
+  constexpr GgmlType kLegacy[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                  GgmlType::kQ5_0, GgmlType::kQ5_1};
+  constexpr f16_t kOne = 0x3C00, kThree = 0x4200;
+  std::mt19937 rng(7);
+  // `count` rows of k elements of `type`, blocks of random bytes whose leading f16 fields (d,
+  // and m or s for the _1 formats) are set to one and three.
+  const auto make_rows = [&](GgmlType type, int64_t count, int64_t k, bool activations) {
+    const GgmlTypeInfo& info = TypeInfo(type);
+    const bool two_fields = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 ||
+                            type == GgmlType::kQ8_1;
+    std::vector<uint8_t> out(count * (k / info.block_size) * info.type_size);
+    for (size_t b = 0; b < out.size(); b += info.type_size) {
+      for (int64_t j = 0; j < info.type_size; ++j) {
+        // Activations: +-127 and a few values between (their quants never reach -128).
+        out[b + j] = activations ? static_cast<uint8_t>(static_cast<int8_t>(
+                                       rng() % 4 == 0 ? static_cast<int>(rng() % 255) - 127
+                                                      : (rng() % 2 ? 127 : -127)))
+                                 : static_cast<uint8_t>(rng());
+      }
+      std::memcpy(&out[b], &kOne, sizeof(kOne));
+      if (two_fields) std::memcpy(&out[b + 2], activations ? &kThree : &kOne, sizeof(kOne));
+    }
+    return out;
+  };
+  for (GgmlType type : kLegacy) {
+    const CpuTypeTraits* ref = GetCpuTraits(type, Isa::kScalar);
+    const int64_t k = 9 * 32, rows = 6;
+    const size_t w_stride = RowBytes(type, k), x_stride = RowBytes(ref->vec_dot_type, k);
+    const std::vector<uint8_t> w = make_rows(type, rows, k, false);
+    for (int64_t cols = 1; cols <= 9; ++cols) {
+      const std::vector<uint8_t> x = make_rows(ref->vec_dot_type, cols, k, true);
+      for (Isa isa : SimdIsas()) {
+        SCOPED_TRACE(std::string(TypeName(type)) + " " + std::string(IsaName(isa)) +
+                     " cols=" + std::to_string(cols));
+        const GemmFn gemm = GetCpuTraits(type, isa)->gemm;
+        ASSERT_NE(gemm, nullptr);
+        std::vector<float> y(cols * rows);
+        gemm(k, w.data(), w_stride, rows, x.data(), x_stride, cols, y.data(), rows);
+        for (int64_t c = 0; c < cols; ++c) {
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_EQ(y[c * rows + r],
+                      ref->vec_dot(k, w.data() + r * w_stride, x.data() + c * x_stride))
+                << "row " << r << " column " << c;
+          }
+        }
       }
     }
   }

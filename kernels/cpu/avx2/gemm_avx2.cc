@@ -1,13 +1,20 @@
 // AVX2 + FMA + F16C tile kernels for kernels/cpu/gemm_isa.h (legacy 32-element formats).
 //
-// A tile is 4 weight rows x up to 2 activation rows (8 float accumulators of one block each:
-// with 16 ymm registers a wider tile spills). Per block, each weight row is unpacked once and
-// each activation block loaded once; a pair then costs one u8 x s8 multiply-add chain, a
-// convert, a scale product and an FMA, and the horizontal sums happen once per tile.
-// Unsigned weights (nibbles, plus 16 for the 5-bit formats) use _mm256_maddubs_epi16 directly
-// (|u| <= 31 and |y| <= 128 cannot saturate the int16 pair sums) and subtract the format's
-// offset as c * sum(y), computed once per activation block. Q8_0 weights are signed and use
-// the |x| * (y * sign(x)) identity, which needs y in [-127, 127] as the Q8 quantizers give.
+// A tile is kR weight rows x kC activation rows (kR * kC <= 8 pairs, one float accumulator of
+// 8 lanes each). Per block, each weight row is unpacked once and each activation block loaded
+// once; a pair then costs one u8 x s8 multiply-add chain, a convert and an FMA with its scale,
+// and the horizontal sums happen once per tile. Every pair does the same operations in the
+// same order whatever the tile's shape, so all shapes (and decode against prefill) agree bit
+// for bit. Decode takes 4 x 1 (four independent FMA chains per block, four rows streamed
+// together); prefill and lockstep batches take 1 x 8, which unpacks a weight row once for 8
+// activation rows and, with no cost per activation block but its load, keeps the 8
+// accumulators, the row's quants and the temporaries within the 16 ymm registers.
+//
+// Unsigned weights (nibbles, plus 16 for the 5-bit formats) go into _mm256_maddubs_epi16 as
+// they are (|u| <= 31 and |y| <= 127 cannot saturate the int16 pair sums). Signed ones (Q8_0,
+// and Q4_0 / Q5_0 in one-row tiles, their offset of 8 / 16 subtracted as bytes) use the
+// |x| * (y * sign(x)) identity, which needs y in [-127, 127] as the Q8 quantizers give; x = -128
+// is exact (|x| is read as the unsigned 128).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -22,8 +29,8 @@
 namespace fucina::avx2 {
 namespace {
 
-constexpr int kRm = 4;     // weight rows per tile (fixed; short edges repeat the last row).
-constexpr int kMaxRn = 2;  // activation rows per tile (1..2 instantiated).
+constexpr int kDecodeRows = 4;  // the decode tile's weight rows (short edges repeat the last)
+constexpr int kMaxCols = 8;     // the widest tile's activation rows
 
 // Lane i = horizontal sum of v[i].
 FUCINA_ALWAYS_INLINE __m128 Reduce4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
@@ -33,16 +40,6 @@ FUCINA_ALWAYS_INLINE __m128 Reduce4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) 
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-FUCINA_ALWAYS_INLINE void StoreRows(float* y, int rows, __m128 v) {
-  if (rows == kRm) {
-    _mm_storeu_ps(y, v);
-    return;
-  }
-  alignas(16) float t[4];
-  _mm_store_ps(t, v);
-  for (int r = 0; r < rows; ++r) y[r] = t[r];
-}
-
 // 0x10 in byte j where bit j of the little-endian qh is set, else 0.
 FUCINA_ALWAYS_INLINE __m256i HighBits(const uint8_t qh[4]) {
   return _mm256_and_si256(BytesFromBits(qh), _mm256_set1_epi8(0x10));
@@ -50,14 +47,39 @@ FUCINA_ALWAYS_INLINE __m256i HighBits(const uint8_t qh[4]) {
 
 // The block's leading f16 fields as 32 bits: d only, or d | (m or s) << 16 when kTwo.
 template <bool kTwo>
-FUCINA_ALWAYS_INLINE int HalfFields(const void* block) {
+FUCINA_ALWAYS_INLINE uint32_t HalfFields(const void* block) {
   uint32_t u = 0;
   std::memcpy(&u, block, kTwo ? 4 : 2);
-  return static_cast<int>(u);
+  return u;
 }
 
-// kOffset: unsigned quants, c * sum(y) subtracted back; 0 with !kSigned: unsigned, no offset;
-// kSigned: signed quants (Q8_0).
+// The leading f16 fields of block i of kN <= 8 rows, as floats: lane n of d is row n's d and,
+// kTwo, lane n of e its second field (m or s). The halves are packed in general registers and
+// moved into the vector unit once per field.
+template <bool kTwo, int kN, typename B>
+FUCINA_ALWAYS_INLINE void Fields(const B* const* rows, int64_t i, __m256* d, __m256* e) {
+  static_assert(kN <= 8);
+  uint64_t dw[2] = {0, 0}, ew[2] = {0, 0};
+  for (int n = 0; n < kN; ++n) {
+    const uint32_t u = HalfFields<kTwo>(&rows[n][i]);
+    dw[n / 4] |= static_cast<uint64_t>(u & 0xFFFF) << (16 * (n % 4));
+    if constexpr (kTwo) ew[n / 4] |= static_cast<uint64_t>(u >> 16) << (16 * (n % 4));
+  }
+  const auto convert = [](const uint64_t* w) {
+    if constexpr (kN <= 4) {  // one 64-bit move; lanes 4..7 are zero
+      return _mm256_zextps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(w[0]))));
+    } else {
+      return _mm256_cvtph_ps(
+          _mm_set_epi64x(static_cast<int64_t>(w[1]), static_cast<int64_t>(w[0])));
+    }
+  };
+  *d = convert(dw);
+  if constexpr (kTwo) *e = convert(ew);
+}
+
+// kSigned: Quants gives signed values (Q8_0); else unsigned ones, from which the format's
+// kOffset is to be subtracted (Q4_0, Q5_0) or to which, kHasMin, the block's m (weights) times
+// s (activations) is added (Q4_1, Q5_1).
 struct Q8_0Policy {
   using W = BlockQ8_0;
   using X = BlockQ8_0;
@@ -103,106 +125,95 @@ struct Q5_1Policy {
   }
 };
 
-// The 4 weight rows' f16 scales (and mins, kHasMin) as floats: lane r of *d (and *m).
-template <typename P>
-FUCINA_ALWAYS_INLINE void RowScales(const typename P::W* const* wr, int64_t i, __m128* d,
-                                    __m128* m) {
-  if constexpr (P::kHasMin) {
-    // [d_0, m_0, d_1, m_1, ...] -> [d_0..d_3, m_0..m_3].
-    const auto f = [&](int r) { return static_cast<uint32_t>(HalfFields<true>(&wr[r][i])); };
-    const __m256 fw = _mm256_permutevar8x32_ps(
-        _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(f(2) | uint64_t{f(3)} << 32),
-                                       static_cast<int64_t>(f(0) | uint64_t{f(1)} << 32))),
-        _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-    *d = _mm256_castps256_ps128(fw);
-    *m = _mm256_extractf128_ps(fw, 1);
-  } else {
-    // The four halves packed in a general register: one move into the vector unit.
-    uint64_t u = 0;
-    for (int r = 0; r < kRm; ++r) {
-      u |= static_cast<uint64_t>(static_cast<uint16_t>(HalfFields<false>(&wr[r][i]))) << (16 * r);
-    }
-    *d = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(u)));
-  }
-}
-
-template <typename P, int kRn>
+template <typename P, int kR, int kC>
 struct LegacyTile {
   using W = typename P::W;
   using X = typename P::X;
+  // Pair p = c * kR + r of weight row r and activation row c.
+  static constexpr int kPairs = kR * kC;
+  static_assert(kPairs <= 8);
 
-  __m256 acc[kRm][kRn];
-  __m256 offs;  // kHasMin: lane 4c + r accumulates m_w * s_y of pair (r, c).
+  // Lane p of the permutation that spreads a per-row (or, `column`, per-column) vector of
+  // Fields over the pairs.
+  static FUCINA_ALWAYS_INLINE __m256i PairLanes(bool column) {
+    int lane[8] = {};
+    for (int p = 0; p < kPairs; ++p) lane[p] = column ? p / kR : p % kR;
+    return _mm256_setr_epi32(lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6],
+                             lane[7]);
+  }
+
+  __m256 acc[kPairs];
+  __m256 offs;  // kHasMin: lane p accumulates m_w * s_y of pair p.
 
   FUCINA_ALWAYS_INLINE void Step(const W* const* wr, const X* const* xc, int64_t i) {
     const __m256i ones = _mm256_set1_epi16(1);
+    __m256 dw, mw, dx, sx;
+    Fields<P::kHasMin, kR>(wr, i, &dw, &mw);
+    Fields<P::kHasMin, kC>(xc, i, &dx, &sx);
     // The scale d_w * d_x of every pair, in memory: each pair broadcasts its own with a load.
     // (Broadcasting lanes of a register instead kept Zen 3's one shuffle port busiest.)
-    alignas(16) float scale[kRn][kRm];
-    __m128 dw, mw;
-    RowScales<P>(wr, i, &dw, &mw);
-    uint64_t xu = 0;  // the columns' leading fields: [d_0, d_1] or [d_0, s_0, d_1, s_1]
-    for (int c = 0; c < kRn; ++c) {
-      xu |= static_cast<uint64_t>(static_cast<uint32_t>(HalfFields<P::kHasMin>(&xc[c][i])))
-            << ((P::kHasMin ? 32 : 16) * c);
+    const auto per_pair = [](__m256 v, bool column) {
+      // A tile of one row (or one column) needs no spreading: lane p is already the column's.
+      if ((column && kR == 1) || (!column && kC == 1)) return v;
+      return _mm256_permutevar8x32_ps(v, PairLanes(column));
+    };
+    // Stored as 128-bit halves: a broadcast load forwarded from part of a 256-bit store
+    // measured ~15% slower decode on Zen 3.
+    alignas(32) float scale[8];
+    const __m256 products = _mm256_mul_ps(per_pair(dw, false), per_pair(dx, true));
+    _mm_store_ps(scale, _mm256_castps256_ps128(products));
+    if constexpr (kPairs > 4) _mm_store_ps(scale + 4, _mm256_extractf128_ps(products, 1));
+    if constexpr (P::kHasMin) {
+      offs = _mm256_fmadd_ps(per_pair(mw, false), per_pair(sx, true), offs);
     }
-    const __m128 fx = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(xu)));
-    for (int c = 0; c < kRn; ++c) {
-      const int lane = P::kHasMin ? 2 * c : c;
-      const __m128 dx = _mm_permutevar_ps(fx, _mm_set1_epi32(lane));
-      _mm_store_ps(scale[c], _mm_mul_ps(dw, dx));
-    }
-    __m256i q[kRm], sign[kRm];
-    for (int r = 0; r < kRm; ++r) {
+    // The offset formats subtract c * sum(y) once per activation block where a tile has
+    // several rows to share it (decode); a one-row tile would compute it for every pair, and
+    // instead takes the weights as signed q - c like Q8_0. Integer sums are exact either way.
+    constexpr bool kSignedPath = P::kSigned || (P::kOffset != 0 && kR == 1);
+    __m256i q[kR], magnitude[kR];
+    for (int r = 0; r < kR; ++r) {
       q[r] = P::Quants(wr[r][i]);
-      if constexpr (P::kSigned) {
-        sign[r] = q[r];
-        q[r] = _mm256_sign_epi8(q[r], q[r]);
+      if constexpr (!P::kSigned && kSignedPath) {
+        q[r] = _mm256_sub_epi8(q[r], _mm256_set1_epi8(P::kOffset));
       }
+      if constexpr (kSignedPath) magnitude[r] = _mm256_sign_epi8(q[r], q[r]);
     }
-    for (int c = 0; c < kRn; ++c) {
+    for (int c = 0; c < kC; ++c) {
       const __m256i yq = Load32(xc[c][i].qs);
       __m256i corr = _mm256_setzero_si256();
-      if constexpr (P::kOffset != 0) {
+      if constexpr (!kSignedPath && P::kOffset != 0) {
         corr = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(P::kOffset), yq), ones);
       }
-      for (int r = 0; r < kRm; ++r) {
-        const __m256i y_signed = P::kSigned ? _mm256_sign_epi8(yq, sign[r]) : yq;
-        __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y_signed), ones);
-        if constexpr (P::kOffset != 0) sum = _mm256_sub_epi32(sum, corr);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scale[c][r]),
-                                    acc[r][c]);
+      for (int r = 0; r < kR; ++r) {
+        const __m256i products =
+            kSignedPath ? _mm256_maddubs_epi16(magnitude[r], _mm256_sign_epi8(yq, q[r]))
+                        : _mm256_maddubs_epi16(q[r], yq);
+        __m256i sum = _mm256_madd_epi16(products, ones);
+        if constexpr (!kSignedPath && P::kOffset != 0) sum = _mm256_sub_epi32(sum, corr);
+        const int p = c * kR + r;
+        acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scale[p]), acc[p]);
       }
-    }
-    if constexpr (P::kHasMin) {
-      // Lane 4c + r: m_r times s_c (lane 2c + 1 of fx).
-      const __m256 m = _mm256_set_m128(mw, mw);
-      const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(fx),
-                                                _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
-      offs = _mm256_fmadd_ps(m, s, offs);
     }
   }
 
-  // ahead != 0 (decode-shaped calls, which read each weight byte once): while this tile runs,
-  // the same bytes `ahead` further on (the next tile's rows) are requested into L2, one request
-  // per 64-byte line. Four rows read side by side are four short streams to the hardware
+  // ahead != 0 (a single pass over the weights, which reads each byte once): while this tile
+  // runs, the same bytes `ahead` further on (the next tile's rows) are requested into L2, one
+  // request per 64-byte line. Rows read side by side are short streams to the hardware
   // prefetchers, which then keep too few lines in flight.
   void Run(int64_t nb, const uint8_t* w, size_t w_stride, int rows, const uint8_t* x,
            size_t x_stride, float* y, size_t y_stride, size_t ahead) {
-    const W* wr[kRm];
-    for (int r = 0; r < kRm; ++r) {
+    const W* wr[kR];
+    for (int r = 0; r < kR; ++r) {
       wr[r] = reinterpret_cast<const W*>(w + (r < rows ? r : rows - 1) * w_stride);
     }
-    const X* xc[kRn];
-    for (int c = 0; c < kRn; ++c) xc[c] = reinterpret_cast<const X*>(x + c * x_stride);
-    for (int r = 0; r < kRm; ++r) {
-      for (int c = 0; c < kRn; ++c) acc[r][c] = _mm256_setzero_ps();
-    }
+    const X* xc[kC];
+    for (int c = 0; c < kC; ++c) xc[c] = reinterpret_cast<const X*>(x + c * x_stride);
+    for (int p = 0; p < kPairs; ++p) acc[p] = _mm256_setzero_ps();
     offs = _mm256_setzero_ps();
     if (ahead != 0) {
       constexpr int64_t kEvery = 64 / sizeof(W) > 0 ? 64 / sizeof(W) : 1;
       for (int64_t i = 0; i < nb; i += kEvery) {
-        for (int r = 0; r < kRm; ++r) {
+        for (int r = 0; r < kR; ++r) {
           _mm_prefetch(reinterpret_cast<const char*>(wr[r] + i) + ahead, _MM_HINT_T1);
         }
         const int64_t end = i + kEvery < nb ? i + kEvery : nb;
@@ -213,35 +224,56 @@ struct LegacyTile {
     }
     alignas(32) float o[8];
     if constexpr (P::kHasMin) _mm256_store_ps(o, offs);
-    for (int c = 0; c < kRn; ++c) {
-      __m128 s = Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
-      if constexpr (P::kHasMin) s = _mm_add_ps(s, _mm_load_ps(o + 4 * c));
-      StoreRows(y + c * y_stride, rows, s);
+    for (int p0 = 0; p0 < kPairs; p0 += 4) {
+      const auto pick = [&](int p) { return acc[p < kPairs ? p : p0]; };
+      __m128 s = Reduce4(pick(p0), pick(p0 + 1), pick(p0 + 2), pick(p0 + 3));
+      if constexpr (P::kHasMin) s = _mm_add_ps(s, _mm_load_ps(o + p0));
+      alignas(16) float t[4];
+      _mm_store_ps(t, s);
+      for (int j = 0; j < 4 && p0 + j < kPairs; ++j) {
+        const int r = (p0 + j) % kR, c = (p0 + j) / kR;
+        if (r < rows) y[c * y_stride + r] = t[j];
+      }
     }
   }
 };
 
+// Columns [0, nc) of a 1 x kC tile, nc <= kC: the narrowest instantiation that holds them.
+template <typename P, int kC>
+FUCINA_ALWAYS_INLINE void RunCols(int nc, int64_t nb, const uint8_t* w, const uint8_t* x,
+                                  size_t x_stride, float* y, size_t y_stride, size_t ahead) {
+  if constexpr (kC > 1) {
+    if (nc < kC) {
+      RunCols<P, kC - 1>(nc, nb, w, x, x_stride, y, y_stride, ahead);
+      return;
+    }
+  }
+  LegacyTile<P, 1, kC>().Run(nb, w, 0, 1, x, x_stride, y, y_stride, ahead);
+}
+
+// The caller (kernels/cpu/matmul.cc) hands over ~256 KiB of weight rows at a time, so the
+// column groups outside pass over weights held in L2. A call with one column group is a
+// single pass: it prefetches the next tile's rows.
 template <typename P>
 void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                 size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   const int64_t nb = k / 32;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
-  // One pass over the weights (a decode-shaped call) reads each byte once: prefetch the next
-  // tile's rows.
-  const size_t ahead = cols <= kMaxRn ? kRm * w_stride : 0;
-  for (int64_t c0 = 0; c0 < cols; c0 += kMaxRn) {
-    const int64_t nc = cols - c0 < kMaxRn ? cols - c0 : kMaxRn;
-    const uint8_t* xt = xb + c0 * x_stride;
-    for (int64_t r0 = 0; r0 < rows; r0 += kRm) {
-      const int nr = static_cast<int>(rows - r0 < kRm ? rows - r0 : kRm);
-      const uint8_t* wt = wb + r0 * w_stride;
-      float* yt = y + c0 * y_stride + r0;
-      if (nc == 2) {
-        LegacyTile<P, 2>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride, ahead);
-      } else {
-        LegacyTile<P, 1>().Run(nb, wt, w_stride, nr, xt, x_stride, yt, y_stride, ahead);
-      }
+  if (cols == 1) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRows) {
+      const int nr = static_cast<int>(rows - r0 < kDecodeRows ? rows - r0 : kDecodeRows);
+      LegacyTile<P, kDecodeRows, 1>().Run(nb, wb + r0 * w_stride, w_stride, nr, xb, x_stride,
+                                          y + r0, y_stride, kDecodeRows * w_stride);
+    }
+    return;
+  }
+  const size_t ahead = cols <= kMaxCols ? w_stride : 0;
+  for (int64_t c0 = 0; c0 < cols; c0 += kMaxCols) {
+    const int nc = static_cast<int>(cols - c0 < kMaxCols ? cols - c0 : kMaxCols);
+    for (int64_t r = 0; r < rows; ++r) {
+      RunCols<P, kMaxCols>(nc, nb, wb + r * w_stride, xb + c0 * x_stride, x_stride,
+                           y + c0 * y_stride + r, y_stride, ahead);
     }
   }
 }
