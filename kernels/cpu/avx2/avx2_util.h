@@ -48,7 +48,8 @@ FUCINA_AVX2_INLINE __m256i Load32(const void* p) {
 // (a 32-bit shift: bits crossing into a byte from its neighbour are masked off), which keeps
 // the lane-crossing insert off the one shuffle port of Zen 2/3 cores.
 FUCINA_AVX2_INLINE __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i t =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
   return _mm256_and_si256(_mm256_srlv_epi32(t, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
                           _mm256_set1_epi8(0x0F));
 }
