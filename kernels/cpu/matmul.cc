@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <unistd.h>
+
 #include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
 
@@ -12,7 +14,20 @@ namespace {
 
 // Weights a tiled call keeps in L2 while its activation tiles pass over them (tiles_job).
 constexpr int64_t kL2BlockBytes = 256 << 10;
-constexpr int64_t kL2ChunkBytes = 128 << 10;
+
+// Bytes of quantized activations a tiled call takes against one weight block (tiles_job): what
+// the core's L2 holds beside the block, halved for everything else that passes through it;
+// 128 KiB on a 512 KiB L2, and on the 2 MiB L2 of recent Xeons a 512-token prompt is one
+// chunk, as before chunking (the AVX-512 tiles unpack weights once per call). sysconf gives
+// the per-core L2 (glibc reads cpuid); where it is unknown, 1 MiB is assumed.
+int64_t ActivationChunkBytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    const int64_t size = l2 > 0 ? static_cast<int64_t>(l2) : int64_t{1} << 20;
+    return std::max<int64_t>(64 << 10, (size - kL2BlockBytes) / 2);
+  }();
+  return bytes;
+}
 
 // How MatMul sizes its work items: ~`bytes` of weight rows, at least `min_rows`, and at least
 // `per_thread` items per thread for dynamic balance.
@@ -102,13 +117,15 @@ void Run(const CpuTypeTraits& wt, const CpuTypeTraits& xt, const WeightView& w, 
     // (large enough that per-activation-tile setup is shared by many weight tiles).
     const int64_t l2_rows =
         RoundUp16(kL2BlockBytes / static_cast<int64_t>(std::max<size_t>(w.row_stride, 1)));
-    // The activations go by in chunks of ~kL2ChunkBytes, so a chunk and the weight block fit in
-    // L2 together: when every activation row streamed past each block (584 KiB of Q8_K for a
-    // 512-token prompt of width 1024), they evicted the block it was reusing, and two threads
-    // then re-read their blocks from L3 at once (Zen 3, 512 KiB L2: Q4_K prefill-shaped matmul
-    // on 2 threads, batch 512, 98-113 -> 139-145 GFLOP/s). Chunks are whole 8-column tiles.
+    // The activations go by in chunks (ActivationChunkBytes), so a chunk and the weight block
+    // fit in L2 together: when every activation row streamed past each block (584 KiB of Q8_K
+    // for a 512-token prompt of width 1024), they evicted the block it was reusing, and two
+    // threads then re-read their blocks from L3 at once (Zen 3, 512 KiB L2: Q4_K
+    // prefill-shaped matmul on 2 threads, batch 512, 98-113 -> 139-145 GFLOP/s). Chunks are
+    // whole 8-column tiles.
     const int64_t chunk = std::max<int64_t>(
-        8, kL2ChunkBytes / static_cast<int64_t>(std::max<size_t>(xq_row, 1)) & ~int64_t{7});
+        8, (ActivationChunkBytes() / static_cast<int64_t>(std::max<size_t>(xq_row, 1))) &
+               ~int64_t{7});
     auto tiles_job = [&](int64_t r0, int64_t r1, int) {
       for (int64_t b0 = r0; b0 < r1; b0 += l2_rows) {
         const int64_t b1 = std::min(r1, b0 + l2_rows);

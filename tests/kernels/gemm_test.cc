@@ -346,7 +346,10 @@ TEST(GemmTest, MatMulTiledPathMatchesReference) {
                         {GgmlType::kQ6_K, 66, 512, 5},   {GgmlType::kQ5_1, 9, 96, 1},
                         {GgmlType::kQ5_K, 40, 1024, 9},  {GgmlType::kQ6_K, 300, 1024, 1},
                         {GgmlType::kF16, 131, 1100, 15}, {GgmlType::kBF16, 70, 2048, 7},
-                        {GgmlType::kF32, 33, 200, 1}};
+                        {GgmlType::kF32, 33, 200, 1},
+                        // Activations past MatMul's L2-sized chunks (several chunks and a ragged
+                        // last one where L2 is 512 KiB or 1 MiB).
+                        {GgmlType::kQ8_0, 64, 4096, 100}, {GgmlType::kF32, 20, 2048, 70}};
   for (const Case& c : cases) {
     const std::vector<float> wf = RandomRows(c.rows * c.cols, 11);
     const std::vector<float> x = RandomRows(c.m * c.cols, 12);
