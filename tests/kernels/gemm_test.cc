@@ -59,6 +59,23 @@ std::vector<uint8_t> QuantizeRows(GgmlType type, const std::vector<float>& src, 
   return out;
 }
 
+// Quantized operands of a gemm call: `rows` weight rows of `type` (each w_pad bytes past its
+// RowBytes) and `cols` activation rows of the ISA's vec_dot_type, random with seeds seed and
+// seed + 1.
+struct Operands {
+  size_t w_stride, x_stride;
+  std::vector<uint8_t> w, x;
+};
+Operands QuantizedOperands(GgmlType type, const CpuTypeTraits& traits, int64_t rows,
+                           int64_t cols, int64_t k, size_t w_pad, uint32_t seed) {
+  Operands o;
+  o.w_stride = RowBytes(type, k) + w_pad;
+  o.x_stride = RowBytes(traits.vec_dot_type, k);
+  o.w = QuantizeRows(type, RandomRows(rows * k, seed), rows, k, o.w_stride);
+  o.x = QuantizeRows(traits.vec_dot_type, RandomRows(cols * k, seed + 1), cols, k, o.x_stride);
+  return o;
+}
+
 // Bound on every partial sum either side forms for one dot: the kernels split a block's
 // weights as d * q (+ m), and |d * q| <= 2 max|w| of the block (the offset m is within the
 // block's range), while a quantized activation is within 1% of the float one.
@@ -232,17 +249,14 @@ TEST(GemmTest, QuantTileWalksGiveTheSameBits) {
       const CpuTypeTraits* traits = GetCpuTraits(type, isa);
       if (traits->gemm == nullptr) continue;
       SCOPED_TRACE(std::string(TypeName(type)) + " " + std::string(IsaName(isa)));
-      const size_t w_stride = RowBytes(type, k);
-      const size_t x_stride = RowBytes(traits->vec_dot_type, k);
-      const std::vector<uint8_t> w = QuantizeRows(type, RandomRows(rows * k, 81), rows, k, w_stride);
-      const std::vector<uint8_t> x =
-          QuantizeRows(traits->vec_dot_type, RandomRows(cols * k, 82), cols, k, x_stride);
+      const Operands op = QuantizedOperands(type, *traits, rows, cols, k, 0, 81);
       std::vector<float> wide(cols * rows);
-      traits->gemm(k, w.data(), w_stride, rows, x.data(), x_stride, cols, wide.data(), rows);
+      traits->gemm(k, op.w.data(), op.w_stride, rows, op.x.data(), op.x_stride, cols,
+                   wide.data(), rows);
       for (int64_t c = 0; c < cols; ++c) {
         std::vector<float> one(rows, -1.0f);
-        traits->gemm(k, w.data(), w_stride, rows, x.data() + c * x_stride, x_stride, 1,
-                     one.data(), rows);
+        traits->gemm(k, op.w.data(), op.w_stride, rows, op.x.data() + c * op.x_stride,
+                     op.x_stride, 1, one.data(), rows);
         ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + c * rows, rows * sizeof(float)))
             << "column " << c;
       }
@@ -317,16 +331,15 @@ TEST(GemmTest, Avx2KQuantTilesGiveTheDotsBits) {
     SCOPED_TRACE(TypeName(type));
     const CpuTypeTraits* traits = GetCpuTraits(type, Isa::kAvx2);
     const int64_t k = 5 * TypeInfo(type).block_size;
-    const size_t w_stride = RowBytes(type, k) + 16;  // padded rows: the stride is honoured
-    const size_t x_stride = RowBytes(traits->vec_dot_type, k);
-    const std::vector<uint8_t> w = QuantizeRows(type, RandomRows(rows * k, 91), rows, k, w_stride);
-    const std::vector<uint8_t> x =
-        QuantizeRows(traits->vec_dot_type, RandomRows(cols * k, 92), cols, k, x_stride);
+    // Padded weight rows: the stride is honoured.
+    const Operands op = QuantizedOperands(type, *traits, rows, cols, k, 16, 91);
     std::vector<float> y(cols * rows);
-    traits->gemm(k, w.data(), w_stride, rows, x.data(), x_stride, cols, y.data(), rows);
+    traits->gemm(k, op.w.data(), op.w_stride, rows, op.x.data(), op.x_stride, cols, y.data(),
+                 rows);
     for (int64_t c = 0; c < cols; ++c) {
       for (int64_t r = 0; r < rows; ++r) {
-        const float dot = traits->vec_dot(k, w.data() + r * w_stride, x.data() + c * x_stride);
+        const float dot =
+            traits->vec_dot(k, op.w.data() + r * op.w_stride, op.x.data() + c * op.x_stride);
         ASSERT_EQ(0, std::memcmp(&dot, &y[c * rows + r], sizeof(float)))
             << "row " << r << " column " << c << ": " << dot << " against " << y[c * rows + r];
       }
