@@ -51,6 +51,8 @@ namespace fucina {
 // Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
 namespace avx2 {
 FUCINA_GEMM_LEGACY_DECLS
+// Weights in WeightLayout::kTiles16 (kernels/tile_layout.h; gemm_tiles_avx2.cc).
+FUCINA_GEMM_ONE_DECL(GemmTilesQ8_0Q8_0)
 FUCINA_GEMM_FLOAT_DECLS
 FUCINA_GEMM_K_DECLS
 }  // namespace avx2

@@ -104,6 +104,7 @@ Table Avx2TableWithGemm() {
   using T = GgmlType;
   Table t = avx2Table();
   SetGemm(t, T::kQ8_0, avx2::GemmQ8_0Q8_0);
+  t[static_cast<uint32_t>(T::kQ8_0)].gemm_tiles16 = avx2::GemmTilesQ8_0Q8_0;
   SetGemm(t, T::kQ4_0, avx2::GemmQ4_0Q8_0);
   SetGemm(t, T::kQ4_1, avx2::GemmQ4_1Q8_1);
   SetGemm(t, T::kQ5_0, avx2::GemmQ5_0Q8_0);

@@ -1,4 +1,5 @@
-// AVX2 + FMA + F16C tile kernels for kernels/cpu/gemm_isa.h (legacy 32-element formats).
+// AVX2 + FMA + F16C tile kernels for kernels/cpu/gemm_isa.h: the legacy 32-element formats
+// with 4- and 5-bit quants (Q4_0, Q4_1, Q5_0, Q5_1; Q8_0 is in gemm_tiles_avx2.cc).
 //
 // A tile is kR weight rows x kC activation rows (kR * kC <= 8 pairs, one float accumulator of
 // 8 lanes each). Per block, each weight row is unpacked once and each activation block loaded
@@ -6,13 +7,13 @@
 // and the horizontal sums happen once per tile. Every pair does the same operations in the
 // same order whatever the tile's shape, so all shapes (and decode against prefill) agree bit
 // for bit. Decode takes 4 x 1 (four independent FMA chains per block, four rows streamed
-// together); prefill and lockstep batches take 1 x 8, which unpacks a weight row once for 8
-// activation rows and, with no cost per activation block but its load, keeps the 8
-// accumulators, the row's quants and the temporaries within the 16 ymm registers.
+// together); prefill and lockstep batches take 1 x 8 (ColumnTile), which unpacks a weight row
+// once for 8 activation rows, repacked once per call so that each step reads them through
+// one pointer and loads their 8 scales at once.
 //
 // Unsigned weights (nibbles, plus 16 for the 5-bit formats) go into _mm256_maddubs_epi16 as
-// they are (|u| <= 31 and |y| <= 127 cannot saturate the int16 pair sums). Signed ones (Q8_0,
-// and Q4_0 / Q5_0 in one-row tiles, their offset of 8 / 16 subtracted as bytes) use the
+// they are (|u| <= 31 and |y| <= 127 cannot saturate the int16 pair sums). Signed ones (Q4_0 /
+// Q5_0 in one-row tiles, their offset of 8 / 16 subtracted as bytes) use the
 // |x| * (y * sign(x)) identity, which needs y in [-127, 127] as the Q8 quantizers give; x = -128
 // is exact (|x| is read as the unsigned 128).
 #include <immintrin.h>
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/gemm_isa.h"
@@ -77,21 +79,12 @@ FUCINA_ALWAYS_INLINE void Fields(const B* const* rows, int64_t i, __m256* d, __m
   if constexpr (kTwo) *e = convert(ew);
 }
 
-// kSigned: Quants gives signed values (Q8_0); else unsigned ones, from which the format's
-// kOffset is to be subtracted (Q4_0, Q5_0) or to which, kHasMin, the block's m (weights) times
-// s (activations) is added (Q4_1, Q5_1).
-struct Q8_0Policy {
-  using W = BlockQ8_0;
-  using X = BlockQ8_0;
-  static constexpr bool kSigned = true;
-  static constexpr char kOffset = 0;
-  static constexpr bool kHasMin = false;
-  static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) { return Load32(b.qs); }
-};
+// Quants gives unsigned values, from which the format's kOffset is to be subtracted (Q4_0,
+// Q5_0) or to which, kHasMin, the block's m (weights) times s (activations) is added (Q4_1,
+// Q5_1). (Q8_0 has its own kernel, gemm_tiles_avx2.cc.)
 struct Q4_0Policy {
   using W = BlockQ4_0;
   using X = BlockQ8_0;
-  static constexpr bool kSigned = false;
   static constexpr char kOffset = 8;
   static constexpr bool kHasMin = false;
   static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) { return UnpackNibbles(b.qs); }
@@ -99,7 +92,6 @@ struct Q4_0Policy {
 struct Q4_1Policy {
   using W = BlockQ4_1;
   using X = BlockQ8_1;
-  static constexpr bool kSigned = false;
   static constexpr char kOffset = 0;
   static constexpr bool kHasMin = true;
   static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) { return UnpackNibbles(b.qs); }
@@ -107,7 +99,6 @@ struct Q4_1Policy {
 struct Q5_0Policy {
   using W = BlockQ5_0;
   using X = BlockQ8_0;
-  static constexpr bool kSigned = false;
   static constexpr char kOffset = 16;
   static constexpr bool kHasMin = false;
   static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) {
@@ -117,7 +108,6 @@ struct Q5_0Policy {
 struct Q5_1Policy {
   using W = BlockQ5_1;
   using X = BlockQ8_1;
-  static constexpr bool kSigned = false;
   static constexpr char kOffset = 0;
   static constexpr bool kHasMin = true;
   static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) {
@@ -166,16 +156,14 @@ struct LegacyTile {
     if constexpr (P::kHasMin) {
       offs = _mm256_fmadd_ps(per_pair(mw, false), per_pair(sx, true), offs);
     }
-    // The offset formats subtract c * sum(y) once per activation block where a tile has
-    // several rows to share it (decode); a one-row tile would compute it for every pair, and
-    // instead takes the weights as signed q - c like Q8_0. Integer sums are exact either way.
-    constexpr bool kSignedPath = P::kSigned || (P::kOffset != 0 && kR == 1);
+    // The offset formats subtract c * sum(y) once per activation block, shared by the tile's
+    // rows; a one-row tile would pay it for every pair, and ColumnTile instead takes the
+    // weights as signed q - c. Integer sums are exact either way.
+    constexpr bool kSignedPath = P::kOffset != 0 && kR == 1;
     __m256i q[kR], magnitude[kR];
     for (int r = 0; r < kR; ++r) {
       q[r] = P::Quants(wr[r][i]);
-      if constexpr (!P::kSigned && kSignedPath) {
-        q[r] = _mm256_sub_epi8(q[r], _mm256_set1_epi8(P::kOffset));
-      }
+      if constexpr (kSignedPath) q[r] = _mm256_sub_epi8(q[r], _mm256_set1_epi8(P::kOffset));
       if constexpr (kSignedPath) magnitude[r] = _mm256_sign_epi8(q[r], q[r]);
     }
     for (int c = 0; c < kC; ++c) {
@@ -238,17 +226,121 @@ struct LegacyTile {
   }
 };
 
-// Columns [0, nc) of a 1 x kC tile, nc <= kC: the narrowest instantiation that holds them.
+// A group of nc <= kMaxCols activation rows repacked for the 1 x kC tiles, once per call: for
+// block i, the rows' quants side by side (qs[i * nc + c]) and their f16 fields converted, lane c
+// of d[i] (and, for Q8_1, of s[i]). One pointer walks each and a step loads all the group's
+// scales at once, where gathering 8 f16 fields per step cost ~30 instructions in general
+// registers (the loop was bound by instruction issue, not by its vector pipes).
+struct PackedCols {
+  const __m256i* qs;
+  const __m256* d;
+  const __m256* s;
+};
+
+template <typename X>
+PackedCols Pack(int64_t nb, const uint8_t* x, size_t x_stride, int nc) {
+  constexpr bool kSums = sizeof(X) == sizeof(BlockQ8_1);
+  struct alignas(32) Vec {
+    __m256i v;
+  };
+  thread_local std::vector<Vec> buf;  // grows to the widest call, then stays
+  const size_t need = static_cast<size_t>(nb) * (nc + (kSums ? 2 : 1));
+  if (buf.size() < need) buf.resize(need);
+  auto* qs = &buf.data()->v;
+  auto* d = reinterpret_cast<__m256*>(qs + nb * nc);
+  auto* s = kSums ? d + nb : nullptr;
+  for (int64_t i = 0; i < nb; ++i) {
+    alignas(32) float fd[8] = {}, fs[8] = {};
+    for (int c = 0; c < nc; ++c) {
+      const X& b = reinterpret_cast<const X*>(x + c * x_stride)[i];
+      qs[i * nc + c] = Load32(b.qs);
+      fd[c] = _cvtsh_ss(b.d);
+      if constexpr (kSums) fs[c] = _cvtsh_ss(b.s);
+    }
+    d[i] = _mm256_load_ps(fd);
+    if constexpr (kSums) s[i] = _mm256_load_ps(fs);
+  }
+  return {qs, d, s};
+}
+
+// One weight row against kC packed activation rows. Each pair does what LegacyTile's pairs do,
+// in the same order (the same d_w * d_x product, the same integer chain, one FMA), so results
+// match the decode tile bit for bit. The offset formats take their quants signed (q - 8,
+// q - 16): with one row, the c * sum(y) correction would otherwise be paid by every pair.
 template <typename P, int kC>
-FUCINA_ALWAYS_INLINE void RunCols(int nc, int64_t nb, const uint8_t* w, const uint8_t* x,
-                                  size_t x_stride, float* y, size_t y_stride, size_t ahead) {
+struct ColumnTile {
+  using W = typename P::W;
+  static constexpr bool kSignedPath = P::kOffset != 0;
+
+  __m256 acc[kC];
+  __m256 offs;  // kHasMin: lane c accumulates m_w * s_y of column c.
+
+  FUCINA_ALWAYS_INLINE void Step(const W& w, const PackedCols& x, int64_t i) {
+    const uint32_t fields = HalfFields<P::kHasMin>(&w);
+    const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(fields & 0xFFFF)));
+    // Stored as 128-bit halves for the pairs' broadcast loads (see LegacyTile::Step).
+    alignas(32) float scale[8];
+    const __m256 products = _mm256_mul_ps(dw, x.d[i]);
+    _mm_store_ps(scale, _mm256_castps256_ps128(products));
+    if constexpr (kC > 4) _mm_store_ps(scale + 4, _mm256_extractf128_ps(products, 1));
+    if constexpr (P::kHasMin) {
+      const __m256 mw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(fields >> 16)));
+      offs = _mm256_fmadd_ps(mw, x.s[i], offs);
+    }
+    __m256i q = P::Quants(w);
+    if constexpr (kSignedPath) q = _mm256_sub_epi8(q, _mm256_set1_epi8(P::kOffset));
+    const __m256i magnitude = kSignedPath ? _mm256_sign_epi8(q, q) : q;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < kC; ++c) {
+      const __m256i yq = x.qs[i * kC + c];
+      const __m256i pairs = kSignedPath
+                                ? _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(yq, q))
+                                : _mm256_maddubs_epi16(q, yq);
+      const __m256i sum = _mm256_madd_epi16(pairs, ones);
+      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scale[c]), acc[c]);
+    }
+  }
+
+  // ahead != 0: prefetch the weight row `ahead` bytes on, as LegacyTile::Run does.
+  void Run(int64_t nb, const uint8_t* w, const PackedCols& x, float* y, size_t y_stride,
+           size_t ahead) {
+    const W* wr = reinterpret_cast<const W*>(w);
+    for (int c = 0; c < kC; ++c) acc[c] = _mm256_setzero_ps();
+    offs = _mm256_setzero_ps();
+    if (ahead != 0) {
+      constexpr int64_t kEvery = 64 / sizeof(W) > 0 ? 64 / sizeof(W) : 1;
+      for (int64_t i = 0; i < nb; i += kEvery) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr + i) + ahead, _MM_HINT_T1);
+        const int64_t end = i + kEvery < nb ? i + kEvery : nb;
+        for (int64_t j = i; j < end; ++j) Step(wr[j], x, j);
+      }
+    } else {
+      for (int64_t i = 0; i < nb; ++i) Step(wr[i], x, i);
+    }
+    alignas(32) float o[8];
+    if constexpr (P::kHasMin) _mm256_store_ps(o, offs);
+    for (int c0 = 0; c0 < kC; c0 += 4) {
+      const auto pick = [&](int c) { return acc[c < kC ? c : c0]; };
+      __m128 s = Reduce4(pick(c0), pick(c0 + 1), pick(c0 + 2), pick(c0 + 3));
+      if constexpr (P::kHasMin) s = _mm_add_ps(s, _mm_load_ps(o + c0));
+      alignas(16) float t[4];
+      _mm_store_ps(t, s);
+      for (int j = 0; j < 4 && c0 + j < kC; ++j) y[(c0 + j) * y_stride] = t[j];
+    }
+  }
+};
+
+// A packed group of nc <= kC columns: the narrowest instantiation that holds them.
+template <typename P, int kC>
+FUCINA_ALWAYS_INLINE void RunCols(int nc, int64_t nb, const uint8_t* w, const PackedCols& x,
+                                  float* y, size_t y_stride, size_t ahead) {
   if constexpr (kC > 1) {
     if (nc < kC) {
-      RunCols<P, kC - 1>(nc, nb, w, x, x_stride, y, y_stride, ahead);
+      RunCols<P, kC - 1>(nc, nb, w, x, y, y_stride, ahead);
       return;
     }
   }
-  LegacyTile<P, 1, kC>().Run(nb, w, 0, 1, x, x_stride, y, y_stride, ahead);
+  ColumnTile<P, kC>().Run(nb, w, x, y, y_stride, ahead);
 }
 
 // The caller (kernels/cpu/matmul.cc) hands over ~256 KiB of weight rows at a time, so the
@@ -271,19 +363,16 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
   const size_t ahead = cols <= kMaxCols ? w_stride : 0;
   for (int64_t c0 = 0; c0 < cols; c0 += kMaxCols) {
     const int nc = static_cast<int>(cols - c0 < kMaxCols ? cols - c0 : kMaxCols);
+    const PackedCols packed = Pack<typename P::X>(nb, xb + c0 * x_stride, x_stride, nc);
     for (int64_t r = 0; r < rows; ++r) {
-      RunCols<P, kMaxCols>(nc, nb, wb + r * w_stride, xb + c0 * x_stride, x_stride,
-                           y + c0 * y_stride + r, y_stride, ahead);
+      RunCols<P, kMaxCols>(nc, nb, wb + r * w_stride, packed, y + c0 * y_stride + r, y_stride,
+                           ahead);
     }
   }
 }
 
 }  // namespace
 
-void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q8_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
-}
 void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   GemmLegacy<Q4_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
