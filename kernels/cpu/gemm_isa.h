@@ -8,9 +8,9 @@
 // summation order (same integer block sums, same per-block scales).
 //
 // The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
-// on AVX-512, 4 x 6 for float weights; 4 x 2 on AVX2, 3 x 4 for float weights and 1 x 8
-// for k-quants; docs/kernels.md), so each loaded block serves every row or column of the
-// tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
+// on AVX-512, 4 x 6 for float weights; on AVX2 8 x 4 or 16 x 1 for Q8_0, 4 x 1 and 1 x 8 for
+// the other legacy formats and the k-quants, 3 x 4 for float weights; docs/kernels.md), so
+// each loaded block serves every row or column of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
 // rows keeps those rows in L2 while every activation tile streams past them.
 #ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
 #define FUCINA_KERNELS_CPU_GEMM_ISA_H_
