@@ -8,10 +8,11 @@
 // summation order (same integer block sums, same per-block scales).
 //
 // The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
-// on AVX-512, 4 x 6 for float weights; on AVX2 8 x 4 or 16 x 1 for Q8_0, 4 x 1 and 1 x 8 for
-// the other legacy formats and the k-quants, 3 x 4 for float weights; docs/kernels.md), so
-// each loaded block serves every row or column of the tile. Columns (activation rows) are the outer loop: a caller passing a block of weight
-// rows keeps those rows in L2 while every activation tile streams past them.
+// on AVX-512, 4 x 6 for float weights; on AVX2 8 x 4 or 16 x 1 for Q8_0/Q4_0/Q4_1, 4 x 1 and
+// 1 x 8 for Q5_0/Q5_1 and the k-quants, 3 x 4 for float weights; docs/kernels.md), so each
+// loaded block serves every row or column of the tile. Columns (activation rows) are the outer
+// loop: a caller passing a block of weight rows keeps those rows in L2 while every activation
+// tile streams past them.
 #ifndef FUCINA_KERNELS_CPU_GEMM_ISA_H_
 #define FUCINA_KERNELS_CPU_GEMM_ISA_H_
 
@@ -53,6 +54,8 @@ namespace avx2 {
 FUCINA_GEMM_LEGACY_DECLS
 // Weights in WeightLayout::kTiles16 (kernels/tile_layout.h; gemm_tiles_avx2.cc).
 FUCINA_GEMM_ONE_DECL(GemmTilesQ8_0Q8_0)
+FUCINA_GEMM_ONE_DECL(GemmTilesQ4_0Q8_0)
+FUCINA_GEMM_ONE_DECL(GemmTilesQ4_1Q8_1)
 FUCINA_GEMM_FLOAT_DECLS
 FUCINA_GEMM_K_DECLS
 }  // namespace avx2

@@ -120,12 +120,9 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
 }
 
 TEST(TileLayoutTest, AppliesOnlyToTiledTypesWithWholeTilesAtAnIsaThatReadsThem) {
-  // AVX-512 reads all three packed types; AVX2 has the Q8_0 kernel only.
-  const Isa isa = ActiveIsa();
+  const bool reads = ActiveIsa() >= Isa::kAvx2;  // AVX2 and AVX-512 have the packed kernels
   const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ8_0, 256));
   for (GgmlType type : kPackedTypes) {
-    const bool reads =
-        isa >= Isa::kAvx512 || (isa >= Isa::kAvx2 && type == GgmlType::kQ8_0);
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, 64)), reads)
         << TypeName(type);
     EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, 64)));
@@ -176,8 +173,8 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
 }
 
 // MatMul on a packed view: the engine's path (work items, threads) equals the row-major one
-// bit for bit, and the paths without a packed kernel (the scalar reference; Q4_0 and Q4_1 on
-// AVX2) read the packed view through a row-major copy.
+// bit for bit, and the path without a packed kernel (the scalar reference) reads the packed
+// view through a row-major copy.
 TEST(TileLayoutTest, MatMulOnPackedViewsEqualsRowMajor) {
   for (GgmlType type : kPackedTypes) {
     const int64_t rows = 336, cols = 576;

@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C tile kernels for kernels/cpu/gemm_isa.h: the legacy 32-element formats
-// with 4- and 5-bit quants (Q4_0, Q4_1, Q5_0, Q5_1; Q8_0 is in gemm_tiles_avx2.cc).
+// with 5-bit quants, Q5_0 and Q5_1 (Q8_0, Q4_0 and Q4_1 are in gemm_tiles_avx2.cc).
 //
 // A tile is kR weight rows x kC activation rows (kR * kC <= 8 pairs, one float accumulator of
 // 8 lanes each). Per block, each weight row is unpacked once and each activation block loaded
@@ -12,8 +12,8 @@
 // one pointer and loads their 8 scales at once.
 //
 // Unsigned weights (nibbles, plus 16 for the 5-bit formats) go into _mm256_maddubs_epi16 as
-// they are (|u| <= 31 and |y| <= 127 cannot saturate the int16 pair sums). Signed ones (Q4_0 /
-// Q5_0 in one-row tiles, their offset of 8 / 16 subtracted as bytes) use the
+// they are (|u| <= 31 and |y| <= 127 cannot saturate the int16 pair sums). Signed ones (Q5_0
+// in one-row tiles, its offset of 16 subtracted as bytes) use the
 // |x| * (y * sign(x)) identity, which needs y in [-127, 127] as the Q8 quantizers give; x = -128
 // is exact (|x| is read as the unsigned 128).
 #include <immintrin.h>
@@ -79,23 +79,8 @@ FUCINA_ALWAYS_INLINE void Fields(const B* const* rows, int64_t i, __m256* d, __m
   if constexpr (kTwo) *e = convert(ew);
 }
 
-// Quants gives unsigned values, from which the format's kOffset is to be subtracted (Q4_0,
-// Q5_0) or to which, kHasMin, the block's m (weights) times s (activations) is added (Q4_1,
-// Q5_1). (Q8_0 has its own kernel, gemm_tiles_avx2.cc.)
-struct Q4_0Policy {
-  using W = BlockQ4_0;
-  using X = BlockQ8_0;
-  static constexpr char kOffset = 8;
-  static constexpr bool kHasMin = false;
-  static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) { return UnpackNibbles(b.qs); }
-};
-struct Q4_1Policy {
-  using W = BlockQ4_1;
-  using X = BlockQ8_1;
-  static constexpr char kOffset = 0;
-  static constexpr bool kHasMin = true;
-  static FUCINA_ALWAYS_INLINE __m256i Quants(const W& b) { return UnpackNibbles(b.qs); }
-};
+// Quants gives unsigned values, from which the format's kOffset is to be subtracted (Q5_0) or
+// to which, kHasMin, the block's m (weights) times s (activations) is added (Q5_1).
 struct Q5_0Policy {
   using W = BlockQ5_0;
   using X = BlockQ8_0;
@@ -373,14 +358,6 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
 
 }  // namespace
 
-void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q4_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
-}
-void GemmQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmLegacy<Q4_1Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
-}
 void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   GemmLegacy<Q5_0Policy>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
