@@ -19,6 +19,7 @@
 #ifndef FUCINA_KERNELS_TILE_LAYOUT_H_
 #define FUCINA_KERNELS_TILE_LAYOUT_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/matmul.h"
@@ -28,11 +29,21 @@ namespace fucina {
 constexpr int64_t kTileRows = 16;
 
 // Whether `w` (row-major, dense) can be repacked to kTiles16 and the active ISA has kernels
-// for that layout: a tiled type, rows a multiple of 16.
+// for that layout: a tiled type. Rows that are not a multiple of 16 leave a ragged last tile,
+// whose missing rows PackTiles16 fills by repeating the last row (the kernels compute and drop
+// them): such a matrix takes PackedBytes(w), more than its rows, so it cannot be packed in
+// place. (A vocabulary of 262145 tokens, or 32001, makes a head of that shape.)
 bool TileLayoutApplies(const WeightView& w);
 
+// Bytes of `w` packed: whole tiles, the last one padded.
+size_t PackedBytes(const WeightView& w);
+
+// Tiles of `w` packed, the ragged last one included.
+int64_t TileCount(const WeightView& w);
+
 // Repacks tiles [tile_begin, tile_end) of `w` (layout kRows, dense) into `dst`, which holds
-// the whole packed matrix (w.rows * w.row_stride bytes). `dst` may equal w.data (in place).
+// the whole packed matrix (PackedBytes(w)). `dst` may equal w.data (in place) when w.rows is a
+// multiple of 16.
 void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void* dst);
 
 // The inverse: row-major rows of a kTiles16 matrix `w` into `dst` (w.rows * w.row_stride bytes,

@@ -1,5 +1,6 @@
 #include "kernels/tile_layout.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -65,10 +66,16 @@ void Convert(const BlockShape& s, int64_t nb, uint8_t* rows_bytes, uint8_t* tile
 bool TileLayoutApplies(const WeightView& w) {
   BlockShape s;
   if (w.layout != WeightLayout::kRows || !ShapeOf(w.type, &s)) return false;
-  if (w.rows <= 0 || w.rows % kTileRows != 0) return false;
+  if (w.rows <= 0) return false;
   if (w.row_stride != static_cast<size_t>(RowBytes(w.type, w.cols))) return false;
   const CpuTypeTraits* t = GetCpuTraits(w.type);
   return t != nullptr && t->gemm_tiles16 != nullptr;
+}
+
+int64_t TileCount(const WeightView& w) { return (w.rows + kTileRows - 1) / kTileRows; }
+
+size_t PackedBytes(const WeightView& w) {
+  return static_cast<size_t>(TileCount(w)) * kTileRows * w.row_stride;
 }
 
 void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void* dst) {
@@ -80,7 +87,13 @@ void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void
   thread_local std::vector<uint8_t> rows;
   rows.resize(tile_bytes);
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    std::memcpy(rows.data(), static_cast<const uint8_t*>(w.data) + t * tile_bytes, tile_bytes);
+    const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
+    std::memcpy(rows.data(), static_cast<const uint8_t*>(w.data) + t * tile_bytes,
+                valid * w.row_stride);
+    for (int64_t r = valid; r < kTileRows; ++r) {  // a ragged last tile: repeat its last row
+      std::memcpy(rows.data() + r * w.row_stride, rows.data() + (valid - 1) * w.row_stride,
+                  w.row_stride);
+    }
     Convert<true>(s, nb, rows.data(), static_cast<uint8_t*>(dst) + t * tile_bytes);
   }
 }
@@ -106,10 +119,12 @@ void UnpackTiles16(const WeightView& w, void* dst) {
   if (!ShapeOf(w.type, &s)) return;
   const int64_t nb = w.cols / kBlockElements;
   const size_t tile_bytes = kTileRows * w.row_stride;
-  std::vector<uint8_t> tile(tile_bytes);
-  for (int64_t t = 0; t < w.rows / kTileRows; ++t) {
+  std::vector<uint8_t> tile(tile_bytes), rows(tile_bytes);
+  for (int64_t t = 0; t < TileCount(w); ++t) {
     std::memcpy(tile.data(), static_cast<const uint8_t*>(w.data) + t * tile_bytes, tile_bytes);
-    Convert<false>(s, nb, static_cast<uint8_t*>(dst) + t * tile_bytes, tile.data());
+    Convert<false>(s, nb, rows.data(), tile.data());
+    const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
+    std::memcpy(static_cast<uint8_t*>(dst) + t * tile_bytes, rows.data(), valid * w.row_stride);
   }
 }
 

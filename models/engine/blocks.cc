@@ -202,7 +202,8 @@ WeightView TensorBinder::Streamed(const WeightView& w) {
   packed.layout = WeightLayout::kTiles16;
   for (const auto& [base, size] : fused_) {
     if (base != w.data) continue;
-    if (!tiles) return w;  // owned already
+    // Owned already; packing in place needs whole tiles (a ragged one is padded).
+    if (!tiles || w.rows % kTileRows != 0) return w;
     // In place: the parameter locations in this buffer then describe packed rows, which holds
     // only where each starts and ends on a tile boundary.
     std::vector<ParameterLocation*> inside;
@@ -226,7 +227,7 @@ WeightView TensorBinder::Streamed(const WeightView& w) {
       if (loc.owned && loc.view.data == w.data) return w;
     }
   }
-  uint8_t* const dst = owned_.Allocate(bytes);
+  uint8_t* const dst = owned_.Allocate(tiles ? PackedBytes(w) : bytes);
   if (!tiles) {
     copies_.push_back({dst, w.data, bytes});
     WeightView copy = w;
@@ -255,10 +256,12 @@ void TensorBinder::Finish() {
   }
   constexpr int64_t kTilesPerItem = 64;
   for (const Repack& r : repacks_) {
-    const int64_t tiles = r.src.rows / kTileRows;
+    const int64_t tiles = TileCount(r.src);
     for (int64_t t = 0; t < tiles; t += kTilesPerItem) {
       const int64_t end = std::min(tiles, t + kTilesPerItem);
-      repacks.push_back({nullptr, &r, t, end, (end - t) * kTileRows * r.src.row_stride});
+      // The source bytes of those tiles (a ragged last tile has fewer rows).
+      const int64_t rows = std::min(end * kTileRows, r.src.rows) - t * kTileRows;
+      repacks.push_back({nullptr, &r, t, end, rows * r.src.row_stride});
       total += repacks.back().bytes;
     }
   }

@@ -4,6 +4,7 @@
 // block sums, scales and summation order), which gemm_test checks against the scalar vec_dot.
 #include "kernels/tile_layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -44,8 +45,8 @@ std::vector<float> RandomActivations(int64_t n, uint32_t seed) {
 }
 
 std::vector<uint8_t> Packed(const WeightView& w) {
-  std::vector<uint8_t> out(w.rows * w.row_stride);
-  PackTiles16(w, 0, w.rows / kTileRows, out.data());
+  std::vector<uint8_t> out(PackedBytes(w));
+  PackTiles16(w, 0, TileCount(w), out.data());
   return out;
 }
 
@@ -98,6 +99,36 @@ TEST(TileLayoutTest, PackingInPlaceAndUnpackingAreLossless) {
   }
 }
 
+// A ragged last tile (rows not a multiple of 16): packed into a padded copy whose missing rows
+// repeat the last row, and unpacked to exactly the rows there were.
+TEST(TileLayoutTest, RaggedLastTilePadsWithItsLastRow) {
+  for (GgmlType type : kPackedTypes) {
+    for (int64_t rows : {1, 21, 37}) {
+      SCOPED_TRACE(std::string(TypeName(type)) + " rows=" + std::to_string(rows));
+      const int64_t cols = 3 * 32;
+      const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 5);
+      const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
+      ASSERT_EQ(TileCount(view), (rows + 15) / 16);
+      ASSERT_EQ(PackedBytes(view), TileCount(view) * 16 * view.row_stride);
+      const std::vector<uint8_t> p = Packed(view);
+      // The padded matrix: the rows, then the last one repeated up to the tile's end.
+      std::vector<uint8_t> padded(p.size());
+      for (int64_t r = 0; r < TileCount(view) * 16; ++r) {
+        std::memcpy(&padded[r * view.row_stride], &w[std::min(r, rows - 1) * view.row_stride],
+                    view.row_stride);
+      }
+      EXPECT_EQ(p, Packed(WeightView::Dense(padded.data(), type, TileCount(view) * 16, cols)));
+      WeightView packed = view;
+      packed.data = p.data();
+      packed.layout = WeightLayout::kTiles16;
+      std::vector<uint8_t> back(w.size() + 7, 0xA5);  // no write past the rows
+      UnpackTiles16(packed, back.data());
+      EXPECT_EQ(std::vector<uint8_t>(back.begin(), back.begin() + w.size()), w);
+      EXPECT_EQ(back.back(), 0xA5);
+    }
+  }
+}
+
 TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
   // A KV cache writes a position at a time: each row into its lane, the other lanes kept.
   const int64_t rows = 16, cols = 128;
@@ -119,13 +150,15 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
   }
 }
 
-TEST(TileLayoutTest, AppliesOnlyToTiledTypesWithWholeTilesAtAnIsaThatReadsThem) {
+TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
   const bool reads = ActiveIsa() >= Isa::kAvx2;  // AVX2 and AVX-512 have the packed kernels
   const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ8_0, 256));
   for (GgmlType type : kPackedTypes) {
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, 64)), reads)
         << TypeName(type);
-    EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, 64)));
+    // A ragged last tile is padded in the packed copy.
+    EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, 64)), reads)
+        << TypeName(type);
   }
   EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kQ4_K, 32, 256)));
   EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kF16, 32, 64)));
@@ -138,8 +171,8 @@ TEST(TileLayoutTest, AppliesOnlyToTiledTypesWithWholeTilesAtAnIsaThatReadsThem) 
 }
 
 // The packed kernel against the row-major tile kernel of the same ISA, every shape class:
-// one tile and several, odd block counts, k past the 128-block activation chunks, decode
-// (1..8 activation rows) and prefill-shaped (more than 8) calls.
+// one tile, several and a ragged last one, odd block counts, k past the 128-block activation
+// chunks, decode (1..8 activation rows) and prefill-shaped (more than 8) calls.
 TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
   bool ran = false;
   for (GgmlType type : kPackedTypes) {
@@ -148,7 +181,7 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
     ran = true;
     const CpuTypeTraits* xt = GetCpuTraits(t->vec_dot_type, Isa::kScalar);
     uint32_t seed = 10;
-    for (int64_t rows : {16, 48, 160}) {
+    for (int64_t rows : {16, 37, 48, 160}) {
       for (int64_t nb : {1, 2, 7, 18, 131}) {
         for (int64_t m : {1, 3, 8, 9, 33}) {
           const int64_t k = nb * 32;
@@ -177,7 +210,7 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
 // view through a row-major copy.
 TEST(TileLayoutTest, MatMulOnPackedViewsEqualsRowMajor) {
   for (GgmlType type : kPackedTypes) {
-    const int64_t rows = 336, cols = 576;
+    const int64_t rows = 331, cols = 576;  // a ragged last tile
     const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 21);
     const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
     const std::vector<uint8_t> p = Packed(view);
