@@ -412,22 +412,27 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
            y, y_stride);
 }
 
+// GemmFn over kTiles16 weights (tile t at t * 16 * w_stride).
+template <typename P>
+void TilesGemm(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+               size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  Tiles<P>(k / 32, static_cast<const uint8_t*>(w), kTileRows * w_stride, rows,
+           static_cast<const uint8_t*>(x), x_stride, cols, y, y_stride);
+}
+
 }  // namespace
 
 void GemmTilesQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  Tiles<T8_0>(k / 32, static_cast<const uint8_t*>(w), kTileRows * w_stride, rows,
-              static_cast<const uint8_t*>(x), x_stride, cols, y, y_stride);
+  TilesGemm<T8_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmTilesQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  Tiles<T4_0>(k / 32, static_cast<const uint8_t*>(w), kTileRows * w_stride, rows,
-              static_cast<const uint8_t*>(x), x_stride, cols, y, y_stride);
+  TilesGemm<T4_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmTilesQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  Tiles<T4_1>(k / 32, static_cast<const uint8_t*>(w), kTileRows * w_stride, rows,
-              static_cast<const uint8_t*>(x), x_stride, cols, y, y_stride);
+  TilesGemm<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
