@@ -1,5 +1,6 @@
-// Private to kernels/cpu/avx2: small register helpers shared by the AVX2 kernels
-// (quant_legacy_avx2.cc, k_quants_avx2.cc, gemm_avx2.cc).
+// Private to the SIMD kernels: small register helpers shared by the AVX2 kernels
+// (quant_legacy_avx2.cc, k_quants_avx2.cc, gemm_avx2.cc, ...) and the 256-bit steps of
+// AVX-512 ones (gemm_avx512.cc).
 //
 // Everything here is `static inline` (internal linkage): the including files are compiled with
 // -mavx2 -mfma -mf16c, and an ordinary inline function would let the linker keep one
@@ -10,7 +11,9 @@
 
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace fucina::avx2 {
@@ -43,6 +46,15 @@ FUCINA_AVX2_INLINE __m256i Load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
+// Sum of the 32 int8 at qs (a Q8 block's quants): vpsadbw sums the bytes with their sign bit
+// flipped (y + 128), less 32 * 128.
+FUCINA_AVX2_INLINE int SumInt8x32(const int8_t* qs) {
+  const __m256i u = _mm256_xor_si256(Load32(qs), _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i s4 = _mm256_sad_epu8(u, _mm256_setzero_si256());
+  const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+  return static_cast<int>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+}
+
 // 16 packed bytes -> 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
 // The 16 bytes are broadcast to both halves by the load itself and the high half shifted by 4
 // (a 32-bit shift: bits crossing into a byte from its neighbour are masked off), which keeps
@@ -64,6 +76,25 @@ FUCINA_AVX2_INLINE __m256i BytesFromBits(const uint8_t qh[4]) {
   // Byte j keeps only bit j % 8 clear; it becomes all-ones iff that bit was set.
   const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
   return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1));
+}
+
+// A 64-byte aligned per-thread buffer of at least `bytes`, grow-only (freed at thread exit);
+// null if the allocation fails. One per including file (internal linkage): ISA files keep to
+// the C allocator rather than instantiating STL containers.
+FUCINA_AVX2_INLINE void* ThreadScratch(size_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buf;
+  if (buf.size < bytes) {
+    std::free(buf.p);
+    buf.size = (bytes + 4095) & ~size_t{4095};
+    buf.p = std::aligned_alloc(64, buf.size);
+    if (buf.p == nullptr) buf.size = 0;
+  }
+  return buf.p;
 }
 
 #undef FUCINA_AVX2_INLINE

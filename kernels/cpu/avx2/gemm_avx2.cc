@@ -11,17 +11,16 @@
 // once for 8 activation rows, repacked once per call so that each step reads them through
 // one pointer and loads their 8 scales at once.
 //
-// Unsigned weights (nibbles, plus 16 for the 5-bit formats) go into _mm256_maddubs_epi16 as
-// they are (|u| <= 31 and |y| <= 127 cannot saturate the int16 pair sums). Signed ones (Q5_0
-// in one-row tiles, its offset of 16 subtracted as bytes) use the
-// |x| * (y * sign(x)) identity, which needs y in [-127, 127] as the Q8 quantizers give; x = -128
-// is exact (|x| is read as the unsigned 128).
+// Unsigned weights (nibbles plus 16) go into _mm256_maddubs_epi16 as they are (|u| <= 31 and
+// |y| <= 127 cannot saturate the int16 pair sums). ColumnTile takes Q5_0 signed (its offset of
+// 16 subtracted as bytes) through the |x| * (y * sign(x)) identity, which needs y in
+// [-127, 127] as the Q8 quantizers give.
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <type_traits>
 
 #include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/gemm_isa.h"
@@ -142,27 +141,19 @@ struct LegacyTile {
       offs = _mm256_fmadd_ps(per_pair(mw, false), per_pair(sx, true), offs);
     }
     // The offset formats subtract c * sum(y) once per activation block, shared by the tile's
-    // rows; a one-row tile would pay it for every pair, and ColumnTile instead takes the
-    // weights as signed q - c. Integer sums are exact either way.
-    constexpr bool kSignedPath = P::kOffset != 0 && kR == 1;
-    __m256i q[kR], magnitude[kR];
-    for (int r = 0; r < kR; ++r) {
-      q[r] = P::Quants(wr[r][i]);
-      if constexpr (kSignedPath) q[r] = _mm256_sub_epi8(q[r], _mm256_set1_epi8(P::kOffset));
-      if constexpr (kSignedPath) magnitude[r] = _mm256_sign_epi8(q[r], q[r]);
-    }
+    // rows (ColumnTile, with one row, takes the weights as signed q - c instead). Integer sums
+    // are exact either way.
+    __m256i q[kR];
+    for (int r = 0; r < kR; ++r) q[r] = P::Quants(wr[r][i]);
     for (int c = 0; c < kC; ++c) {
       const __m256i yq = Load32(xc[c][i].qs);
       __m256i corr = _mm256_setzero_si256();
-      if constexpr (!kSignedPath && P::kOffset != 0) {
+      if constexpr (P::kOffset != 0) {
         corr = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(P::kOffset), yq), ones);
       }
       for (int r = 0; r < kR; ++r) {
-        const __m256i products =
-            kSignedPath ? _mm256_maddubs_epi16(magnitude[r], _mm256_sign_epi8(yq, q[r]))
-                        : _mm256_maddubs_epi16(q[r], yq);
-        __m256i sum = _mm256_madd_epi16(products, ones);
-        if constexpr (!kSignedPath && P::kOffset != 0) sum = _mm256_sub_epi32(sum, corr);
+        __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], yq), ones);
+        if constexpr (P::kOffset != 0) sum = _mm256_sub_epi32(sum, corr);
         const int p = c * kR + r;
         acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scale[p]), acc[p]);
       }
@@ -222,16 +213,13 @@ struct PackedCols {
   const __m256* s;
 };
 
+// False if the per-thread scratch cannot be had.
 template <typename X>
-PackedCols Pack(int64_t nb, const uint8_t* x, size_t x_stride, int nc) {
-  constexpr bool kSums = sizeof(X) == sizeof(BlockQ8_1);
-  struct alignas(32) Vec {
-    __m256i v;
-  };
-  thread_local std::vector<Vec> buf;  // grows to the widest call, then stays
-  const size_t need = static_cast<size_t>(nb) * (nc + (kSums ? 2 : 1));
-  if (buf.size() < need) buf.resize(need);
-  auto* qs = &buf.data()->v;
+bool Pack(int64_t nb, const uint8_t* x, size_t x_stride, int nc, PackedCols* out) {
+  constexpr bool kSums = std::is_same_v<X, BlockQ8_1>;
+  const size_t need = static_cast<size_t>(nb) * (nc + (kSums ? 2 : 1)) * sizeof(__m256i);
+  auto* qs = static_cast<__m256i*>(ThreadScratch(need));
+  if (qs == nullptr) return false;
   auto* d = reinterpret_cast<__m256*>(qs + nb * nc);
   auto* s = kSums ? d + nb : nullptr;
   for (int64_t i = 0; i < nb; ++i) {
@@ -245,7 +233,8 @@ PackedCols Pack(int64_t nb, const uint8_t* x, size_t x_stride, int nc) {
     d[i] = _mm256_load_ps(fd);
     if constexpr (kSums) s[i] = _mm256_load_ps(fs);
   }
-  return {qs, d, s};
+  *out = {qs, d, s};
+  return true;
 }
 
 // One weight row against kC packed activation rows. Each pair does what LegacyTile's pairs do,
@@ -328,9 +317,21 @@ FUCINA_ALWAYS_INLINE void RunCols(int nc, int64_t nb, const uint8_t* w, const Pa
   ColumnTile<P, kC>().Run(nb, w, x, y, y_stride, ahead);
 }
 
+// One activation row through the decode tile.
+template <typename P>
+void DecodeColumn(int64_t nb, const uint8_t* wb, size_t w_stride, int64_t rows,
+                  const uint8_t* x, float* y) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRows) {
+    const int nr = static_cast<int>(rows - r0 < kDecodeRows ? rows - r0 : kDecodeRows);
+    LegacyTile<P, kDecodeRows, 1>().Run(nb, wb + r0 * w_stride, w_stride, nr, x, 0, y + r0, 1,
+                                        kDecodeRows * w_stride);
+  }
+}
+
 // The caller (kernels/cpu/matmul.cc) hands over ~256 KiB of weight rows at a time, so the
 // column groups outside pass over weights held in L2. A call with one column group is a
-// single pass: it prefetches the next tile's rows.
+// single pass: it prefetches the next tile's rows. Where the per-thread scratch for the packed
+// columns cannot be had, the columns go one at a time through the decode tile (same bits).
 template <typename P>
 void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                 size_t x_stride, int64_t cols, float* y, size_t y_stride) {
@@ -338,17 +339,19 @@ void GemmLegacy(int64_t k, const void* w, size_t w_stride, int64_t rows, const v
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
   if (cols == 1) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRows) {
-      const int nr = static_cast<int>(rows - r0 < kDecodeRows ? rows - r0 : kDecodeRows);
-      LegacyTile<P, kDecodeRows, 1>().Run(nb, wb + r0 * w_stride, w_stride, nr, xb, x_stride,
-                                          y + r0, y_stride, kDecodeRows * w_stride);
-    }
+    DecodeColumn<P>(nb, wb, w_stride, rows, xb, y);
     return;
   }
   const size_t ahead = cols <= kMaxCols ? w_stride : 0;
   for (int64_t c0 = 0; c0 < cols; c0 += kMaxCols) {
     const int nc = static_cast<int>(cols - c0 < kMaxCols ? cols - c0 : kMaxCols);
-    const PackedCols packed = Pack<typename P::X>(nb, xb + c0 * x_stride, x_stride, nc);
+    PackedCols packed;
+    if (!Pack<typename P::X>(nb, xb + c0 * x_stride, x_stride, nc, &packed)) {
+      for (int c = 0; c < nc; ++c) {
+        DecodeColumn<P>(nb, wb, w_stride, rows, xb + (c0 + c) * x_stride, y + (c0 + c) * y_stride);
+      }
+      continue;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       RunCols<P, kMaxCols>(nc, nb, wb + r * w_stride, packed, y + c0 * y_stride + r, y_stride,
                            ahead);

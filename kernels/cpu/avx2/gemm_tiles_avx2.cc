@@ -24,20 +24,18 @@
 // packed into tiles in scratch for larger calls) all agree bit for bit.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/gemm_isa.h"
 #include "kernels/quant/blocks.h"
+#include "kernels/tile_layout.h"
 
 namespace fucina::avx2 {
 namespace {
 
-constexpr int kTileRows = 16;
 constexpr int kCols = 4;     // activation rows of a prefill pass (8 rows x 4 columns)
 constexpr int kChunk = 128;  // blocks per pass, whose activation metadata is prepared once
 // Decode-shaped calls prefetch the tile's quant stream this far ahead (as the AVX-512 kernel),
@@ -149,16 +147,7 @@ void PrepareMeta(const typename P::X* const* xc, int nc, int64_t b0, int64_t n, 
       const auto& x = xc[c][b0 + j];
       meta->d[c][j] = _cvtsh_ss(x.d);
       if constexpr (P::kHasMin) meta->s[c][j] = _cvtsh_ss(x.s);
-      if constexpr (P::kOffset != 0) {
-        // sum(y) from the bytes' sum of y + 128 (sign bit flipped).
-        const __m256i u = _mm256_xor_si256(Load32(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
-        const __m256i s4 = _mm256_sad_epu8(u, _mm256_setzero_si256());
-        const __m128i s2 =
-            _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-        const int sum =
-            static_cast<int>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-        meta->corr[c][j] = -P::kOffset * sum;
-      }
+      if constexpr (P::kOffset != 0) meta->corr[c][j] = -P::kOffset * SumInt8x32(x.qs);
     }
   }
 }
@@ -267,11 +256,11 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
         d = RowFields<P>(src.rows[h], b, 0);
         if constexpr (P::kHasMin) m = RowFields<P>(src.rows[h], b, 1);
       } else {
-        const uint8_t* f = src.tile[h] + src.nb * P::kQuantBytes + b * field_bytes;
-        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 16 * src.half[h])));
+        const uint8_t* f =
+            src.tile[h] + src.nb * P::kQuantBytes + b * field_bytes + 16 * src.half[h];
+        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f)));
         if constexpr (P::kHasMin) {
-          m = _mm256_cvtph_ps(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 32 + 16 * src.half[h])));
+          m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 32)));
         }
       }
       for (int c = 0; c < kC; ++c) {
@@ -315,7 +304,7 @@ template <typename W>
 FUCINA_ALWAYS_INLINE void TileRows(const uint8_t* wb, size_t w_stride, int64_t rows, int64_t t,
                                    const W* rp[kTileRows]) {
   for (int r = 0; r < kTileRows; ++r) {
-    const int64_t row = std::min<int64_t>(t * kTileRows + r, rows - 1);
+    const int64_t row = t * kTileRows + r < rows ? t * kTileRows + r : rows - 1;
     rp[r] = reinterpret_cast<const W*>(wb + row * w_stride);
   }
 }
@@ -337,7 +326,7 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
       PrepareMeta<P>(xc, nc, b0, n, &meta);
       for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
         const int nr = static_cast<int>(rows - r0 < kTileRows ? rows - r0 : kTileRows);
-        const int valid[2] = {std::min(nr, 8), nr - 8};
+        const int valid[2] = {nr < 8 ? nr : 8, nr - 8};
         Source<P> src;
         src.nb = nb;
         src.tile[0] = src.tile[1] = wb + (r0 / kTileRows) * tile_stride;
@@ -363,9 +352,37 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
   }
 }
 
+// One column against row-major weights, each block transposed in registers (Pass<2, 1>'s
+// arithmetic, so the same bits as the tiles).
+template <typename P>
+void RowsColumn(int64_t nb, const uint8_t* wb, size_t w_stride, int64_t rows,
+                const typename P::X* x, float* y) {
+  using W = typename P::W;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const typename P::X* xc[1] = {x};
+  const W* rp[kTileRows];
+  Meta meta;
+  for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
+    const int64_t n = nb - b0 < kChunk ? nb - b0 : kChunk;
+    PrepareMeta<P>(xc, 1, b0, n, &meta);
+    for (int64_t t = 0; t < tiles; ++t) {
+      TileRows(wb, w_stride, rows, t, rp);
+      const int nr = static_cast<int>(rows - t * kTileRows < kTileRows ? rows - t * kTileRows
+                                                                       : kTileRows);
+      const int valid[2] = {nr < 8 ? nr : 8, nr - 8};
+      Source<P> src;
+      src.rows[0] = rp;
+      src.rows[1] = rp + 8;
+      src.next_tile = kTileRows * w_stride;
+      RunPass<P, true, 2, 1>(src, valid, xc, b0, n, meta, y + t * kTileRows, 1);
+    }
+  }
+}
+
 // Row-major weights with the tiles' arithmetic. Decode transposes each block in registers;
 // larger calls pack their rows into kTiles16 tiles in per-thread scratch (the caller hands over
-// ~256 KiB of rows at a time, so the copy stays in L2) and run Tiles over them.
+// ~256 KiB of rows at a time, so the copy stays in L2) and run Tiles over them, or, where the
+// scratch cannot be had, take the columns one at a time.
 template <typename P>
 void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
           size_t x_stride, int64_t cols, float* y, size_t y_stride) {
@@ -374,32 +391,20 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
   const int64_t nb = k / 32;
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const auto* wb = static_cast<const uint8_t*>(w);
-  const W* rp[kTileRows];
-  if (cols == 1) {
-    const X* xc[1] = {static_cast<const X*>(x)};
-    Meta meta;
-    for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
-      const int64_t n = nb - b0 < kChunk ? nb - b0 : kChunk;
-      PrepareMeta<P>(xc, 1, b0, n, &meta);
-      for (int64_t t = 0; t < tiles; ++t) {
-        TileRows(wb, w_stride, rows, t, rp);
-        const int nr = static_cast<int>(std::min<int64_t>(kTileRows, rows - t * kTileRows));
-        const int valid[2] = {std::min(nr, 8), nr - 8};
-        Source<P> src;
-        src.rows[0] = rp;
-        src.rows[1] = rp + 8;
-        src.next_tile = kTileRows * w_stride;
-        RunPass<P, true, 2, 1>(src, valid, xc, b0, n, meta, y + t * kTileRows, y_stride);
-      }
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const size_t tile_bytes = static_cast<size_t>(nb) * kTileRows * sizeof(W);
+  auto* scratch = cols > 1 ? static_cast<uint8_t*>(ThreadScratch(tiles * tile_bytes)) : nullptr;
+  if (scratch == nullptr) {
+    for (int64_t c = 0; c < cols; ++c) {
+      RowsColumn<P>(nb, wb, w_stride, rows, reinterpret_cast<const X*>(xb + c * x_stride),
+                    y + c * y_stride);
     }
     return;
   }
+  const W* rp[kTileRows];
   const int64_t field_bytes = kTileRows * 2 * P::kFields;
-  const size_t tile_bytes = static_cast<size_t>(nb) * kTileRows * sizeof(W);
-  thread_local std::vector<uint8_t> scratch;  // grows to the largest call, then stays
-  if (scratch.size() < tiles * tile_bytes) scratch.resize(tiles * tile_bytes);
   for (int64_t t = 0; t < tiles; ++t) {
-    uint8_t* tile = scratch.data() + t * tile_bytes;
+    uint8_t* tile = scratch + t * tile_bytes;
     TileRows(wb, w_stride, rows, t, rp);
     uint8_t* fields = tile + nb * P::kQuantBytes;
     for (int64_t b = 0; b < nb; ++b) {
@@ -420,8 +425,7 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
       }
     }
   }
-  Tiles<P>(nb, scratch.data(), tile_bytes, rows, static_cast<const uint8_t*>(x), x_stride, cols,
-           y, y_stride);
+  Tiles<P>(nb, scratch, tile_bytes, rows, xb, x_stride, cols, y, y_stride);
 }
 
 // GemmFn over kTiles16 weights (tile t at t * 16 * w_stride).

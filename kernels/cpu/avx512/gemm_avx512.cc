@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/avx512/avx512_util.h"
 #include "kernels/cpu/avx512/tile_avx512.h"
 #include "kernels/cpu/gemm_isa.h"
@@ -196,16 +197,7 @@ void PrepareMeta(const uint8_t* const* xc, int nc, int64_t b0, int64_t n, Activa
     for (int64_t j = 0; j < n; ++j) {
       meta->d[c][j] = _cvtsh_ss(x[j].d);
       if constexpr (P::kHasMin) meta->s[c][j] = _cvtsh_ss(x[j].s);
-      if constexpr (P::kOffset != 0) {
-        // sum(y) from the sum of y + 128 (sign bit flipped), 32 bytes per block.
-        const __m256i u = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[j].qs)),
-            _mm256_set1_epi8(static_cast<char>(0x80)));
-        const __m256i s4 = _mm256_sad_epu8(u, _mm256_setzero_si256());
-        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-        const int sum = static_cast<int>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-        meta->corr[c][j] = -P::kOffset * sum;
-      }
+      if constexpr (P::kOffset != 0) meta->corr[c][j] = -P::kOffset * avx2::SumInt8x32(x[j].qs);
     }
   }
 }

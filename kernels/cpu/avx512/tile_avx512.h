@@ -15,7 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
+
+#include "kernels/cpu/avx2/avx2_util.h"
 
 namespace fucina::avx512 {
 namespace {
@@ -208,24 +209,10 @@ FUCINA_TILE_INLINE void StoreRows(float* y, int rows, __m128 v, bool accumulate 
   _mm_mask_storeu_ps(y, mask, v);
 }
 
-// A 64-byte aligned per-thread buffer of at least `bytes`, grow-only (freed at thread exit).
-// Prefill-shaped calls unpack a block of weight rows into it once and run every group of
-// activation rows over the unpacked copy instead of transposing the rows again for each group.
-inline void* TileScratch(size_t bytes) {
-  struct Buffer {
-    void* p = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(p); }
-  };
-  thread_local Buffer buf;
-  if (buf.size < bytes) {
-    std::free(buf.p);
-    buf.size = (bytes + 4095) & ~size_t{4095};
-    buf.p = std::aligned_alloc(64, buf.size);
-    if (buf.p == nullptr) buf.size = 0;
-  }
-  return buf.p;
-}
+// A 64-byte aligned per-thread buffer of at least `bytes` (avx2::ThreadScratch). Prefill-shaped
+// calls unpack a block of weight rows into it once and run every group of activation rows over
+// the unpacked copy instead of transposing the rows again for each group.
+inline void* TileScratch(size_t bytes) { return avx2::ThreadScratch(bytes); }
 
 }  // namespace
 }  // namespace fucina::avx512
