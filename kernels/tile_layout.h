@@ -7,13 +7,15 @@
 // the software prefetch was placed. Repacked, a tile is two sequential streams (quants, then
 // scales), and the in-register transposes of every block disappear from decode and prefill.
 //
-// Format, for the types of TileLayoutApplies (Q8_0, Q4_0, Q4_1), per 16 consecutive rows with
-// nb blocks each (QB quant bytes and F f16 fields per block: Q8_0 32 / 1, Q4_0 16 / 1,
-// Q4_1 16 / 2):
-//   [nb * 16 * QB quant bytes][nb * 16 * 2F field bytes]
+// Format, for the types of TileLayoutApplies (Q8_0, Q4_0, Q4_1, Q4_K), per 16 consecutive rows
+// with nb blocks each (QB quant bytes per block: Q8_0 32, Q4_0/Q4_1 16, Q4_K 128; its other
+// bytes are meta: Q8_0 and Q4_0 d, Q4_1 d and m, Q4_K d, dmin and 12 packed scale bytes):
+//   [nb * 16 * QB quant bytes][nb * 16 * meta bytes]
 //   quants of block b: QB / 4 vectors of 64 bytes; bytes 4r..4r+3 of vector v are dword v of
 //     row r's qs (Q8_0 stores q + 128, unsigned, the form vpdpbusd multiplies).
-//   fields of block b: field f (d, then m for Q4_1) of rows 0..15, 16 f16 values.
+//   meta of block b: each f16 field (d, then m or dmin) of rows 0..15, 16 f16 values; then
+//     each scale byte k of rows 0..15, 16 bytes (Q4_K: SIMD code unpacks 16 rows' 6-bit
+//     scales at once).
 // A tile is 16 * RowBytes(type, cols) bytes, the same as its 16 rows, so tile t starts at
 // t * 16 * row_stride and row slices at multiples of 16 stay valid.
 #ifndef FUCINA_KERNELS_TILE_LAYOUT_H_

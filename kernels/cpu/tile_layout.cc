@@ -10,38 +10,49 @@
 namespace fucina {
 namespace {
 
-constexpr int64_t kBlockElements = 32;  // Q8_0, Q4_0 and Q4_1 alike
-
 // Where a block's parts are, for the types with a kTiles16 layout.
 struct BlockShape {
-  int block_bytes;  // the GGUF block
-  int qs_offset;    // its quants, quant_bytes of them
+  int64_t elements;  // per block: 32, or a k-quant super-block's 256
+  int block_bytes;   // the GGUF block
+  int qs_offset;     // its quants, quant_bytes of them
   int quant_bytes;
-  int fields;       // f16 fields at the start of the block (d, then m)
-  uint8_t flip;     // xor applied to every quant byte when packed (Q8_0: int8 -> q + 128)
+  int fields;        // f16 fields at the start of the block (d, then m or dmin)
+  int byte_fields;   // single bytes after them (Q4_K: its 12 packed scale bytes)
+  uint8_t flip;      // xor applied to every quant byte when packed (Q8_0: int8 -> q + 128)
 };
 
 bool ShapeOf(GgmlType type, BlockShape* s) {
   switch (type) {
-    case GgmlType::kQ8_0: *s = {34, 2, 32, 1, 0x80}; return true;
-    case GgmlType::kQ4_0: *s = {18, 2, 16, 1, 0x00}; return true;
-    case GgmlType::kQ4_1: *s = {20, 4, 16, 2, 0x00}; return true;
+    case GgmlType::kQ8_0: *s = {32, 34, 2, 32, 1, 0, 0x80}; return true;
+    case GgmlType::kQ4_0: *s = {32, 18, 2, 16, 1, 0, 0x00}; return true;
+    case GgmlType::kQ4_1: *s = {32, 20, 4, 16, 2, 0, 0x00}; return true;
+    case GgmlType::kQ4_K: *s = {256, 144, 16, 128, 2, 12, 0x00}; return true;
     default: return false;
   }
 }
 
 // Row r of one tile: `row` (GGUF layout, nb blocks) <-> `tile` (packed). Quants move a dword
-// at a time: dword v of row r's block b is at b * 16 * QB + 64 v + 4 r.
+// at a time: dword v of row r's block b is at b * 16 * QB + 64 v + 4 r. The other bytes of a
+// block are its meta, 16 * (block_bytes - QB) bytes per tile block after all the quants:
+// f16 field f of row r at 32 f + 2 r, then byte field k of row r at 32 * fields + 16 k + r.
 template <bool kPack>
 void ConvertRow(const BlockShape& s, int64_t nb, uint8_t* row, uint8_t* tile, int r) {
   const uint32_t flip = 0x01010101u * s.flip;
-  uint8_t* const fields = tile + static_cast<size_t>(nb) * kTileRows * s.quant_bytes;
+  const size_t meta_bytes = kTileRows * (s.block_bytes - s.quant_bytes);
+  uint8_t* const meta = tile + static_cast<size_t>(nb) * kTileRows * s.quant_bytes;
+  const auto move = [](uint8_t* from, uint8_t* to, size_t n) { std::memcpy(to, from, n); };
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* block = row + b * s.block_bytes;
     uint8_t* quants = tile + static_cast<size_t>(b) * kTileRows * s.quant_bytes + 4 * r;
+    uint8_t* m = meta + b * meta_bytes;
     for (int f = 0; f < s.fields; ++f) {
-      uint8_t* packed = fields + ((static_cast<size_t>(b) * s.fields + f) * kTileRows + r) * 2;
-      std::memcpy(kPack ? packed : block + 2 * f, kPack ? block + 2 * f : packed, 2);
+      uint8_t* packed = m + (f * kTileRows + r) * 2;
+      kPack ? move(block + 2 * f, packed, 2) : move(packed, block + 2 * f, 2);
+    }
+    for (int f = 0; f < s.byte_fields; ++f) {
+      uint8_t* packed = m + s.fields * 2 * kTileRows + f * kTileRows + r;
+      uint8_t* in_block = block + 2 * s.fields + f;
+      kPack ? move(in_block, packed, 1) : move(packed, in_block, 1);
     }
     for (int v = 0; v < s.quant_bytes / 4; ++v) {
       uint8_t* from = kPack ? block + s.qs_offset + 4 * v : quants + 64 * v;
@@ -81,7 +92,7 @@ size_t PackedBytes(const WeightView& w) {
 void PackTiles16(const WeightView& w, int64_t tile_begin, int64_t tile_end, void* dst) {
   BlockShape s;
   if (!ShapeOf(w.type, &s)) return;
-  const int64_t nb = w.cols / kBlockElements;
+  const int64_t nb = w.cols / s.elements;
   const size_t tile_bytes = kTileRows * w.row_stride;
   // A copy of the source rows: packing in place overwrites them.
   thread_local std::vector<uint8_t> rows;
@@ -102,7 +113,7 @@ void PackTileRow(GgmlType type, int64_t cols, const void* row, int lane, void* t
   BlockShape s;
   if (!ShapeOf(type, &s)) return;
   // ConvertRow<true> only reads the row.
-  ConvertRow<true>(s, cols / kBlockElements, static_cast<uint8_t*>(const_cast<void*>(row)),
+  ConvertRow<true>(s, cols / s.elements, static_cast<uint8_t*>(const_cast<void*>(row)),
                    static_cast<uint8_t*>(tile), lane);
 }
 
@@ -110,14 +121,14 @@ void UnpackTileRow(GgmlType type, int64_t cols, const void* tile, int lane, void
   BlockShape s;
   if (!ShapeOf(type, &s)) return;
   // ConvertRow<false> only reads the tile.
-  ConvertRow<false>(s, cols / kBlockElements, static_cast<uint8_t*>(row),
+  ConvertRow<false>(s, cols / s.elements, static_cast<uint8_t*>(row),
                     static_cast<uint8_t*>(const_cast<void*>(tile)), lane);
 }
 
 void UnpackTiles16(const WeightView& w, void* dst) {
   BlockShape s;
   if (!ShapeOf(w.type, &s)) return;
-  const int64_t nb = w.cols / kBlockElements;
+  const int64_t nb = w.cols / s.elements;
   const size_t tile_bytes = kTileRows * w.row_stride;
   std::vector<uint8_t> tile(tile_bytes), rows(tile_bytes);
   for (int64_t t = 0; t < TileCount(w); ++t) {

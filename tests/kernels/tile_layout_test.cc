@@ -21,7 +21,8 @@
 namespace fucina {
 namespace {
 
-constexpr GgmlType kPackedTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1};
+constexpr GgmlType kPackedTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                     GgmlType::kQ4_K};
 
 // Rows with a heavy tail (every 23rd value x30): extreme codes, scales over a wide range.
 std::vector<uint8_t> RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
@@ -50,29 +51,52 @@ std::vector<uint8_t> Packed(const WeightView& w) {
   return out;
 }
 
+// A block's parts as the format lays them out (kernels/tile_layout.h), written out here
+// rather than taken from the implementation.
+struct Parts {
+  int qs_offset, qs_bytes, fields, byte_fields;
+  uint8_t flip;
+};
+Parts PartsOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0: return {2, 32, 1, 0, 0x80};
+    case GgmlType::kQ4_0: return {2, 16, 1, 0, 0};
+    case GgmlType::kQ4_1: return {4, 16, 2, 0, 0};
+    default: return {16, 128, 2, 12, 0};  // Q4_K: d, dmin, 12 scale bytes, qs
+  }
+}
+
+int64_t BlockOf(GgmlType type) { return TypeInfo(type).block_size; }
+
 TEST(TileLayoutTest, BytesSitWhereTheFormatSays) {
-  const int64_t rows = 32, cols = 96, nb = cols / 32;  // 2 tiles, 3 blocks
+  const int64_t rows = 32, nb = 3;  // 2 tiles, 3 blocks
   for (GgmlType type : kPackedTypes) {
+    const int64_t cols = nb * BlockOf(type);
     const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 3);
     const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
     const std::vector<uint8_t> p = Packed(view);
-    const size_t block = RowBytes(type, 32);
-    const int fields = type == GgmlType::kQ4_1 ? 2 : 1;
-    const int qs_bytes = type == GgmlType::kQ8_0 ? 32 : 16;
-    const uint8_t flip = type == GgmlType::kQ8_0 ? 0x80 : 0;
+    const size_t block = RowBytes(type, BlockOf(type));
+    const Parts parts = PartsOf(type);
+    const int qs_bytes = parts.qs_bytes;
+    const size_t meta_bytes = kTileRows * (block - qs_bytes);
     const size_t tile_bytes = kTileRows * view.row_stride;
     for (int64_t row = 0; row < rows; ++row) {
       const uint8_t* tile = p.data() + (row / kTileRows) * tile_bytes;
       const int r = static_cast<int>(row % kTileRows);
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* src = w.data() + row * view.row_stride + b * block;
-        for (int f = 0; f < fields; ++f) {
-          const uint8_t* got = tile + nb * kTileRows * qs_bytes + ((b * fields + f) * 16 + r) * 2;
-          ASSERT_EQ(std::memcmp(got, src + 2 * f, 2), 0) << TypeName(type) << " field " << f;
+        const uint8_t* meta = tile + nb * kTileRows * qs_bytes + b * meta_bytes;
+        for (int f = 0; f < parts.fields; ++f) {
+          ASSERT_EQ(std::memcmp(meta + (f * 16 + r) * 2, src + 2 * f, 2), 0)
+              << TypeName(type) << " field " << f;
+        }
+        for (int f = 0; f < parts.byte_fields; ++f) {
+          ASSERT_EQ(meta[parts.fields * 32 + 16 * f + r], src[2 * parts.fields + f])
+              << TypeName(type) << " byte field " << f;
         }
         for (int i = 0; i < qs_bytes; ++i) {
           const uint8_t got = tile[b * kTileRows * qs_bytes + (i / 4) * 64 + 4 * r + i % 4];
-          ASSERT_EQ(got, src[2 * fields + i] ^ flip)
+          ASSERT_EQ(got, src[parts.qs_offset + i] ^ parts.flip)
               << TypeName(type) << " row " << row << " block " << b << " byte " << i;
         }
       }
@@ -82,8 +106,8 @@ TEST(TileLayoutTest, BytesSitWhereTheFormatSays) {
 
 TEST(TileLayoutTest, PackingInPlaceAndUnpackingAreLossless) {
   for (GgmlType type : kPackedTypes) {
-    const std::vector<uint8_t> w = RandomMatrix(type, 48, 7 * 32, 4);
-    const WeightView view = WeightView::Dense(w.data(), type, 48, 7 * 32);
+    const std::vector<uint8_t> w = RandomMatrix(type, 48, 7 * BlockOf(type), 4);
+    const WeightView view = WeightView::Dense(w.data(), type, 48, 7 * BlockOf(type));
     const std::vector<uint8_t> copy = Packed(view);
     std::vector<uint8_t> in_place = w;
     WeightView v2 = view;
@@ -105,7 +129,7 @@ TEST(TileLayoutTest, RaggedLastTilePadsWithItsLastRow) {
   for (GgmlType type : kPackedTypes) {
     for (int64_t rows : {1, 21, 37}) {
       SCOPED_TRACE(std::string(TypeName(type)) + " rows=" + std::to_string(rows));
-      const int64_t cols = 3 * 32;
+      const int64_t cols = 3 * BlockOf(type);
       const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 5);
       const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
       ASSERT_EQ(TileCount(view), (rows + 15) / 16);
@@ -131,9 +155,10 @@ TEST(TileLayoutTest, RaggedLastTilePadsWithItsLastRow) {
 
 TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
   // A KV cache writes a position at a time: each row into its lane, the other lanes kept.
-  const int64_t rows = 16, cols = 128;
+  const int64_t rows = 16;
   for (GgmlType type : kPackedTypes) {
     SCOPED_TRACE(std::string(TypeName(type)));
+    const int64_t cols = 2 * BlockOf(type);
     const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 9);
     const size_t row_bytes = RowBytes(type, cols);
     const std::vector<uint8_t> want = Packed(WeightView::Dense(w.data(), type, rows, cols));
@@ -151,16 +176,20 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
 }
 
 TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
-  const bool reads = ActiveIsa() >= Isa::kAvx2;  // AVX2 and AVX-512 have the packed kernels
+  // AVX2 and AVX-512 read the legacy types packed; Q4_K's packed kernel is AVX2's (AVX-512
+  // keeps its row-major one).
+  const bool reads = ActiveIsa() >= Isa::kAvx2;
   const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ8_0, 256));
   for (GgmlType type : kPackedTypes) {
-    EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, 64)), reads)
+    const bool want = type == GgmlType::kQ4_K ? ActiveIsa() == Isa::kAvx2 : reads;
+    const int64_t cols = BlockOf(type) * 2;
+    EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, cols)), want)
         << TypeName(type);
     // A ragged last tile is padded in the packed copy.
-    EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, 64)), reads)
+    EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, cols)), want)
         << TypeName(type);
   }
-  EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kQ4_K, 32, 256)));
+  EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kQ5_K, 32, 256)));
   EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kF16, 32, 64)));
   WeightView strided = WeightView::Dense(buf.data(), GgmlType::kQ8_0, 16, 64);
   strided.row_stride += 8;
@@ -171,8 +200,8 @@ TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
 }
 
 // The packed kernel against the row-major tile kernel of the same ISA, every shape class:
-// one tile, several and a ragged last one, odd block counts, k past the 128-block activation
-// chunks, decode (1..8 activation rows) and prefill-shaped (more than 8) calls.
+// one tile, several and a ragged last one, odd block counts, k past the activation chunks
+// (128 blocks, Q4_K 16), decode (1..8 activation rows) and prefill-shaped (more than 8) calls.
 TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
   bool ran = false;
   for (GgmlType type : kPackedTypes) {
@@ -184,7 +213,7 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
     for (int64_t rows : {16, 37, 48, 160}) {
       for (int64_t nb : {1, 2, 7, 18, 131}) {
         for (int64_t m : {1, 3, 8, 9, 33}) {
-          const int64_t k = nb * 32;
+          const int64_t k = nb * BlockOf(type);
           const std::vector<uint8_t> w = RandomMatrix(type, rows, k, seed++);
           const WeightView view = WeightView::Dense(w.data(), type, rows, k);
           const std::vector<uint8_t> p = Packed(view);
@@ -210,7 +239,7 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
 // view through a row-major copy.
 TEST(TileLayoutTest, MatMulOnPackedViewsEqualsRowMajor) {
   for (GgmlType type : kPackedTypes) {
-    const int64_t rows = 331, cols = 576;  // a ragged last tile
+    const int64_t rows = 331, cols = 768;  // a ragged last tile
     const std::vector<uint8_t> w = RandomMatrix(type, rows, cols, 21);
     const WeightView view = WeightView::Dense(w.data(), type, rows, cols);
     const std::vector<uint8_t> p = Packed(view);

@@ -42,6 +42,21 @@ FUCINA_AVX2_INLINE int32_t HorizontalSum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// Q4_K dots on AVX2, row-major and kTiles16 kernels alike: per super-block, the exact integer
+// sums isum = sum_j scale_j * <q_j, y_j> and msum = sum_j min_j * sum(y_j) go into one float
+// per (row, column), a = a + isum * d, then a = a - msum * dmin, one rounding each (d and dmin:
+// the weight's times the activation's d), in chunks of kKDotChunk super-blocks, each summed
+// from zero and then added to the total. (The tile kernel's passes are those chunks; a
+// per-lane order would differ between rows in lanes and positions in lanes.)
+constexpr int64_t kKDotChunk = 16;
+
+FUCINA_AVX2_INLINE float KDotStep(float a, int32_t isum, int32_t msum, float d, float dmin) {
+  const __m128 r = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(d),
+                                _mm_set_ss(a));
+  return _mm_cvtss_f32(
+      _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), msum), _mm_set_ss(dmin), r));
+}
+
 FUCINA_AVX2_INLINE __m256i Load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }

@@ -49,21 +49,57 @@ FUCINA_ALWAYS_INLINE __m256i MinTerm(__m128i sm, const int16_t* bsums) {
 }
 
 // Per column of a tile: d * sum_b cvt(isum_b) and, for Q4_K/Q5_K, the min term
-// dmin * sum_b cvt(MinTerm_b), each as 8 partial float sums.
+// dmin * sum_b cvt(MinTerm_b), each as 8 partial float sums (lanes of positions).
 template <int kRn>
-struct TileAccumulators {
+struct LaneAccumulators {
   __m256 acc[kRn];
   __m256 acc_min[kRn];
 
   FUCINA_ALWAYS_INLINE void Zero() {
     for (int c = 0; c < kRn; ++c) acc[c] = acc_min[c] = _mm256_setzero_ps();
   }
+  // Super-block i's integer sums for column c: d * isum (and dmin * the min term).
+  template <bool kHasMin>
+  FUCINA_ALWAYS_INLINE void Add(int c, __m256i isum, __m256i min_term, float d, float dmin) {
+    if constexpr (kHasMin) {
+      acc_min[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_term), acc_min[c]);
+    }
+    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc[c]);
+  }
+  FUCINA_ALWAYS_INLINE void EndBlock(int64_t, int64_t) {}
   // y[c * y_stride] for each column c.
   FUCINA_ALWAYS_INLINE void Store(bool has_min, float* y, size_t y_stride) const {
     for (int c = 0; c < kRn; ++c) {
       y[c * y_stride] = has_min ? HorizontalSum(acc[c]) - HorizontalSum(acc_min[c])
                                 : HorizontalSum(acc[c]);
     }
+  }
+};
+
+// Q4_K's arithmetic, shared with its kTiles16 kernel (gemm_tiles_avx2.cc): per super-block
+// the exact integer sums into one float per pair (KDotStep, avx2_util.h), so the row-major
+// tile, the dot and the packed kernel agree bit for bit.
+template <int kRn>
+struct BlockAccumulators {
+  float chunk[kRn];
+  float total[kRn];
+
+  FUCINA_ALWAYS_INLINE void Zero() {
+    for (int c = 0; c < kRn; ++c) chunk[c] = total[c] = 0.0f;
+  }
+  template <bool>
+  FUCINA_ALWAYS_INLINE void Add(int c, __m256i isum, __m256i min_term, float d, float dmin) {
+    chunk[c] = KDotStep(chunk[c], HorizontalSum(isum), HorizontalSum(min_term), d, dmin);
+  }
+  FUCINA_ALWAYS_INLINE void EndBlock(int64_t i, int64_t nb) {
+    if ((i + 1) % kKDotChunk != 0 && i + 1 != nb) return;
+    for (int c = 0; c < kRn; ++c) {
+      total[c] = i < kKDotChunk ? chunk[c] : total[c] + chunk[c];
+      chunk[c] = 0.0f;
+    }
+  }
+  FUCINA_ALWAYS_INLINE void Store(bool, float* y, size_t y_stride) const {
+    for (int c = 0; c < kRn; ++c) y[c * y_stride] = total[c];
   }
 };
 
@@ -75,22 +111,18 @@ template <bool kHigh>
 struct QxK {
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   static constexpr bool kHasMin = true;
+  template <int kRn>  // Q4_K's sums are exact per super-block (see BlockAccumulators)
+  using Accumulators = std::conditional_t<kHigh, LaneAccumulators<kRn>, BlockAccumulators<kRn>>;
 
   // Super-block i of weight row w against kRn activation rows.
-  template <int kRn>
+  template <int kRn, typename A>
   static FUCINA_ALWAYS_INLINE void Step(const Block& w, const BlockQ8_K* const* xc, int64_t i,
-                                        TileAccumulators<kRn>* t) {
+                                        A* t) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m128i sm = UnpackScalesMins(w.scales);
     const __m256i scales16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-    const float dmin_w = _cvtsh_ss(w.dmin);
     __m256i isum[kRn];
-    for (int c = 0; c < kRn; ++c) {
-      const float dmin = dmin_w * xc[c][i].d;
-      t->acc_min[c] = _mm256_fmadd_ps(
-          _mm256_set1_ps(dmin), _mm256_cvtepi32_ps(MinTerm(sm, xc[c][i].bsums)), t->acc_min[c]);
-      isum[c] = _mm256_setzero_si256();
-    }
+    for (int c = 0; c < kRn; ++c) isum[c] = _mm256_setzero_si256();
     for (int j = 0; j < kQK_K / 64; ++j) {
       const __m256i q4 = Load32(w.qs + 32 * j);
       __m256i lo = _mm256_and_si256(q4, low4);
@@ -116,9 +148,10 @@ struct QxK {
       }
     }
     const float d_w = _cvtsh_ss(w.d);
+    const float dmin_w = _cvtsh_ss(w.dmin);
     for (int c = 0; c < kRn; ++c) {
-      const float d = d_w * xc[c][i].d;
-      t->acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[c]), t->acc[c]);
+      t->template Add<true>(c, isum[c], MinTerm(sm, xc[c][i].bsums), d_w * xc[c][i].d,
+                            dmin_w * xc[c][i].d);
     }
   }
 };
@@ -131,10 +164,12 @@ struct QxK {
 struct Q6K {
   using Block = BlockQ6_K;
   static constexpr bool kHasMin = false;
-
   template <int kRn>
+  using Accumulators = LaneAccumulators<kRn>;
+
+  template <int kRn, typename A>
   static FUCINA_ALWAYS_INLINE void Step(const Block& w, const BlockQ8_K* const* xc, int64_t i,
-                                        TileAccumulators<kRn>* t) {
+                                        A* t) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i low2 = _mm256_set1_epi8(0x03);
     // After broadcasting the dword holding scales (s, s+1), this puts scale s in the low
@@ -177,8 +212,7 @@ struct Q6K {
     }
     const float d_w = _cvtsh_ss(w.d);
     for (int c = 0; c < kRn; ++c) {
-      const float d = d_w * xc[c][i].d;
-      t->acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[c]), t->acc[c]);
+      t->template Add<false>(c, isum[c], isum[c], d_w * xc[c][i].d, 0.0f);
     }
   }
 };
@@ -193,9 +227,12 @@ void RunTile(int64_t nb, const uint8_t* w, const uint8_t* x, size_t x_stride, fl
   const auto* wb = reinterpret_cast<const typename P::Block*>(w);
   const BlockQ8_K* xc[kRn];
   for (int c = 0; c < kRn; ++c) xc[c] = reinterpret_cast<const BlockQ8_K*>(x + c * x_stride);
-  TileAccumulators<kRn> t;
+  typename P::template Accumulators<kRn> t;
   t.Zero();
-  for (int64_t i = 0; i < nb; ++i) P::template Step<kRn>(wb[i], xc, i, &t);
+  for (int64_t i = 0; i < nb; ++i) {
+    P::template Step<kRn>(wb[i], xc, i, &t);
+    t.EndBlock(i, nb);
+  }
   t.Store(P::kHasMin, y, y_stride);
 }
 

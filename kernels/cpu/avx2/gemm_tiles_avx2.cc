@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/gemm_isa.h"
@@ -64,6 +65,7 @@ FUCINA_ALWAYS_INLINE void Transpose4x4Halves(const __m256i t[4], __m256i q[4]) {
 struct T8_0 {
   using W = BlockQ8_0;
   using X = BlockQ8_0;
+  static constexpr bool kSuper = false;
   static constexpr int kLoads = 8;
   static constexpr int kQuantBytes = 512;  // one block of a tile: 16 rows x 32 quants
   static constexpr int kFields = 1;
@@ -106,6 +108,7 @@ template <typename WB, typename XB, int kOff, bool kMin>
 struct T4 {
   using W = WB;
   using X = XB;
+  static constexpr bool kSuper = false;
   static constexpr int kLoads = 4;
   static constexpr int kQuantBytes = 256;
   static constexpr int kFields = kMin ? 2 : 1;
@@ -132,6 +135,19 @@ struct T4 {
 };
 using T4_0 = T4<BlockQ4_0, BlockQ8_0, 8, false>;
 using T4_1 = T4<BlockQ4_1, BlockQ8_1, 0, true>;
+
+// Q4_K (the KPass below). A tile's super-block is 32 vectors of 64 bytes, vector v holding qs
+// bytes 4v..4v+3 of the 16 rows: of chunk q = v / 8 (64 elements), the low nibbles are
+// elements 4 (v % 8).. of sub-block 2q, the high ones of sub-block 2q + 1. Then 256 bytes of
+// meta: d and dmin of the 16 rows (f16), then the 12 packed scale bytes, byte k of the 16 rows
+// at 64 + 16 k.
+struct TK4 {
+  using W = BlockQ4_K;
+  using X = BlockQ8_K;
+  static constexpr bool kSuper = true;
+  static constexpr int kQuantBytes = 2048;  // 16 rows x 128
+  static constexpr int kMetaBytes = 256;    // 16 rows x (d, dmin, 12 scale bytes)
+};
 
 // Per column c, per block j of a pass: d_x, and s_x (Q8_1) or -kOffset * sum(y).
 struct Meta {
@@ -274,6 +290,142 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
   }
 }
 
+// Per column c, per super-block j of a Q4_K pass: d_x, and the sums b of y over its 8
+// sub-blocks as int16 pairs (b_2i, b_2i+1) (|b| <= 32 * 128).
+struct KMeta {
+  float d[kCols][kKDotChunk];
+  int32_t b_pairs[kCols][kKDotChunk][4];
+};
+
+void PrepareKMeta(const BlockQ8_K* const* xc, int nc, int64_t b0, int64_t n, KMeta* meta) {
+  for (int c = 0; c < nc; ++c) {
+    for (int64_t j = 0; j < n; ++j) {
+      const BlockQ8_K& x = xc[c][b0 + j];
+      meta->d[c][j] = x.d;
+      const __m128i b = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums + 8)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(meta->b_pairs[c][j]), b);
+    }
+  }
+}
+
+// The 6-bit scales and mins of 16 rows (a tile super-block's 12 scale-byte planes at p), one
+// byte per row: GGUF's get_scale_min_k4 on every row at once. (16-bit shifts: the bits a byte
+// takes from its neighbour are masked off.)
+FUCINA_ALWAYS_INLINE void UnpackKScales(const uint8_t* p, __m128i sc[8], __m128i mn[8]) {
+  const auto plane = [&](int k) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+  };
+  const __m128i m6 = _mm_set1_epi8(0x3F), m4 = _mm_set1_epi8(0x0F), m30 = _mm_set1_epi8(0x30);
+  for (int j = 0; j < 4; ++j) {
+    const __m128i lo = plane(j), mid = plane(4 + j), hi = plane(8 + j);
+    sc[j] = _mm_and_si128(lo, m6);
+    mn[j] = _mm_and_si128(mid, m6);
+    sc[4 + j] = _mm_or_si128(_mm_and_si128(hi, m4), _mm_and_si128(_mm_srli_epi16(lo, 2), m30));
+    mn[4 + j] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(hi, 4), m4),
+                             _mm_and_si128(_mm_srli_epi16(mid, 2), m30));
+  }
+}
+
+// Half h's 8 rows of one scale plane as int16 pairs (s, s) in row lanes.
+FUCINA_ALWAYS_INLINE __m256i ScalePairs(__m128i s, int h) {
+  // Byte 0x80 + 8h keeps its top bit: vpshufb zeroes it.
+  const __m256i base = _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3,
+                                        -128, 3, -128, 4, -128, 4, -128, 5, -128, 5, -128, 6,
+                                        -128, 6, -128, 7, -128, 7, -128);
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(s),
+                             _mm256_add_epi8(base, _mm256_set1_epi8(static_cast<char>(8 * h))));
+}
+
+// Half h's 8 rows of mins a and b as int16 pairs (a, b) in row lanes.
+FUCINA_ALWAYS_INLINE __m256i MinPairs(__m128i a, __m128i b, int h) {
+  return _mm256_cvtepu8_epi16(h == 0 ? _mm_unpacklo_epi8(a, b) : _mm_unpackhi_epi8(a, b));
+}
+
+// Q4_K: kH halves of kTiles16 tiles against kC activation rows, super-blocks [b0, b0 + n);
+// acc[h][c] lane r is row r's KDotStep sum (avx2_util.h) over them. Per sub-block and column,
+// 8 u8 x s8 vpmaddubsw (one per activation dword) add into int16 lanes, each summing 16
+// products of a nibble and an activation, |.| <= 16 * 15 * 128 < 2^15; one vpmaddwd by the
+// rows' scale pairs takes them to int32. The min term is 4 vpmaddwd of the rows' min pairs by
+// the column's sub-block sums. So 8 rows' sub-block costs ~17 integer ops per column, where
+// the row-major tile spent ~24 per row and column, and the 6-bit scales unpack once for 16
+// rows.
+template <int kH, int kC>
+FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* xc, int64_t b0,
+                                int64_t n, const KMeta& meta, __m256 acc[kH][kC]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < kH; ++h) {
+    for (int c = 0; c < kC; ++c) acc[h][c] = _mm256_setzero_ps();
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t b = b0 + j;
+    const uint8_t* qs = src.tile[0] + b * TK4::kQuantBytes;
+    const uint8_t* mb = src.tile[0] + src.nb * TK4::kQuantBytes + b * TK4::kMetaBytes;
+    if (src.next_tile != 0) {
+      for (int l = 0; l < TK4::kQuantBytes; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(qs + kAhead + l), _MM_HINT_T0);
+      }
+      for (int l = 0; l < TK4::kMetaBytes; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(mb + src.next_tile + l), _MM_HINT_T0);
+      }
+    }
+    __m128i sc[8], mn[8];
+    UnpackKScales(mb + 64, sc, mn);
+    __m256i isum[kH][kC];
+    for (int h = 0; h < kH; ++h) {
+      for (int c = 0; c < kC; ++c) isum[h][c] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      // Sub-block s: the low (s even) or high nibbles of chunk s / 2.
+      const uint8_t* qv = qs + 64 * 8 * (s / 2);
+      __m256i sum[kH][kC];
+      for (int h = 0; h < kH; ++h) {
+        for (int c = 0; c < kC; ++c) sum[h][c] = _mm256_setzero_si256();
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < 8; ++v) {
+        for (int h = 0; h < kH; ++h) {
+          const __m256i w = Load32(qv + 64 * v + 32 * src.half[h]);
+          const __m256i q = _mm256_and_si256(s % 2 == 0 ? w : _mm256_srli_epi16(w, 4), low4);
+#pragma GCC unroll 4
+          for (int c = 0; c < kC; ++c) {
+            const __m256i y = BroadcastDword(xc[c][b].qs + 32 * s + 4 * v);
+            sum[h][c] = _mm256_add_epi16(sum[h][c], _mm256_maddubs_epi16(q, y));
+            asm("" : "+x"(sum[h][c]));  // as in Pass: keep the chains
+          }
+        }
+      }
+      for (int h = 0; h < kH; ++h) {
+        const __m256i pairs = ScalePairs(sc[s], src.half[h]);
+        for (int c = 0; c < kC; ++c) {
+          isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(sum[h][c], pairs));
+        }
+      }
+    }
+    for (int h = 0; h < kH; ++h) {
+      const uint8_t* f = mb + 16 * src.half[h];
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f)));
+      const __m256 dmin =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 32)));
+      __m256i mins[4];
+      for (int i = 0; i < 4; ++i) mins[i] = MinPairs(mn[2 * i], mn[2 * i + 1], src.half[h]);
+      for (int c = 0; c < kC; ++c) {
+        __m256i msum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+          msum = _mm256_add_epi32(
+              msum, _mm256_madd_epi16(mins[i], _mm256_set1_epi32(meta.b_pairs[c][j][i])));
+        }
+        const __m256 dx = _mm256_set1_ps(meta.d[c][j]);
+        acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][c]), _mm256_mul_ps(d, dx),
+                                    acc[h][c]);
+        acc[h][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx),
+                                     acc[h][c]);
+      }
+    }
+  }
+}
+
 // Lanes [0, rows) of v into out (rows <= 8), added to what is there when `accumulate`.
 FUCINA_ALWAYS_INLINE void StoreRows(__m256 v, int rows, float* out, bool accumulate) {
   if (rows >= 8) {
@@ -286,13 +438,25 @@ FUCINA_ALWAYS_INLINE void StoreRows(__m256 v, int rows, float* out, bool accumul
   for (int r = 0; r < rows; ++r) out[r] = accumulate ? out[r] + t[r] : t[r];
 }
 
+// A format's activation metadata, blocks per pass and elements per block.
+template <typename P>
+using MetaOf = std::conditional_t<P::kSuper, KMeta, Meta>;
+template <typename P>
+constexpr int64_t kChunkOf = P::kSuper ? kKDotChunk : kChunk;
+template <typename P>
+constexpr int64_t kBlockOf = P::kSuper ? 256 : 32;
+
 // One pass; rows[h] valid rows of half h land at y + c * y_stride + 8 * h.
 template <typename P, bool kRowMajor, int kH, int kC>
 FUCINA_ALWAYS_INLINE void RunPass(const Source<P>& src, const int rows[kH],
                                   const typename P::X* const* xc, int64_t b0, int64_t n,
-                                  const Meta& meta, float* y, size_t y_stride) {
+                                  const MetaOf<P>& meta, float* y, size_t y_stride) {
   __m256 acc[kH][kC];
-  Pass<P, kRowMajor, kH, kC>(src, xc, b0, n, meta, acc);
+  if constexpr (P::kSuper) {
+    KPass<kH, kC>(src, xc, b0, n, meta, acc);
+  } else {
+    Pass<P, kRowMajor, kH, kC>(src, xc, b0, n, meta, acc);
+  }
   for (int h = 0; h < kH; ++h) {
     if (rows[h] <= 0) continue;
     for (int c = 0; c < kC; ++c) StoreRows(acc[h][c], rows[h], y + c * y_stride + 8 * h, b0 > 0);
@@ -314,16 +478,21 @@ template <typename P>
 void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, const uint8_t* xb,
            size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   using X = typename P::X;
-  Meta meta;
+  constexpr int64_t chunk = kChunkOf<P>;
+  MetaOf<P> meta;
   for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
     const int nc = static_cast<int>(cols - c0 < kCols ? cols - c0 : kCols);
     const X* xc[kCols];
     for (int c = 0; c < kCols; ++c) {
       xc[c] = reinterpret_cast<const X*>(xb + (c0 + (c < nc ? c : 0)) * x_stride);
     }
-    for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
-      const int64_t n = nb - b0 < kChunk ? nb - b0 : kChunk;
-      PrepareMeta<P>(xc, nc, b0, n, &meta);
+    for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+      const int64_t n = nb - b0 < chunk ? nb - b0 : chunk;
+      if constexpr (P::kSuper) {
+        PrepareKMeta(xc, nc, b0, n, &meta);
+      } else {
+        PrepareMeta<P>(xc, nc, b0, n, &meta);
+      }
       for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
         const int nr = static_cast<int>(rows - r0 < kTileRows ? rows - r0 : kTileRows);
         const int valid[2] = {nr < 8 ? nr : 8, nr - 8};
@@ -432,7 +601,7 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
 template <typename P>
 void TilesGemm(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  Tiles<P>(k / 32, static_cast<const uint8_t*>(w), kTileRows * w_stride, rows,
+  Tiles<P>(k / kBlockOf<P>, static_cast<const uint8_t*>(w), kTileRows * w_stride, rows,
            static_cast<const uint8_t*>(x), x_stride, cols, y, y_stride);
 }
 
@@ -449,6 +618,10 @@ void GemmTilesQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, 
 void GemmTilesQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   TilesGemm<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  TilesGemm<TK4>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
