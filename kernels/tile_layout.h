@@ -12,10 +12,9 @@
 // bytes are meta: Q8_0 and Q4_0 d, Q4_1 d and m, Q4_K d, dmin and 12 packed scale bytes):
 //   [nb * 16 * QB quant bytes][nb * 16 * meta bytes]
 //   quants of block b: QB / 4 vectors of 64 bytes; bytes 4r..4r+3 of vector v are dword v of
-//     row r's qs (Q8_0 stores q + 128, unsigned, the form vpdpbusd multiplies).
-//   meta of block b: each f16 field (d, then m or dmin) of rows 0..15, 16 f16 values; then
-//     each scale byte k of rows 0..15, 16 bytes (Q4_K: SIMD code unpacks 16 rows' 6-bit
-//     scales at once).
+//     row r's quants (Q8_0 stores q + 128, unsigned, the form vpdpbusd multiplies).
+//   meta of block b: each field in the order above (f16 values, or single scale bytes), the
+//     16 rows' side by side (SIMD code unpacks 16 rows' scales at once).
 // A tile is 16 * RowBytes(type, cols) bytes, the same as its 16 rows, so tile t starts at
 // t * 16 * row_stride and row slices at multiples of 16 stay valid.
 #ifndef FUCINA_KERNELS_TILE_LAYOUT_H_

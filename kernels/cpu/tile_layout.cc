@@ -10,31 +10,35 @@
 namespace fucina {
 namespace {
 
-// Where a block's parts are, for the types with a kTiles16 layout.
+// Where a block's parts are, for the types with a kTiles16 layout: its quants, and the rest
+// (its meta) as runs of `count` fields of `width` bytes each.
+struct FieldRun {
+  int offset, width, count;
+};
 struct BlockShape {
   int64_t elements;  // per block: 32, or a k-quant super-block's 256
   int block_bytes;   // the GGUF block
   int qs_offset;     // its quants, quant_bytes of them
   int quant_bytes;
-  int fields;        // f16 fields at the start of the block (d, then m or dmin)
-  int byte_fields;   // single bytes after them (Q4_K: its 12 packed scale bytes)
   uint8_t flip;      // xor applied to every quant byte when packed (Q8_0: int8 -> q + 128)
+  FieldRun runs[2];  // the meta in packed order; unused runs have count 0
 };
 
 bool ShapeOf(GgmlType type, BlockShape* s) {
   switch (type) {
-    case GgmlType::kQ8_0: *s = {32, 34, 2, 32, 1, 0, 0x80}; return true;
-    case GgmlType::kQ4_0: *s = {32, 18, 2, 16, 1, 0, 0x00}; return true;
-    case GgmlType::kQ4_1: *s = {32, 20, 4, 16, 2, 0, 0x00}; return true;
-    case GgmlType::kQ4_K: *s = {256, 144, 16, 128, 2, 12, 0x00}; return true;
+    case GgmlType::kQ8_0: *s = {32, 34, 2, 32, 0x80, {{0, 2, 1}}}; return true;
+    case GgmlType::kQ4_0: *s = {32, 18, 2, 16, 0x00, {{0, 2, 1}}}; return true;
+    case GgmlType::kQ4_1: *s = {32, 20, 4, 16, 0x00, {{0, 2, 2}}}; return true;
+    // d, dmin; 12 packed scale bytes; qs.
+    case GgmlType::kQ4_K: *s = {256, 144, 16, 128, 0x00, {{0, 2, 2}, {4, 1, 12}}}; return true;
     default: return false;
   }
 }
 
 // Row r of one tile: `row` (GGUF layout, nb blocks) <-> `tile` (packed). Quants move a dword
 // at a time: dword v of row r's block b is at b * 16 * QB + 64 v + 4 r. The other bytes of a
-// block are its meta, 16 * (block_bytes - QB) bytes per tile block after all the quants:
-// f16 field f of row r at 32 f + 2 r, then byte field k of row r at 32 * fields + 16 k + r.
+// block are its meta, 16 * (block_bytes - QB) bytes per tile block after all the quants: each
+// field of width w, in the runs' order, for rows 0..15 (row r at w * r).
 template <bool kPack>
 void ConvertRow(const BlockShape& s, int64_t nb, uint8_t* row, uint8_t* tile, int r) {
   const uint32_t flip = 0x01010101u * s.flip;
@@ -44,15 +48,13 @@ void ConvertRow(const BlockShape& s, int64_t nb, uint8_t* row, uint8_t* tile, in
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* block = row + b * s.block_bytes;
     uint8_t* quants = tile + static_cast<size_t>(b) * kTileRows * s.quant_bytes + 4 * r;
-    uint8_t* m = meta + b * meta_bytes;
-    for (int f = 0; f < s.fields; ++f) {
-      uint8_t* packed = m + (f * kTileRows + r) * 2;
-      kPack ? move(block + 2 * f, packed, 2) : move(packed, block + 2 * f, 2);
-    }
-    for (int f = 0; f < s.byte_fields; ++f) {
-      uint8_t* packed = m + s.fields * 2 * kTileRows + f * kTileRows + r;
-      uint8_t* in_block = block + 2 * s.fields + f;
-      kPack ? move(in_block, packed, 1) : move(packed, in_block, 1);
+    uint8_t* packed = meta + b * meta_bytes;
+    for (const FieldRun& run : s.runs) {
+      for (int f = 0; f < run.count; ++f, packed += kTileRows * run.width) {
+        uint8_t* in_block = block + run.offset + f * run.width;
+        uint8_t* in_tile = packed + r * run.width;
+        kPack ? move(in_block, in_tile, run.width) : move(in_tile, in_block, run.width);
+      }
     }
     for (int v = 0; v < s.quant_bytes / 4; ++v) {
       uint8_t* from = kPack ? block + s.qs_offset + 4 * v : quants + 64 * v;

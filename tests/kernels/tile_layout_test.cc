@@ -53,16 +53,29 @@ std::vector<uint8_t> Packed(const WeightView& w) {
 
 // A block's parts as the format lays them out (kernels/tile_layout.h), written out here
 // rather than taken from the implementation.
-struct Parts {
-  int qs_offset, qs_bytes, fields, byte_fields;
-  uint8_t flip;
+struct Field {
+  int offset, width;  // in the GGUF block
 };
+struct Parts {
+  int qs_offset, qs_bytes;
+  uint8_t flip;
+  std::vector<Field> meta;  // in packed order
+};
+std::vector<Field> Run(int offset, int width, int count) {
+  std::vector<Field> out;
+  for (int i = 0; i < count; ++i) out.push_back({offset + i * width, width});
+  return out;
+}
 Parts PartsOf(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ8_0: return {2, 32, 1, 0, 0x80};
-    case GgmlType::kQ4_0: return {2, 16, 1, 0, 0};
-    case GgmlType::kQ4_1: return {4, 16, 2, 0, 0};
-    default: return {16, 128, 2, 12, 0};  // Q4_K: d, dmin, 12 scale bytes, qs
+    case GgmlType::kQ8_0: return {2, 32, 0x80, Run(0, 2, 1)};
+    case GgmlType::kQ4_0: return {2, 16, 0, Run(0, 2, 1)};
+    case GgmlType::kQ4_1: return {4, 16, 0, Run(0, 2, 2)};
+    default: {  // Q4_K: d, dmin, 12 scale bytes, qs
+      std::vector<Field> meta = Run(0, 2, 2), scales = Run(4, 1, 12);
+      meta.insert(meta.end(), scales.begin(), scales.end());
+      return {16, 128, 0, meta};
+    }
   }
 }
 
@@ -86,13 +99,11 @@ TEST(TileLayoutTest, BytesSitWhereTheFormatSays) {
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* src = w.data() + row * view.row_stride + b * block;
         const uint8_t* meta = tile + nb * kTileRows * qs_bytes + b * meta_bytes;
-        for (int f = 0; f < parts.fields; ++f) {
-          ASSERT_EQ(std::memcmp(meta + (f * 16 + r) * 2, src + 2 * f, 2), 0)
-              << TypeName(type) << " field " << f;
-        }
-        for (int f = 0; f < parts.byte_fields; ++f) {
-          ASSERT_EQ(meta[parts.fields * 32 + 16 * f + r], src[2 * parts.fields + f])
-              << TypeName(type) << " byte field " << f;
+        size_t at = 0;  // each field's 16 rows side by side
+        for (const Field& f : parts.meta) {
+          ASSERT_EQ(std::memcmp(meta + at + r * f.width, src + f.offset, f.width), 0)
+              << TypeName(type) << " field at " << f.offset;
+          at += 16 * f.width;
         }
         for (int i = 0; i < qs_bytes; ++i) {
           const uint8_t got = tile[b * kTileRows * qs_bytes + (i / 4) * 64 + 4 * r + i % 4];
@@ -211,7 +222,9 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
     const CpuTypeTraits* xt = GetCpuTraits(t->vec_dot_type, Isa::kScalar);
     uint32_t seed = 10;
     for (int64_t rows : {16, 37, 48, 160}) {
-      for (int64_t nb : {1, 2, 7, 18, 131}) {
+      // Past two activation chunks (k-quants: 16 super-blocks, else 128 blocks).
+      const int64_t most = BlockOf(type) == 256 ? 35 : 131;
+      for (int64_t nb : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{18}, most}) {
         for (int64_t m : {1, 3, 8, 9, 33}) {
           const int64_t k = nb * BlockOf(type);
           const std::vector<uint8_t> w = RandomMatrix(type, rows, k, seed++);
