@@ -1,6 +1,7 @@
-// AVX2 + FMA + F16C kernels for Q8_0, Q4_0 and Q4_1 weights in the kTiles16 layout
-// (kernels/tile_layout.h), and for the same formats row-major with the same arithmetic; the
-// GemmFn contract of kernels/cpu/gemm_isa.h.
+// AVX2 + FMA + F16C kernels for Q8_0, Q4_0, Q4_1 and Q4_K weights in the kTiles16 layout
+// (kernels/tile_layout.h), and for the legacy formats row-major with the same arithmetic
+// (row-major Q4_K is gemm_k_avx2.cc's, in the same arithmetic); the GemmFn contract of
+// kernels/cpu/gemm_isa.h.
 //
 // Rows in lanes: half h of a tile's block holds, per dword k of the block, a vector whose lane
 // r has quants 4k..4k+3 of row 8h + r. An activation block is 8 broadcast dwords; per dword,
