@@ -8,9 +8,8 @@
 // summation order (same integer block sums, same per-block scales).
 //
 // The kernels compute tiles of several weight rows x several activation rows (16 x 8 or 4 x 4
-// on AVX-512, 4 x 6 for float weights; on AVX2 8 x 4 or 16 x 1 for Q8_0/Q4_0/Q4_1 and packed
-// Q4_K, 4 x 1 and 1 x 8 for Q5_0/Q5_1 and the k-quants, 3 x 4 for float weights;
-// docs/kernels.md), so each
+// on AVX-512, 4 x 6 for float weights; on AVX2 8 x 4 or 16 x 1 for the legacy formats and
+// packed Q4_K, 1 x 8 for the other k-quants, 3 x 4 for float weights; docs/kernels.md), so each
 // loaded block serves every row or column of the tile. Columns (activation rows) are the outer
 // loop: a caller passing a block of weight rows keeps those rows in L2 while every activation
 // tile streams past them.
@@ -58,6 +57,8 @@ FUCINA_GEMM_ONE_DECL(GemmTilesQ8_0Q8_0)
 FUCINA_GEMM_ONE_DECL(GemmTilesQ4_0Q8_0)
 FUCINA_GEMM_ONE_DECL(GemmTilesQ4_1Q8_1)
 FUCINA_GEMM_ONE_DECL(GemmTilesQ4_KQ8_K)
+FUCINA_GEMM_ONE_DECL(GemmTilesQ5_0Q8_0)
+FUCINA_GEMM_ONE_DECL(GemmTilesQ5_1Q8_1)
 FUCINA_GEMM_FLOAT_DECLS
 FUCINA_GEMM_K_DECLS
 }  // namespace avx2

@@ -29,6 +29,9 @@ bool ShapeOf(GgmlType type, BlockShape* s) {
     case GgmlType::kQ8_0: *s = {32, 34, 2, 32, 0x80, {{0, 2, 1}}}; return true;
     case GgmlType::kQ4_0: *s = {32, 18, 2, 16, 0x00, {{0, 2, 1}}}; return true;
     case GgmlType::kQ4_1: *s = {32, 20, 4, 16, 0x00, {{0, 2, 2}}}; return true;
+    // d (and m); qh, one 4-byte field; qs.
+    case GgmlType::kQ5_0: *s = {32, 22, 6, 16, 0x00, {{0, 2, 1}, {2, 4, 1}}}; return true;
+    case GgmlType::kQ5_1: *s = {32, 24, 8, 16, 0x00, {{0, 2, 2}, {4, 4, 1}}}; return true;
     // d, dmin; 12 packed scale bytes; qs.
     case GgmlType::kQ4_K: *s = {256, 144, 16, 128, 0x00, {{0, 2, 2}, {4, 1, 12}}}; return true;
     default: return false;

@@ -110,7 +110,9 @@ Table Avx2TableWithGemm() {
   SetGemm(t, T::kQ4_1, avx2::GemmQ4_1Q8_1);
   t[static_cast<uint32_t>(T::kQ4_1)].gemm_tiles16 = avx2::GemmTilesQ4_1Q8_1;
   SetGemm(t, T::kQ5_0, avx2::GemmQ5_0Q8_0);
+  t[static_cast<uint32_t>(T::kQ5_0)].gemm_tiles16 = avx2::GemmTilesQ5_0Q8_0;
   SetGemm(t, T::kQ5_1, avx2::GemmQ5_1Q8_1);
+  t[static_cast<uint32_t>(T::kQ5_1)].gemm_tiles16 = avx2::GemmTilesQ5_1Q8_1;
   SetGemm(t, T::kQ4_K, avx2::GemmQ4_KQ8_K);
   t[static_cast<uint32_t>(T::kQ4_K)].gemm_tiles16 = avx2::GemmTilesQ4_KQ8_K;
   SetGemm(t, T::kQ5_K, avx2::GemmQ5_KQ8_K);

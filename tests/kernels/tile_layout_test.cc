@@ -22,7 +22,7 @@ namespace fucina {
 namespace {
 
 constexpr GgmlType kPackedTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                     GgmlType::kQ4_K};
+                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K};
 
 // Rows with a heavy tail (every 23rd value x30): extreme codes, scales over a wide range.
 std::vector<uint8_t> RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
@@ -71,6 +71,8 @@ Parts PartsOf(GgmlType type) {
     case GgmlType::kQ8_0: return {2, 32, 0x80, Run(0, 2, 1)};
     case GgmlType::kQ4_0: return {2, 16, 0, Run(0, 2, 1)};
     case GgmlType::kQ4_1: return {4, 16, 0, Run(0, 2, 2)};
+    case GgmlType::kQ5_0: return {6, 16, 0, {{0, 2}, {2, 4}}};  // d, qh, qs
+    case GgmlType::kQ5_1: return {8, 16, 0, {{0, 2}, {2, 2}, {4, 4}}};
     default: {  // Q4_K: d, dmin, 12 scale bytes, qs
       std::vector<Field> meta = Run(0, 2, 2), scales = Run(4, 1, 12);
       meta.insert(meta.end(), scales.begin(), scales.end());
@@ -187,12 +189,14 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
 }
 
 TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
-  // AVX2 and AVX-512 read the legacy types packed; Q4_K's packed kernel is AVX2's (AVX-512
-  // keeps its row-major one).
+  // AVX2 and AVX-512 read Q8_0/Q4_0/Q4_1 packed; Q5_0/Q5_1 and Q4_K have AVX2 packed kernels
+  // (AVX-512 keeps its row-major ones).
   const bool reads = ActiveIsa() >= Isa::kAvx2;
   const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ8_0, 256));
   for (GgmlType type : kPackedTypes) {
-    const bool want = type == GgmlType::kQ4_K ? ActiveIsa() == Isa::kAvx2 : reads;
+    const bool avx2_only =
+        type == GgmlType::kQ4_K || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
+    const bool want = avx2_only ? ActiveIsa() == Isa::kAvx2 : reads;
     const int64_t cols = BlockOf(type) * 2;
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, cols)), want)
         << TypeName(type);

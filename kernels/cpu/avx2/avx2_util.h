@@ -1,5 +1,5 @@
 // Private to the SIMD kernels: small register helpers shared by the AVX2 kernels
-// (quant_legacy_avx2.cc, k_quants_avx2.cc, gemm_avx2.cc, ...) and the 256-bit steps of
+// (quant_legacy_avx2.cc, k_quants_avx2.cc, gemm_tiles_avx2.cc, ...) and the 256-bit steps of
 // AVX-512 ones (gemm_avx512.cc).
 //
 // Everything here is `static inline` (internal linkage): the including files are compiled with

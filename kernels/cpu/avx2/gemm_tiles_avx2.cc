@@ -1,5 +1,5 @@
-// AVX2 + FMA + F16C kernels for Q8_0, Q4_0, Q4_1 and Q4_K weights in the kTiles16 layout
-// (kernels/tile_layout.h), and for the legacy formats row-major with the same arithmetic
+// AVX2 + FMA + F16C kernels for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights in the kTiles16
+// layout (kernels/tile_layout.h), and for the legacy formats row-major with the same arithmetic
 // (row-major Q4_K is gemm_k_avx2.cc's, in the same arithmetic); the GemmFn contract of
 // kernels/cpu/gemm_isa.h.
 //
@@ -15,7 +15,8 @@
 // weight vector is flipped back to q and goes in as |q| * (y * sign(q)): |q| <= 128 and
 // |y| <= 127 (the Q8 quantizers' range) keep every pair sum within int16, and q = -128 is
 // exact. Q4_0/Q4_1: the nibbles go in unsigned as they are; Q4_0's offset is -8 * sum(y) per
-// activation block, added to the integer sum, and Q4_1's m_w * s_y a second FMA.
+// activation block, added to the integer sum, and Q4_1's m_w * s_y a second FMA. Q5_0/Q5_1:
+// the same with the fifth bit OR-ed in as 16 (Q5_0's offset -16 * sum(y)).
 //
 // Every (row, column) does the same thing whatever the call's shape or the weights' layout:
 // per block, the exact integer sum, converted, times d_w * d_x, one FMA into its lane (Q4_1:
@@ -70,6 +71,8 @@ struct T8_0 {
   static constexpr int kLoads = 8;
   static constexpr int kQuantBytes = 512;  // one block of a tile: 16 rows x 32 quants
   static constexpr int kFields = 1;
+  static constexpr int kMetaBytes = 32;  // d of 16 rows
+  static constexpr bool kHigh = false;   // no fifth bit
   static constexpr int kOffset = 0;
   static constexpr bool kHasMin = false;
   // A tile's vector (q + 128) as its raw form here (q).
@@ -113,6 +116,8 @@ struct T4 {
   static constexpr int kLoads = 4;
   static constexpr int kQuantBytes = 256;
   static constexpr int kFields = kMin ? 2 : 1;
+  static constexpr int kMetaBytes = 32 * kFields;
+  static constexpr bool kHigh = false;
   static constexpr int kOffset = kOff;
   static constexpr bool kHasMin = kMin;
   static FUCINA_ALWAYS_INLINE __m256i FromTile(__m256i v) { return v; }
@@ -136,6 +141,38 @@ struct T4 {
 };
 using T4_0 = T4<BlockQ4_0, BlockQ8_0, 8, false>;
 using T4_1 = T4<BlockQ4_1, BlockQ8_1, 0, true>;
+
+// Q5_0/Q5_1: Q4_0/Q4_1's nibbles with a fifth bit from qh, OR-ed in as 16 (HighBit); the
+// tile's meta has each row's qh dword after the f16 fields. Unsigned quants of <= 31 keep
+// vpmaddubsw's pair sums within 2 * 31 * 127; Q5_0's offset is -16 * sum(y).
+template <typename WB, typename XB, int kOff, bool kMin>
+struct T5 : T4<WB, XB, kOff, kMin> {
+  static constexpr int kMetaBytes = 32 * T4<WB, XB, kOff, kMin>::kFields + 64;
+  static constexpr bool kHigh = true;
+};
+using T5_0 = T5<BlockQ5_0, BlockQ8_0, 16, false>;
+using T5_1 = T5<BlockQ5_1, BlockQ8_1, 0, true>;
+
+// 0x10 in the bytes of dword k (elements 4k..4k+3) of each row whose qh bit is set; hb holds
+// the 8 rows' qh dwords in lanes. Byte k / 2 of a lane's dword goes to its 4 bytes, and each
+// byte tests its own bit.
+FUCINA_ALWAYS_INLINE __m256i HighBit(__m256i hb, int k) {
+  const __m256i lane_bytes = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                              0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  const __m256i bits = _mm256_set1_epi32(static_cast<int>(0x08040201u << (4 * (k % 2))));
+  const __m256i x = _mm256_and_si256(
+      _mm256_shuffle_epi8(hb, _mm256_add_epi8(lane_bytes, _mm256_set1_epi8(static_cast<char>(k / 2)))),
+      bits);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(x, bits), _mm256_set1_epi8(0x10));
+}
+
+// The qh dwords of 8 GGUF rows' block b in lanes.
+template <typename W>
+FUCINA_ALWAYS_INLINE __m256i RowsQh(const W* const* rp, int64_t b) {
+  int32_t q[8];
+  for (int r = 0; r < 8; ++r) std::memcpy(&q[r], rp[r][b].qh, 4);
+  return _mm256_setr_epi32(q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]);
+}
 
 // Q4_K (the KPass below). A tile's super-block is 32 vectors of 64 bytes, vector v holding qs
 // bytes 4v..4v+3 of the 16 rows: of chunk q = v / 8 (64 elements), the low nibbles are
@@ -208,7 +245,7 @@ template <typename P, bool kRowMajor, int kH, int kC>
 FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const* xc, int64_t b0,
                                int64_t n, const Meta& meta, __m256 acc[kH][kC]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const int64_t field_bytes = kTileRows * 2 * P::kFields;
+  const int64_t meta_bytes = P::kMetaBytes;
   for (int h = 0; h < kH; ++h) {
     for (int c = 0; c < kC; ++c) acc[h][c] = _mm256_setzero_ps();
   }
@@ -221,7 +258,7 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
           _mm_prefetch(reinterpret_cast<const char*>(qs + kAhead + l), _MM_HINT_T0);
         }
         _mm_prefetch(reinterpret_cast<const char*>(src.tile[0] + src.next_tile +
-                                                   src.nb * P::kQuantBytes + b * field_bytes),
+                                                   src.nb * P::kQuantBytes + b * meta_bytes),
                      _MM_HINT_T0);
       }
     } else if (src.next_tile != 0) {
@@ -241,11 +278,17 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
     }
     for (int h = 0; h < kH; ++h) {
       __m256i raw[P::kLoads];
+      __m256i hb = _mm256_setzero_si256();  // the 8 rows' qh dwords (Q5_0/Q5_1)
       const uint8_t* qs = nullptr;
       if constexpr (kRowMajor) {
         P::Transpose(src.rows[h], b, raw);
+        if constexpr (P::kHigh) hb = RowsQh(src.rows[h], b);
       } else {
         qs = src.tile[h] + b * P::kQuantBytes + 32 * src.half[h];
+        if constexpr (P::kHigh) {
+          hb = Load32(src.tile[h] + src.nb * P::kQuantBytes + b * meta_bytes + 32 * P::kFields +
+                      32 * src.half[h]);
+        }
       }
       // Dword k of every column before dword k + 1: kC independent integer chains. Unrolled
       // whole, or GCC keeps the loop and spills the chains each iteration.
@@ -254,8 +297,9 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
         const __m256i v = kRowMajor ? raw[i] : P::FromTile(Load32(qs + 64 * i));
 #pragma GCC unroll 2
         for (int u = 0; u < P::kPerLoad; ++u) {
-          const __m256i q = P::Dword(v, u);
           const int k = P::Index(i, u);
+          __m256i q = P::Dword(v, u);
+          if constexpr (P::kHigh) q = _mm256_or_si256(q, HighBit(hb, k));
 #pragma GCC unroll 4
           for (int c = 0; c < kC; ++c) {
             const __m256i y = BroadcastDword(xc[c][b].qs + 4 * k);
@@ -274,7 +318,7 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
         if constexpr (P::kHasMin) m = RowFields<P>(src.rows[h], b, 1);
       } else {
         const uint8_t* f =
-            src.tile[h] + src.nb * P::kQuantBytes + b * field_bytes + 16 * src.half[h];
+            src.tile[h] + src.nb * P::kQuantBytes + b * meta_bytes + 16 * src.half[h];
         d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f)));
         if constexpr (P::kHasMin) {
           m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 32)));
@@ -572,11 +616,10 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
     return;
   }
   const W* rp[kTileRows];
-  const int64_t field_bytes = kTileRows * 2 * P::kFields;
   for (int64_t t = 0; t < tiles; ++t) {
     uint8_t* tile = scratch + t * tile_bytes;
     TileRows(wb, w_stride, rows, t, rp);
-    uint8_t* fields = tile + nb * P::kQuantBytes;
+    uint8_t* meta = tile + nb * P::kQuantBytes;
     for (int64_t b = 0; b < nb; ++b) {
       for (int h = 0; h < 2; ++h) {
         __m256i v[P::kLoads];
@@ -587,11 +630,14 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
               P::ToTile(v[i]));
         }
       }
+      uint8_t* m = meta + b * P::kMetaBytes;
       for (int f = 0; f < P::kFields; ++f) {
         for (int r = 0; r < kTileRows; ++r) {
-          std::memcpy(fields + b * field_bytes + 32 * f + 2 * r,
-                      reinterpret_cast<const uint8_t*>(&rp[r][b]) + 2 * f, 2);
+          std::memcpy(m + 32 * f + 2 * r, reinterpret_cast<const uint8_t*>(&rp[r][b]) + 2 * f, 2);
         }
+      }
+      if constexpr (P::kHigh) {
+        for (int r = 0; r < kTileRows; ++r) std::memcpy(m + 32 * P::kFields + 4 * r, rp[r][b].qh, 4);
       }
     }
   }
@@ -635,6 +681,22 @@ void GemmQ4_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const
 void GemmQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   Rows<T4_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  TilesGemm<T5_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ5_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  TilesGemm<T5_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  Rows<T5_0>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmQ5_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                  size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  Rows<T5_1>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 
 }  // namespace fucina::avx2
