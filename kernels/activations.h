@@ -24,6 +24,14 @@ void GeluTanhRef(const float* x, float* y, int64_t n);
 void GeluErf(const float* x, float* y, int64_t n);
 void GeluErfRef(const float* x, float* y, int64_t n);
 
+// Logit soft-capping in place (Gemma): x = cap * tanh(x / cap), as three rounded float steps
+// (ggml_scale, ggml_tanh, ggml_scale). Over a whole vocabulary per token, so the SIMD path
+// matters: tanh(t) = (1 - e) / (1 + e), e = exp(-2|t|), sign restored, except below |t| = 1/4
+// (where 1 - e cancels) its odd Taylor polynomial to t^11; within 1e-6 relative + 1e-30
+// absolute of Ref (whose std::tanh is within an ulp).
+void SoftCap(float* x, int64_t n, float cap);
+void SoftCapRef(float* x, int64_t n, float cap);
+
 // SwiGLU with separate arrays: out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 void SwiGluRef(const float* gate, const float* up, float* out, int64_t n);

@@ -57,6 +57,16 @@ void GeluTanh(const float* x, float* y, int64_t n) {
   GeluTanhRef(x, y, n);
 }
 
+void SoftCapRef(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] * inv) * cap;
+}
+
+void SoftCap(float* x, int64_t n, float cap) {
+  if (ActiveIsa() >= Isa::kAvx2) return avx2::SoftCap(x, n, cap);
+  SoftCapRef(x, n, cap);
+}
+
 void GeluErfRef(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double v = x[i];

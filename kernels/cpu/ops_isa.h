@@ -54,6 +54,8 @@ namespace fucina {
 // Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
 namespace avx2 {
 FUCINA_OPS_ISA_DECLS
+// AVX-512 machines run this one too (a vocabulary-long map, bound by its divides).
+void SoftCap(float* x, int64_t n, float cap);
 }  // namespace avx2
 namespace avx512 {
 FUCINA_OPS_ISA_DECLS

@@ -313,10 +313,8 @@ class Gemma4 : public FamilyModel {
   float EmbeddingScale() const override { return std::sqrt(static_cast<float>(c_.hidden)); }
 
   void FinishLogits(float* logits, int64_t n) const override {
-    if (softcap_ == 0.0f) return;
-    // ggml_scale, ggml_tanh, ggml_scale: three rounded steps, as the reference takes them.
-    const float inv = 1.0f / softcap_;
-    for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] * inv) * softcap_;
+    // Three rounded steps, as the reference takes them (kernels/activations.h).
+    if (softcap_ != 0.0f) SoftCap(logits, n, softcap_);
   }
 
   const ExpertStacks* Experts(int64_t l) const override {

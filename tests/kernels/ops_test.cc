@@ -245,6 +245,33 @@ TEST(ActivationTest, PathsMatchReference) {
   }
 }
 
+// Soft-capping at Gemma's cap of 30 over the logit range and the branch point |t| = 1/4 (x =
+// 7.5), zeros and signs, every tail length; and the cap's limits.
+TEST(ActivationTest, SoftCapMatchesReference) {
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    std::vector<float> want = Random(n, -60.0f, 60.0f, 9 + n);
+    for (int64_t i = 0; i < n; i += 7) want[i] *= 1e-3f;  // small |t|, the polynomial
+    if (n > 3) want[0] = 0.0f, want[1] = -0.0f, want[2] = 7.5f, want[3] = -7.5f;
+    std::vector<float> got = want;
+    SoftCapRef(want.data(), n, 30.0f);
+    SoftCap(got.data(), n, 30.0f);
+    ErrorStat stat;
+    for (int64_t i = 0; i < n; ++i) {
+      stat.Add(got[i], want[i], 1e-6, 1e-30);
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(want[i])) << i;
+    }
+    Report("softcap", stat);
+    EXPECT_LE(stat.worst_ratio, 1.0);
+  }
+  float x[4] = {1e6f, -1e6f, 0.0f, 1e-20f};
+  SoftCap(x, 4, 30.0f);
+  EXPECT_EQ(x[0], 30.0f);
+  EXPECT_EQ(x[1], -30.0f);
+  EXPECT_EQ(x[2], 0.0f);
+  EXPECT_FLOAT_EQ(x[3], 1e-20f);
+}
+
 TEST(ActivationTest, ReferenceHandValues) {
   const float x[3] = {0.0f, 1.0f, -1.0f};
   float y[3];

@@ -74,6 +74,26 @@ inline __m256 GeluTanh8(__m256 x) {
   return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), Exp8(m2u)));
 }
 
+// tanh(t): (1 - e) / (1 + e) with e = exp(-2|t|) and t's sign, or below |t| = 1/4, where
+// 1 - e cancels, t + t^3 P(t^2) (Taylor to t^11; the next term is < 1e-10 relative there).
+inline __m256 Tanh8(__m256 t) {
+  const __m256 sign = _mm256_and_ps(t, _mm256_set1_ps(-0.0f));
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), t);
+  const __m256 e = Exp8(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+  const __m256 big = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e),
+                                   _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  const __m256 a2 = _mm256_mul_ps(a, a);
+  __m256 p = _mm256_set1_ps(-1382.0f / 155925.0f);
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(62.0f / 2835.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-17.0f / 315.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
+  const __m256 is_small = _mm256_cmp_ps(a, _mm256_set1_ps(0.25f), _CMP_LT_OQ);
+  // Both on |t| and then t's sign: tanh(-0) = -0.
+  return _mm256_or_ps(_mm256_blendv_ps(big, small, is_small), sign);
+}
+
 // Applies f to n floats of x into y, 8 at a time, the tail through masked loads/stores.
 template <typename F>
 inline void Map(const float* x, float* y, int64_t n, F f) {
@@ -92,6 +112,11 @@ void ExpF32(const float* x, float* y, int64_t n) { Map(x, y, n, Exp8); }
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu8); }
 
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanh8); }
+
+void SoftCap(float* x, int64_t n, float cap) {
+  const __m256 inv = _mm256_set1_ps(1.0f / cap), c = _mm256_set1_ps(cap);
+  Map(x, x, n, [&](__m256 v) { return _mm256_mul_ps(Tanh8(_mm256_mul_ps(v, inv)), c); });
+}
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
