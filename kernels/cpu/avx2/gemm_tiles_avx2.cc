@@ -553,6 +553,10 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
         }
         for (int h = 0; h < 2 && valid[h] > 0; ++h) {
           src.half[0] = h;
+          // The first pass over a tile brings it in from memory (the caller's block of rows
+          // then stays in L2 for the others): it prefetches as decode does, so that lockstep
+          // batches and each block's first columns overlap the loads with the arithmetic.
+          src.next_tile = c0 == 0 && h == 0 ? tile_stride : 0;
           float* yh = yt + 8 * h;
           switch (nc) {
             case 4: RunPass<P, false, 1, 4>(src, valid + h, xc, b0, n, meta, yh, y_stride); break;
