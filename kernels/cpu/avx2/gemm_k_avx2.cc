@@ -212,7 +212,7 @@ struct Q6K {
     }
     const float d_w = _cvtsh_ss(w.d);
     for (int c = 0; c < kRn; ++c) {
-      t->template Add<false>(c, isum[c], isum[c], d_w * xc[c][i].d, 0.0f);
+      t->template Add<false>(c, isum[c], _mm256_setzero_si256(), d_w * xc[c][i].d, 0.0f);
     }
   }
 };

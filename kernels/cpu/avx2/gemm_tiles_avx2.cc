@@ -71,7 +71,6 @@ struct T8_0 {
   static constexpr int kLoads = 8;
   static constexpr int kQuantBytes = 512;  // one block of a tile: 16 rows x 32 quants
   static constexpr int kFields = 1;
-  static constexpr int kMetaBytes = 32;  // d of 16 rows
   static constexpr bool kHigh = false;   // no fifth bit
   static constexpr int kOffset = 0;
   static constexpr bool kHasMin = false;
@@ -116,7 +115,6 @@ struct T4 {
   static constexpr int kLoads = 4;
   static constexpr int kQuantBytes = 256;
   static constexpr int kFields = kMin ? 2 : 1;
-  static constexpr int kMetaBytes = 32 * kFields;
   static constexpr bool kHigh = false;
   static constexpr int kOffset = kOff;
   static constexpr bool kHasMin = kMin;
@@ -147,7 +145,6 @@ using T4_1 = T4<BlockQ4_1, BlockQ8_1, 0, true>;
 // vpmaddubsw's pair sums within 2 * 31 * 127; Q5_0's offset is -16 * sum(y).
 template <typename WB, typename XB, int kOff, bool kMin>
 struct T5 : T4<WB, XB, kOff, kMin> {
-  static constexpr int kMetaBytes = 32 * T4<WB, XB, kOff, kMin>::kFields + 64;
   static constexpr bool kHigh = true;
 };
 using T5_0 = T5<BlockQ5_0, BlockQ8_0, 16, false>;
@@ -184,8 +181,13 @@ struct TK4 {
   using X = BlockQ8_K;
   static constexpr bool kSuper = true;
   static constexpr int kQuantBytes = 2048;  // 16 rows x 128
-  static constexpr int kMetaBytes = 256;    // 16 rows x (d, dmin, 12 scale bytes)
 };
+
+// Bytes of a tile block's meta: the rest of its 16 rows' blocks after their quants (d; m or
+// dmin; Q5's qh; Q4_K's scale bytes), kernels/tile_layout.h.
+template <typename P>
+constexpr int64_t kMetaOf =
+    kTileRows * static_cast<int64_t>(sizeof(typename P::W)) - P::kQuantBytes;
 
 // Per column c, per block j of a pass: d_x, and s_x (Q8_1) or -kOffset * sum(y).
 struct Meta {
@@ -245,7 +247,7 @@ template <typename P, bool kRowMajor, int kH, int kC>
 FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const* xc, int64_t b0,
                                int64_t n, const Meta& meta, __m256 acc[kH][kC]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const int64_t meta_bytes = P::kMetaBytes;
+  const int64_t meta_bytes = kMetaOf<P>;
   for (int h = 0; h < kH; ++h) {
     for (int c = 0; c < kC; ++c) acc[h][c] = _mm256_setzero_ps();
   }
@@ -405,12 +407,12 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
   for (int64_t j = 0; j < n; ++j) {
     const int64_t b = b0 + j;
     const uint8_t* qs = src.tile[0] + b * TK4::kQuantBytes;
-    const uint8_t* mb = src.tile[0] + src.nb * TK4::kQuantBytes + b * TK4::kMetaBytes;
+    const uint8_t* mb = src.tile[0] + src.nb * TK4::kQuantBytes + b * kMetaOf<TK4>;
     if (src.next_tile != 0) {
       for (int l = 0; l < TK4::kQuantBytes; l += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(qs + kAhead + l), _MM_HINT_T0);
       }
-      for (int l = 0; l < TK4::kMetaBytes; l += 64) {
+      for (int l = 0; l < kMetaOf<TK4>; l += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(mb + src.next_tile + l), _MM_HINT_T0);
       }
     }
@@ -634,7 +636,7 @@ void Rows(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x
               P::ToTile(v[i]));
         }
       }
-      uint8_t* m = meta + b * P::kMetaBytes;
+      uint8_t* m = meta + b * kMetaOf<P>;
       for (int f = 0; f < P::kFields; ++f) {
         for (int r = 0; r < kTileRows; ++r) {
           std::memcpy(m + 32 * f + 2 * r, reinterpret_cast<const uint8_t*>(&rp[r][b]) + 2 * f, 2);
