@@ -143,30 +143,31 @@ struct TileKernels {
 // core, groups of 3, 4 and 8 heads: +26-44%, +37-80%, +26-33% against staging).
 constexpr int kDirectRows = 2;
 
+// The kernels of one SIMD level (its namespace in ops_isa.h): both levels have every kernel.
+#define FUCINA_SIMD_KERNELS(ns)                                                               \
+  [&] {                                                                                      \
+    TileKernels k{nullptr, ns::AttnTileScores, ns::AttnTileAccum, ns::ExpF32};                \
+    if (type == GgmlType::kF16) {                                                            \
+      k.load = ns::AttnLoadRowsF16;                                                          \
+      k.row_scores = ns::AttnRowScoresF16;                                                   \
+      k.row_accum = ns::AttnRowAccumF16;                                                     \
+    } else if (type == GgmlType::kQ8_0) {                                                    \
+      k.load = ns::AttnLoadRowsQ8_0;                                                         \
+      k.row_accum = ns::AttnRowAccumQ8_0;                                                    \
+    } else {                                                                                 \
+      k.load = ns::AttnLoadRowsF32;                                                          \
+      k.row_scores = ns::AttnRowScoresF32;                                                   \
+      k.row_accum = ns::AttnRowAccumF32;                                                     \
+    }                                                                                        \
+    return k;                                                                                \
+  }()
+
 TileKernels SelectFloatKernels(Isa isa, GgmlType type) {
   switch (isa) {
-    case Isa::kAvx512: {
-      TileKernels k{nullptr, avx512::AttnTileScores, avx512::AttnTileAccum, avx512::ExpF32};
-      if (type == GgmlType::kF16) {
-        k.load = avx512::AttnLoadRowsF16;
-        k.row_scores = avx512::AttnRowScoresF16;
-        k.row_accum = avx512::AttnRowAccumF16;
-      } else if (type == GgmlType::kQ8_0) {
-        k.load = avx512::AttnLoadRowsQ8_0;
-        k.row_accum = avx512::AttnRowAccumQ8_0;
-      } else {
-        k.load = avx512::AttnLoadRowsF32;
-        k.row_scores = avx512::AttnRowScoresF32;
-        k.row_accum = avx512::AttnRowAccumF32;
-      }
-      return k;
-    }
-    case Isa::kAvx2: {
-      const LoadRowsFn load = type == GgmlType::kF16    ? avx2::AttnLoadRowsF16
-                              : type == GgmlType::kQ8_0 ? avx2::AttnLoadRowsQ8_0
-                                                        : avx2::AttnLoadRowsF32;
-      return {load, avx2::AttnTileScores, avx2::AttnTileAccum, avx2::ExpF32};
-    }
+    case Isa::kAvx512:
+      return FUCINA_SIMD_KERNELS(avx512);
+    case Isa::kAvx2:
+      return FUCINA_SIMD_KERNELS(avx2);
     case Isa::kScalar:
       break;
   }
@@ -175,6 +176,7 @@ TileKernels SelectFloatKernels(Isa isa, GgmlType type) {
                                                     : ScalarLoadRows<float>;
   return {load, ScalarTileScores, ScalarTileAccum, ScalarExp};
 }
+#undef FUCINA_SIMD_KERNELS
 
 TileKernels SelectKernels(Isa isa, GgmlType type) {
   TileKernels k = SelectFloatKernels(isa, type);

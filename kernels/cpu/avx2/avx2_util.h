@@ -112,6 +112,32 @@ FUCINA_AVX2_INLINE void* ThreadScratch(size_t bytes) {
   return buf.p;
 }
 
+// Attention's software prefetch along a KV head's span (ops_avx2.cc, ops_avx512.cc): cache rows
+// are read once per token in position order, so the kernels request the span kRowsAhead bytes
+// past the rows they read (4-12 KiB and the L2 hints measured alike).
+constexpr int64_t kRowsAhead = 6144;
+
+// How a kernel spreads the prefetch of a few rows over its n steps: `per` lines a step, of
+// `lines`. Made once per call: divided per step, the counts ran through idiv on the FMA port.
+struct PrefetchPlan {
+  int64_t lines = 0;
+  int64_t per = 0;
+};
+
+FUCINA_AVX2_INLINE PrefetchPlan PlanRows(int64_t bytes, int n) {
+  const int64_t lines = (bytes + 63) / 64;
+  return {lines, (lines + n - 1) / n};
+}
+
+// Step i of `plan` over the rows from `rows` on, kRowsAhead further on (prefetches never
+// fault).
+FUCINA_AVX2_INLINE void PrefetchRows(const void* rows, const PrefetchPlan& plan, int i) {
+  const char* p = static_cast<const char*>(rows) + kRowsAhead;
+  const int64_t stop = (i + 1) * plan.per;  // no std::min in ISA files (docs/kernels.md)
+  const int64_t end = stop < plan.lines ? stop : plan.lines;
+  for (int64_t l = i * plan.per; l < end; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+}
+
 #undef FUCINA_AVX2_INLINE
 
 }  // namespace fucina::avx2

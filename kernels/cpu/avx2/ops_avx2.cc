@@ -226,7 +226,9 @@ inline const uint8_t* Row(const void* base, int64_t stride_bytes, int t) {
 }
 
 // Lane t of the result = sum of the 8 lanes of v[t]: the 8 horizontal sums of a key block
-// done together (7 hadds/permutes + 1 add instead of 8 full reductions).
+// done together (7 hadds/permutes + 1 add instead of 8 full reductions). Every lane is folded
+// by the same tree, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), so a sum does not
+// depend on which vectors share the call.
 inline __m256 Reduce8(const __m256* v) {
   // Per 128-bit half: [sum v0, sum v1, sum v2, sum v3] over that half's 4 lanes.
   const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -235,10 +237,151 @@ inline __m256 Reduce8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
-// acc[r * ld + d] += sum_t p[r * p_ld + t] * v[t * ld + d] for R rows and dims
+// Where the tile kernels read dims [d, d + 8) of key/value row t as f32: the tile buffer
+// (AttnLoadRows* output, ld floats a row, zero past head_dim), or the cache rows themselves,
+// converted in registers to the very values AttnLoadRows* stores (dims past head_dim read as
+// zero). Either way a kernel does the same operations in the same order on the same values,
+// so the direct and the staged paths give identical bits.
+//
+// Plan(rows, n) and Prefetch(row, plan, i): step i of n over `rows` rows from `row` on,
+// kRowsAhead bytes further along the head's span (avx2_util.h); the buffer needs none.
+struct BufferRows {
+  const float* base;
+  int ld;
+  const void* Row(int t) const { return base + t * ld; }
+  __m256 Load(const void* row, int d) const {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + d);
+  }
+  PrefetchPlan Plan(int, int) const { return {}; }
+  void Prefetch(const void*, const PrefetchPlan&, int) const {}
+};
+
+// A KV head's span in the cache: rows `stride` bytes apart from `base`.
+struct CacheSpan {
+  const uint8_t* base;
+  int64_t stride;
+  const void* Row(int t) const { return base + t * stride; }
+  PrefetchPlan Plan(int rows, int n) const { return PlanRows(rows * stride, n); }
+  void Prefetch(const void* row, const PrefetchPlan& plan, int i) const {
+    PrefetchRows(row, plan, i);
+  }
+};
+
+// kTail: head_dim is not a multiple of 16, so a dims step may run past it (partly or wholly).
+template <bool kTail>
+struct CacheRowsF32 : CacheSpan {
+  int head_dim;
+  __m256 Load(const void* row, int d) const {
+    const float* r = static_cast<const float*>(row);
+    if (!kTail || d + 8 <= head_dim) return _mm256_loadu_ps(r + d);
+    return _mm256_maskload_ps(r + d, TailMask(head_dim - d));  // no lanes once d >= head_dim
+  }
+};
+
+template <bool kTail>
+struct CacheRowsF16 : CacheSpan {
+  int head_dim;
+  __m256 Load(const void* row, int d) const {
+    const f16_t* r = static_cast<const f16_t*>(row);
+    if (!kTail || d + 8 <= head_dim) return LoadF16(r + d);
+    f16_t part[8] = {};  // +0.0 past the row, as the buffer's padding
+    for (int i = 0; d + i < head_dim && i < 8; ++i) part[i] = r[d + i];
+    return LoadF16(part);
+  }
+};
+
+// q8_0 rows (head_dim % 32 == 0): a block's scale times its int8 values, the product exact in
+// f32 as in AttnLoadRowsQ8_0.
+struct CacheRowsQ8_0 : CacheSpan {
+  __m256 Load(const void* row, int d) const {
+    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(row)[d / kQK8_0];
+    return _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(b.d)), LoadQ8(b.qs + d % kQK8_0));
+  }
+};
+
+// s[r * s_ld + t] = dot(q row r, key row t) over ld dims, for t < n_keys. Rows go in pairs
+// over groups of 4 keys, so each key vector is loaded (converted, from a cache) once for both
+// (decode's GQA pair, 8 accumulators); a last odd row takes 8 keys at a time. Either way a
+// score is its 8 lane sums in dims order, folded by Reduce8: the bits do not depend on the
+// pairing. Keys past n_keys in the last group are read again from the last key (the cache may
+// end there) and never stored.
+template <typename Rows>
+void TileScores(const float* q, int n_rows, int ld, const Rows k, int n_keys, float* s,
+                int s_ld) {
+  const PrefetchPlan plan = k.Plan(4, ld / 8);
+  int r = 0;
+  for (; r + 2 <= n_rows; r += 2) {
+    const float* q0 = q + r * ld;
+    const float* q1 = q0 + ld;
+    for (int t0 = 0; t0 < n_keys; t0 += 4) {
+      const void* row[4];
+      #pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) row[j] = k.Row(t0 + j < n_keys ? t0 + j : n_keys - 1);
+      // a[j]: row r against key j; a[4 + j]: row r + 1 against key j.
+      __m256 a[8];
+      #pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int d = 0; d < ld; d += 8) {
+        const __m256 qv0 = _mm256_loadu_ps(q0 + d), qv1 = _mm256_loadu_ps(q1 + d);
+        k.Prefetch(row[0], plan, d / 8);
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          const __m256 kv = k.Load(row[j], d);
+          a[j] = _mm256_fmadd_ps(qv0, kv, a[j]);
+          a[4 + j] = _mm256_fmadd_ps(qv1, kv, a[4 + j]);
+        }
+      }
+      const __m256 sums = Reduce8(a);
+      const __m128i m = _mm256_castsi256_si128(TailMask(n_keys - t0));  // lanes 0..3
+      _mm_maskstore_ps(s + r * s_ld + t0, m, _mm256_castps256_ps128(sums));
+      _mm_maskstore_ps(s + (r + 1) * s_ld + t0, m, _mm256_extractf128_ps(sums, 1));
+    }
+  }
+  if (r == n_rows) return;
+  const float* qr = q + r * ld;
+  for (int t0 = 0; t0 < n_keys; t0 += 8) {
+    const void* row[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) row[j] = k.Row(t0 + j < n_keys ? t0 + j : n_keys - 1);
+    __m256 a[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+    for (int d = 0; d < ld; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(qr + d);
+      k.Prefetch(row[0], plan, d / 8);
+      k.Prefetch(row[4], plan, d / 8);
+      #pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, k.Load(row[j], d), a[j]);
+    }
+    _mm256_maskstore_ps(s + r * s_ld + t0, TailMask(n_keys - t0), Reduce8(a));
+  }
+}
+
+// vv[j] = dims [d0 + 8 j, d0 + 8 j + 8) of `row`, for j < C.
+template <int C, typename Rows>
+inline void LoadChunks(const Rows& v, const void* row, int d0, __m256* vv) {
+  #pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) vv[j] = v.Load(row, d0 + 8 * j);
+}
+
+// The same values, each block's scale converted once for its four chunks.
+template <int C>
+inline void LoadChunks(const CacheRowsQ8_0&, const void* row, int d0, __m256* vv) {
+  const BlockQ8_0* blocks = static_cast<const BlockQ8_0*>(row);
+  __m256 scale = _mm256_setzero_ps();
+  #pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) {
+    const int d = d0 + 8 * j;
+    const BlockQ8_0& b = blocks[d / kQK8_0];
+    if (j == 0 || d % kQK8_0 == 0) scale = _mm256_set1_ps(HalfToFloat(b.d));
+    vv[j] = _mm256_mul_ps(scale, LoadQ8(b.qs + d % kQK8_0));
+  }
+}
+
+// acc[r * ld + d] += sum_t p[r * p_ld + t] * v row t [d] for R rows and dims
 // [d0, d0 + 8 C): R * C accumulators stay in registers across the keys.
-template <int R, int C>
-inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int ld, int d0,
+template <int R, int C, typename Rows>
+inline void AccumBlock(const float* p, int p_ld, const Rows& v, int n_keys, int ld, int d0,
                        float* acc) {
   __m256 c[R][C];
   #pragma GCC unroll 16
@@ -246,10 +389,12 @@ inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int
     #pragma GCC unroll 16
     for (int j = 0; j < C; ++j) c[r][j] = _mm256_loadu_ps(acc + r * ld + d0 + 8 * j);
   }
+  const PrefetchPlan plan = v.Plan(8, 8);
   for (int t = 0; t < n_keys; ++t) {
+    // An eighth of 8 rows ahead per key, on the first dims block only.
+    if (d0 == 0) v.Prefetch(v.Row(t & ~7), plan, t & 7);
     __m256 vv[C];
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) vv[j] = _mm256_loadu_ps(v + t * ld + d0 + 8 * j);
+    LoadChunks<C>(v, v.Row(t), d0, vv);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 w = _mm256_broadcast_ss(p + r * p_ld + t);
@@ -265,11 +410,35 @@ inline void AccumBlock(const float* p, int p_ld, const float* v, int n_keys, int
 }
 
 // All dims for R rows: chunks of 8 C dims, then 8-dim chunks for the rest (ld % 8 == 0).
-template <int R, int C>
-inline void AccumRows(const float* p, int p_ld, const float* v, int n_keys, int ld, float* acc) {
+template <int R, int C, typename Rows>
+inline void AccumRows(const float* p, int p_ld, const Rows& v, int n_keys, int ld, float* acc) {
   int d = 0;
   for (; d + 8 * C <= ld; d += 8 * C) AccumBlock<R, C>(p, p_ld, v, n_keys, ld, d, acc);
   for (; d < ld; d += 8) AccumBlock<R, 1>(p, p_ld, v, n_keys, ld, d, acc);
+}
+
+template <typename Rows>
+void TileAccum(const float* p, int p_ld, int n_rows, const Rows& v, int n_keys, int ld,
+               float* acc) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    AccumRows<4, 2>(p + r * p_ld, p_ld, v, n_keys, ld, acc + r * ld);
+  }
+  const float* pr = p + r * p_ld;
+  float* ar = acc + r * ld;
+  switch (n_rows - r) {
+    case 3:
+      AccumRows<3, 2>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 2:
+      AccumRows<2, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    case 1:
+      AccumRows<1, 4>(pr, p_ld, v, n_keys, ld, ar);
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace
@@ -315,48 +484,47 @@ void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int he
 
 void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys, float* s,
                     int s_ld) {
-  for (int r = 0; r < n_rows; ++r) {
-    const float* qr = q + r * ld;
-    for (int t0 = 0; t0 < n_keys; t0 += 8) {
-      // 8 keys at once; past n_keys the rows are finite padding whose scores are not stored.
-      const float* kb = k + t0 * ld;
-      __m256 a[8];
-      #pragma GCC unroll 16
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-      for (int d = 0; d < ld; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qr + d);
-        #pragma GCC unroll 16
-        for (int j = 0; j < 8; ++j) {
-          a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + j * ld + d), a[j]);
-        }
-      }
-      const int nk = n_keys - t0 >= 8 ? 8 : n_keys - t0;
-      _mm256_maskstore_ps(s + r * s_ld + t0, TailMask(nk), Reduce8(a));
-    }
-  }
+  TileScores(q, n_rows, ld, BufferRows{k, ld}, n_keys, s, s_ld);
 }
 
 void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
                    float* acc) {
-  int r = 0;
-  for (; r + 4 <= n_rows; r += 4) {
-    AccumRows<4, 2>(p + r * p_ld, p_ld, v, n_keys, ld, acc + r * ld);
+  TileAccum(p, p_ld, n_rows, BufferRows{v, ld}, n_keys, ld, acc);
+}
+
+#define FUCINA_ATTN_DIRECT(Type)                                                              \
+  void AttnRowScores##Type(const float* q, int n_rows, int ld, const void* rows,              \
+                           int64_t stride_bytes, int head_dim, int n_keys, float* s,           \
+                           int s_ld) {                                                        \
+    const auto* base = static_cast<const uint8_t*>(rows);                                     \
+    if (head_dim % 16 == 0) {                                                                 \
+      TileScores(q, n_rows, ld, CacheRows##Type<false>{{base, stride_bytes}, head_dim}, n_keys, \
+                 s, s_ld);                                                                    \
+    } else {                                                                                  \
+      TileScores(q, n_rows, ld, CacheRows##Type<true>{{base, stride_bytes}, head_dim}, n_keys,  \
+                 s, s_ld);                                                                    \
+    }                                                                                         \
+  }                                                                                           \
+  void AttnRowAccum##Type(const float* p, int p_ld, int n_rows, const void* rows,             \
+                          int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) { \
+    const auto* base = static_cast<const uint8_t*>(rows);                                     \
+    if (head_dim % 16 == 0) {                                                                 \
+      TileAccum(p, p_ld, n_rows, CacheRows##Type<false>{{base, stride_bytes}, head_dim}, n_keys, \
+                ld, acc);                                                                     \
+    } else {                                                                                  \
+      TileAccum(p, p_ld, n_rows, CacheRows##Type<true>{{base, stride_bytes}, head_dim}, n_keys, \
+                ld, acc);                                                                     \
+    }                                                                                         \
   }
-  const float* pr = p + r * p_ld;
-  float* ar = acc + r * ld;
-  switch (n_rows - r) {
-    case 3:
-      AccumRows<3, 2>(pr, p_ld, v, n_keys, ld, ar);
-      break;
-    case 2:
-      AccumRows<2, 4>(pr, p_ld, v, n_keys, ld, ar);
-      break;
-    case 1:
-      AccumRows<1, 4>(pr, p_ld, v, n_keys, ld, ar);
-      break;
-    default:
-      break;
-  }
+FUCINA_ATTN_DIRECT(F32)
+FUCINA_ATTN_DIRECT(F16)
+#undef FUCINA_ATTN_DIRECT
+
+void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,
+                      int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) {
+  (void)head_dim;  // whole blocks: ld == head_dim.
+  TileAccum(p, p_ld, n_rows, CacheRowsQ8_0{{static_cast<const uint8_t*>(rows), stride_bytes}},
+            n_keys, ld, acc);
 }
 
 }  // namespace fucina::avx2

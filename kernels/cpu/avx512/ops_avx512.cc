@@ -1,12 +1,14 @@
 // AVX-512 (F/BW/VL/DQ) paths of the transformer ops (contracts in kernels/cpu/ops_isa.h).
 // Same algorithms as the AVX2 file at 16 lanes; row tails use lane masks instead of scalar
-// loops. Like that file, it calls no inline function from shared headers.
+// loops. Like that file, it calls no inline function from shared headers but avx2_util.h's
+// static ones (internal linkage: the attention prefetch plan).
 #include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "kernels/cpu/avx2/avx2_util.h"
 #include "kernels/cpu/ops_isa.h"
 
 namespace fucina::avx512 {
@@ -195,29 +197,9 @@ inline __m512 Reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 }
 
-// Prefetch distance along a KV head's span (4-12 KiB and the L2 hints measured alike).
-constexpr int64_t kRowsAhead = 6144;
-
-// How a kernel spreads the prefetch of 8 rows over its n steps: `per` lines a step, of `lines`.
-// Made once per call: divided per step, the counts ran through idiv on the FMA port.
-struct PrefetchPlan {
-  int64_t lines = 0;
-  int64_t per = 0;
-};
-
-inline PrefetchPlan PlanRows(int64_t bytes, int n) {
-  const int64_t lines = (bytes + 63) / 64;
-  return {lines, (lines + n - 1) / n};
-}
-
-// Step i of `plan` over the rows from `rows` on, kRowsAhead further on (prefetches never
-// fault).
-inline void PrefetchRows(const void* rows, const PrefetchPlan& plan, int i) {
-  const char* p = static_cast<const char*>(rows) + kRowsAhead;
-  const int64_t stop = (i + 1) * plan.per;  // no std::min in ISA files (docs/kernels.md)
-  const int64_t end = stop < plan.lines ? stop : plan.lines;
-  for (int64_t l = i * plan.per; l < end; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
-}
+using avx2::PlanRows;
+using avx2::PrefetchPlan;
+using avx2::PrefetchRows;
 
 // Where the tile kernels read dims [d, d + 16) of key/value row t as f32: the tile buffer
 // (AttnLoadRows* output, ld floats a row, zero past head_dim), or the cache rows themselves,
