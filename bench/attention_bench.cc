@@ -147,7 +147,7 @@ void ReportDecodeAttention(const DecodeAttentionShape& shape, int64_t working_se
               "spans, cvt = the least conversion the type needs (f16: vcvtph2ps; q8_0: K "
               "vpdpbusd, V to f32)%s\n",
               static_cast<long long>(shape.context), shape.num_heads, shape.num_heads_kv,
-              shape.head_dim, HasConversionStreams() ? "" : " (cvt: AVX-512 only, n/a here)");
+              shape.head_dim, HasConversionStreams() ? "" : " (cvt: SIMD levels only, n/a here)");
   std::printf("%-8s %6s | %7s %7s %7s %5s %5s | %7s %7s %7s %5s %5s\n", "kv", "layers", "rd1",
               "cvt1", "attn1", "%rd", "%cvt", "rdN", "cvtN", "attnN", "%rd", "%cvt");
   for (const GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0}) {

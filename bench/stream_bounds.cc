@@ -140,19 +140,87 @@ __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float DequantQ8_0Avx
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
+// The same streams at 256 bits. A key block's dot is llama.cpp's AVX2 one (no vpdpbusd):
+// vpmaddubsw of its quants by ones, then vpmaddwd into int32.
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256 HalfVector8(
+    const f16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256 QuantVector8(
+    const int8_t* q) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+__attribute__((target("avx2,fma,f16c"))) float HorizontalSum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target("avx2,fma,f16c"))) float ConvertF16Avx2(const f16_t* p, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 32 <= n; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i) + kAhead, _MM_HINT_T0);
+    a0 = _mm256_add_ps(a0, HalfVector8(p + i));
+    a1 = _mm256_add_ps(a1, HalfVector8(p + i + 8));
+    a2 = _mm256_add_ps(a2, HalfVector8(p + i + 16));
+    a3 = _mm256_add_ps(a3, HalfVector8(p + i + 24));
+  }
+  return HorizontalSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256i BlockDot8(
+    const BlockQ8_0& block) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,fma,f16c"))) int32_t DotQ8_0Avx2(const BlockQ8_0* b, int64_t nb) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead + 64, _MM_HINT_T0);
+    a0 = _mm256_add_epi32(a0, BlockDot8(b[i]));
+    a1 = _mm256_add_epi32(a1, BlockDot8(b[i + 1]));
+  }
+  if (i < nb) a0 = _mm256_add_epi32(a0, BlockDot8(b[i]));
+  const __m256i a = _mm256_add_epi32(a0, a1);
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  return _mm_extract_epi32(s, 0) + _mm_extract_epi32(s, 1) + _mm_extract_epi32(s, 2) +
+         _mm_extract_epi32(s, 3);
+}
+
+__attribute__((target("avx2,fma,f16c"))) float DequantQ8_0Avx2(const BlockQ8_0* b, int64_t nb) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t i = 0; i < nb; ++i) {
+    if (i % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead, _MM_HINT_T0);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+    a0 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs), a0);
+    a1 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs + 8), a1);
+    a0 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs + 16), a0);
+    a1 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs + 24), a1);
+  }
+  return HorizontalSum8(_mm256_add_ps(a0, a1));
+}
+
 }  // namespace
 
-bool HasConversionStreams() { return ActiveIsa() == Isa::kAvx512; }
+bool HasConversionStreams() { return ActiveIsa() != Isa::kScalar; }
 
 float ConvertF16Stream(const f16_t* p, int64_t n) {
-  if (HasConversionStreams()) return ConvertF16Avx512(p, n);
+  if (ActiveIsa() == Isa::kAvx512) return ConvertF16Avx512(p, n);
+  if (ActiveIsa() == Isa::kAvx2) return ConvertF16Avx2(p, n);
   float s = 0.0f;
   for (int64_t i = 0; i < n / 64 * 64; ++i) s += Fp16ToFp32(p[i]);
   return s;
 }
 
 int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb) {
-  if (HasConversionStreams()) return DotQ8_0Avx512(blocks, nb);
+  if (ActiveIsa() == Isa::kAvx512) return DotQ8_0Avx512(blocks, nb);
+  if (ActiveIsa() == Isa::kAvx2) return DotQ8_0Avx2(blocks, nb);
   int32_t s = 0;
   for (int64_t i = 0; i < nb; ++i) {
     for (int8_t q : blocks[i].qs) s += q;
@@ -161,7 +229,8 @@ int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb) {
 }
 
 float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb) {
-  if (HasConversionStreams()) return DequantQ8_0Avx512(blocks, nb);
+  if (ActiveIsa() == Isa::kAvx512) return DequantQ8_0Avx512(blocks, nb);
+  if (ActiveIsa() == Isa::kAvx2) return DequantQ8_0Avx2(blocks, nb);
   float s = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     const float d = Fp16ToFp32(blocks[i].d);

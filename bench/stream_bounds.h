@@ -6,8 +6,9 @@
 // core the latter read 38-40 GB/s against 35-36 on 1 thread, 48-51 against 41-44 on 2, and
 // the decode kernels, which prefetch, beat the hardware-only read). Decode
 // attention must also turn every cached K/V value into something it can multiply: an f16
-// value into f32 (one vcvtph2ps per 16 values, the only f16 -> f32 path of these ISAs), a
-// q8_0 key block into an integer dot (one vpdpbusd per block), a q8_0 value block into
+// value into f32 (one vcvtph2ps per 16 values (8 on AVX2), the only f16 -> f32 path of these
+// ISAs), a q8_0 key block into an integer dot (one vpdpbusd per block; AVX2 has none, and
+// makes it of vpmaddubsw and vpmaddwd, as llama.cpp does), a q8_0 value block into
 // f32 (scale times each int8) to weight it by the f32 softmax probabilities. On this class of
 // machine a stream that converts as it reads runs well below a plain read (the extra
 // instructions per cache line cost memory-level parallelism), so that is the bound an
@@ -27,14 +28,15 @@ namespace fucina::cli {
 // `prefetch`: each line is also requested 16 KiB ahead into L1.
 uint64_t ReadRange(const uint64_t* p, int64_t n, bool prefetch);
 
-// Whether the conversion streams below have a SIMD path at the active ISA (AVX-512 VNNI);
-// elsewhere they run scalar loops, not a bound for anything.
+// Whether the conversion streams below have a SIMD path at the active ISA (AVX-512 VNNI or
+// AVX2); at the scalar level they run plain loops, not a bound for anything.
 bool HasConversionStreams();
 
 // Every one of the n f16 values (n % 64 == 0 read whole) converted to f32 and summed.
 float ConvertF16Stream(const f16_t* p, int64_t n);
 
-// Each q8_0 block's 32 quants dotted with a constant vector (one vpdpbusd each), summed.
+// Each q8_0 block's 32 quants dotted with a constant vector (one vpdpbusd each; on AVX2
+// vpmaddubsw and vpmaddwd), summed.
 int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb);
 
 // Each q8_0 block dequantized to 32 f32 values (scale times int8), summed.
