@@ -89,6 +89,53 @@ FUCINA_ATTN_DIRECT_ALL
 #undef FUCINA_ATTN_DIRECT_DECLS
 #undef FUCINA_OPS_ISA_DECLS
 
+// The attention entry points of an ISA file, written once: each file expands this in its
+// namespace after defining its TileScores / TileAccum templates over the row sources
+// BufferRows{base, ld}, CacheRowsF32<kTail> / CacheRowsF16<kTail>{{base, stride}, head_dim}
+// (kTail: head_dim % 16 != 0) and CacheRowsQ8_0{{base, stride}}.
+#define FUCINA_ATTN_ROWS_ENTRY(Type)                                                          \
+  void AttnRowScores##Type(const float* q, int n_rows, int ld, const void* rows,              \
+                           int64_t stride_bytes, int head_dim, int n_keys, float* s,           \
+                           int s_ld) {                                                        \
+    const auto* base = static_cast<const uint8_t*>(rows);                                     \
+    if (head_dim % 16 == 0) {                                                                 \
+      TileScores(q, n_rows, ld, CacheRows##Type<false>{{base, stride_bytes}, head_dim}, n_keys, \
+                 s, s_ld);                                                                    \
+    } else {                                                                                  \
+      TileScores(q, n_rows, ld, CacheRows##Type<true>{{base, stride_bytes}, head_dim}, n_keys,  \
+                 s, s_ld);                                                                    \
+    }                                                                                         \
+  }                                                                                           \
+  void AttnRowAccum##Type(const float* p, int p_ld, int n_rows, const void* rows,             \
+                          int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc) { \
+    const auto* base = static_cast<const uint8_t*>(rows);                                     \
+    if (head_dim % 16 == 0) {                                                                 \
+      TileAccum(p, p_ld, n_rows, CacheRows##Type<false>{{base, stride_bytes}, head_dim}, n_keys, \
+                ld, acc);                                                                     \
+    } else {                                                                                  \
+      TileAccum(p, p_ld, n_rows, CacheRows##Type<true>{{base, stride_bytes}, head_dim}, n_keys, \
+                ld, acc);                                                                     \
+    }                                                                                         \
+  }
+#define FUCINA_ATTN_ENTRY_POINTS                                                              \
+  void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys,          \
+                      float* s, int s_ld) {                                                    \
+    TileScores(q, n_rows, ld, BufferRows{k, ld}, n_keys, s, s_ld);                             \
+  }                                                                                           \
+  void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld, \
+                     float* acc) {                                                            \
+    TileAccum(p, p_ld, n_rows, BufferRows{v, ld}, n_keys, ld, acc);                            \
+  }                                                                                           \
+  FUCINA_ATTN_ROWS_ENTRY(F32)                                                                 \
+  FUCINA_ATTN_ROWS_ENTRY(F16)                                                                 \
+  void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,               \
+                        int64_t stride_bytes, int /*head_dim: whole blocks, ld*/, int n_keys,  \
+                        int ld, float* acc) {                                                  \
+    TileAccum(p, p_ld, n_rows,                                                                \
+              CacheRowsQ8_0{{static_cast<const uint8_t*>(rows), stride_bytes}}, n_keys, ld,   \
+              acc);                                                                           \
+  }
+
 }  // namespace fucina
 
 #endif  // FUCINA_KERNELS_CPU_OPS_ISA_H_
