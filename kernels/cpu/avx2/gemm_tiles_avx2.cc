@@ -547,10 +547,16 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
         src.nb = nb;
         src.tile[0] = src.tile[1] = wb + (r0 / kTileRows) * tile_stride;
         float* yt = y + c0 * y_stride + r0;
-        if (cols == 1) {
+        if (cols <= 2) {
+          // Decode, and a GQA pair's attention scores: both halves of a tile at once, whole
+          // cache lines streamed by one pass.
           src.half[1] = 1;
           src.next_tile = tile_stride;
-          RunPass<P, false, 2, 1>(src, valid, xc, b0, n, meta, yt, y_stride);
+          if (cols == 1) {
+            RunPass<P, false, 2, 1>(src, valid, xc, b0, n, meta, yt, y_stride);
+          } else {
+            RunPass<P, false, 2, 2>(src, valid, xc, b0, n, meta, yt, y_stride);
+          }
           continue;
         }
         for (int h = 0; h < 2 && valid[h] > 0; ++h) {
