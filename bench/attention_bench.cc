@@ -145,7 +145,7 @@ void ReportDecodeAttention(const DecodeAttentionShape& shape, int64_t working_se
   std::printf("\ndecode attention: one query per head after %lld positions, %d query heads on %d "
               "kv heads of %d dims, GB/s of K+V read; bounds: rd = plain read of the same "
               "spans, cvt = the least conversion the type needs (f16: vcvtph2ps; q8_0: K "
-              "vpdpbusd, V to f32)%s\n",
+              "integer dot, V to f32)%s\n",
               static_cast<long long>(shape.context), shape.num_heads, shape.num_heads_kv,
               shape.head_dim, HasConversionStreams() ? "" : " (cvt: SIMD levels only, n/a here)");
   std::printf("%-8s %6s | %7s %7s %7s %5s %5s | %7s %7s %7s %5s %5s\n", "kv", "layers", "rd1",

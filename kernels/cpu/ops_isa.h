@@ -28,6 +28,17 @@ namespace fucina {
 // Each output value's summation order depends only on its own row and the key count, never on
 // n_rows, so results do not change with how rows are batched.
 
+// Attention tile kernels that read the cache rows directly instead of an f32 tile buffer
+// (decode: with a query row or two per kv head, staging K and V cost more than using them).
+// q8_0 has the V side only: its K is scored by integer dots (attention.cc).
+//   AttnRowScores{F32,F16}(q, n_rows, ld, rows, stride_bytes, head_dim, n_keys, s, s_ld)
+//     == AttnLoadRows*(rows, stride_bytes, n_keys, head_dim, ld, buf) then
+//        AttnTileScores(q, n_rows, ld, buf, n_keys, s, s_ld), bit for bit;
+//   AttnRowAccum{F32,F16}(p, p_ld, n_rows, rows, stride_bytes, head_dim, n_keys, ld, acc)
+//     == the same load then AttnTileAccum(p, p_ld, n_rows, buf, n_keys, ld, acc), bit for bit.
+//   AttnRowAccumQ8_0: as AttnRowAccum*, against AttnLoadRowsQ8_0 (head_dim % 32 == 0).
+// Only the n_keys rows are read (no padding rows past them).
+
 // Same contracts as the public functions of the same name (kernels/norm.h, softmax.h,
 // activations.h). ExpF32: y[i] = exp(x[i]), max relative error ~2 ulp over the whole float
 // range (results below ~1e-45 flush to 0, above FLT_MAX go to inf, NaN stays NaN).
@@ -49,44 +60,28 @@ namespace fucina {
   void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys,           \
                       float* s, int s_ld);                                                     \
   void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,  \
-                     float* acc);
-
-// Attention tile kernels that read the cache rows directly instead of an f32 tile buffer
-// (decode: with a query row or two per kv head, staging K and V cost more than using them).
-// q8_0 has the V side only: its K is scored by integer dots (attention.cc).
-//   AttnRowScores{F32,F16}(q, n_rows, ld, rows, stride_bytes, head_dim, n_keys, s, s_ld)
-//     == AttnLoadRows*(rows, stride_bytes, n_keys, head_dim, ld, buf) then
-//        AttnTileScores(q, n_rows, ld, buf, n_keys, s, s_ld), bit for bit;
-//   AttnRowAccum{F32,F16}(p, p_ld, n_rows, rows, stride_bytes, head_dim, n_keys, ld, acc)
-//     == the same load then AttnTileAccum(p, p_ld, n_rows, buf, n_keys, ld, acc), bit for bit.
-//   AttnRowAccumQ8_0: as AttnRowAccum*, against AttnLoadRowsQ8_0 (head_dim % 32 == 0).
-// Only the n_keys rows are read (no padding rows past them).
-#define FUCINA_ATTN_DIRECT_DECLS(Type)                                                        \
-  void AttnRowScores##Type(const float* q, int n_rows, int ld, const void* rows,              \
-                           int64_t stride_bytes, int head_dim, int n_keys, float* s,           \
-                           int s_ld);                                                         \
-  void AttnRowAccum##Type(const float* p, int p_ld, int n_rows, const void* rows,             \
-                          int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);
-#define FUCINA_ATTN_DIRECT_ALL                                                                \
-  FUCINA_ATTN_DIRECT_DECLS(F32)                                                               \
-  FUCINA_ATTN_DIRECT_DECLS(F16)                                                               \
-  void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,               \
+                     float* acc);                                                              \
+  void AttnRowScoresF32(const float* q, int n_rows, int ld, const void* rows,                  \
+                        int64_t stride_bytes, int head_dim, int n_keys, float* s, int s_ld);    \
+  void AttnRowScoresF16(const float* q, int n_rows, int ld, const void* rows,                  \
+                        int64_t stride_bytes, int head_dim, int n_keys, float* s, int s_ld);    \
+  void AttnRowAccumF32(const float* p, int p_ld, int n_rows, const void* rows,                 \
+                       int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);    \
+  void AttnRowAccumF16(const float* p, int p_ld, int n_rows, const void* rows,                 \
+                       int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);    \
+  void AttnRowAccumQ8_0(const float* p, int p_ld, int n_rows, const void* rows,                \
                         int64_t stride_bytes, int head_dim, int n_keys, int ld, float* acc);
 
 // Only callable when ActiveIsa() is at least the namespace's level (kernels/cpu/isa.h).
 namespace avx2 {
 FUCINA_OPS_ISA_DECLS
-FUCINA_ATTN_DIRECT_ALL
 // AVX-512 machines run this one too (a vocabulary-long map, bound by its divides).
 void SoftCap(float* x, int64_t n, float cap);
 }  // namespace avx2
 namespace avx512 {
 FUCINA_OPS_ISA_DECLS
-FUCINA_ATTN_DIRECT_ALL
 }  // namespace avx512
 
-#undef FUCINA_ATTN_DIRECT_ALL
-#undef FUCINA_ATTN_DIRECT_DECLS
 #undef FUCINA_OPS_ISA_DECLS
 
 // The attention entry points of an ISA file, written once: each file expands this in its
