@@ -20,17 +20,10 @@
 #include "kernels/fp16.h"
 #include "kernels/ggml_type.h"
 #include "kernels/quant/blocks.h"
+#include "tests/kernels/random_floats.h"
 
 namespace fucina {
 namespace {
-
-std::vector<float> Random(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 std::vector<Isa> Levels() {
   std::vector<Isa> levels = {Isa::kScalar};

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,17 +13,10 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops_isa.h"
 #include "kernels/ggml_type.h"
+#include "tests/kernels/random_floats.h"
 
 namespace fucina {
 namespace {
-
-std::vector<float> Random(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 // The SIMD tile kernels against plain loops on the same buffers: every key count of a tile
 // (partial 8/16-key reduction blocks), row counts around the 4-row accumulator blocks, and

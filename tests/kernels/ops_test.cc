@@ -17,20 +17,13 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/softmax.h"
+#include "tests/kernels/random_floats.h"
 
 namespace fucina {
 namespace {
 
 constexpr int64_t kSizes[] = {1, 7, 31, 33, 64, 1003};
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-std::vector<float> Random(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 // One implementation under test: a name and a callable for each op.
 struct Path {
