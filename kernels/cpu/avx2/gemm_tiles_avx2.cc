@@ -41,9 +41,7 @@ namespace {
 
 constexpr int kCols = 4;     // activation rows of a prefill pass (8 rows x 4 columns)
 constexpr int kChunk = 128;  // blocks per pass, whose activation metadata is prepared once
-// Decode-shaped calls prefetch the tile's quant stream this far ahead (as the AVX-512 kernel),
-// and the next tile's scales while this one runs: they sit after its quants, so the quant
-// prefetch reaches them only as that tile ends, and each tile began with a few demand misses.
+// Decode-shaped calls prefetch the tiles' byte stream this far ahead (PrefetchTileStream).
 constexpr size_t kAhead = 4096;
 
 // dword k of 8 rows: a + 4 rows of b's dwords in the two 128-bit halves -> rows in lanes.
@@ -241,6 +239,25 @@ struct Source {
   size_t next_tile = 0;
 };
 
+// Decode's prefetch at block b of a kTiles16 tile: kAhead further along the tile's bytes, a
+// block's worth of them (its share of the quants and of the meta after them, so the stream
+// runs on into the next tile without a hole), and block b's meta in the next tile, which the
+// stream reaches only as that tile ends. Prefetching just the quant bytes ahead left a
+// meta-sized hole per tile that the next tile's loads then missed: Q4_K decode on 1024-wide
+// rows (4 super-blocks, 2 KiB of meta a tile) read 9-11 GB/s where 4096-wide read 13-14.
+template <typename P>
+FUCINA_ALWAYS_INLINE void PrefetchTileStream(const Source<P>& src, int64_t b) {
+  constexpr int64_t kStep = P::kQuantBytes + kMetaOf<P>;
+  const uint8_t* ahead = src.tile[0] + b * kStep + kAhead;
+  for (int64_t l = 0; l < kStep; l += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + l), _MM_HINT_T0);
+  }
+  const uint8_t* meta = src.tile[0] + src.next_tile + src.nb * P::kQuantBytes + b * kMetaOf<P>;
+  for (int64_t l = 0; l < kMetaOf<P>; l += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(meta + l), _MM_HINT_T0);
+  }
+}
+
 // kH halves against kC activation rows xc, blocks [b0, b0 + n): acc[h][c] lane r gains row r
 // of half h's dot with column c.
 template <typename P, bool kRowMajor, int kH, int kC>
@@ -254,15 +271,7 @@ FUCINA_ALWAYS_INLINE void Pass(const Source<P>& src, const typename P::X* const*
   for (int64_t j = 0; j < n; ++j) {
     const int64_t b = b0 + j;
     if constexpr (!kRowMajor) {
-      if (src.next_tile != 0) {
-        const uint8_t* qs = src.tile[0] + b * P::kQuantBytes;
-        for (int l = 0; l < P::kQuantBytes; l += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(qs + kAhead + l), _MM_HINT_T0);
-        }
-        _mm_prefetch(reinterpret_cast<const char*>(src.tile[0] + src.next_tile +
-                                                   src.nb * P::kQuantBytes + b * meta_bytes),
-                     _MM_HINT_T0);
-      }
+      if (src.next_tile != 0) PrefetchTileStream(src, b);
     } else if (src.next_tile != 0) {
       // A block (<= 34 bytes) starts in every 64-byte line, so its start covers the rows.
       for (int h = 0; h < kH; ++h) {
@@ -408,14 +417,7 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
     const int64_t b = b0 + j;
     const uint8_t* qs = src.tile[0] + b * TK4::kQuantBytes;
     const uint8_t* mb = src.tile[0] + src.nb * TK4::kQuantBytes + b * kMetaOf<TK4>;
-    if (src.next_tile != 0) {
-      for (int l = 0; l < TK4::kQuantBytes; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(qs + kAhead + l), _MM_HINT_T0);
-      }
-      for (int l = 0; l < kMetaOf<TK4>; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(mb + src.next_tile + l), _MM_HINT_T0);
-      }
-    }
+    if (src.next_tile != 0) PrefetchTileStream(src, b);
     __m128i sc[8], mn[8];
     UnpackKScales(mb + 64, sc, mn);
     __m256i isum[kH][kC];
