@@ -140,6 +140,7 @@ void GeGluRef(const float* gate, const float* up, float* out, int64_t n) {
 
 void GeGlu(const float* gate, const float* up, float* out, int64_t n) {
   const float* table = GeluF16Table();
+  if (ActiveIsa() >= Isa::kAvx2) return avx2::GeGlu(gate, up, out, n, table);
   for (int64_t i = 0; i < n; ++i) out[i] = GeGluOne(gate[i], up[i], table);
 }
 

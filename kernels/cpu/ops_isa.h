@@ -77,6 +77,9 @@ namespace avx2 {
 FUCINA_OPS_ISA_DECLS
 // AVX-512 machines run this one too (a vocabulary-long map, bound by its divides).
 void SoftCap(float* x, int64_t n, float cap);
+// GeGLU through GeGlu's table of f16 GELU values (kernels/activations.h), bit for bit: a gather
+// of 8 entries. AVX-512 machines run it too.
+void GeGlu(const float* gate, const float* up, float* out, int64_t n, const float* table);
 }  // namespace avx2
 namespace avx512 {
 FUCINA_OPS_ISA_DECLS

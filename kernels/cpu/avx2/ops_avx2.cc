@@ -118,6 +118,27 @@ void SoftCap(float* x, int64_t n, float cap) {
   Map(x, x, n, [&](__m256 v) { return _mm256_mul_ps(Tanh8(_mm256_mul_ps(v, inv)), c); });
 }
 
+void GeGlu(const float* gate, const float* up, float* out, int64_t n, const float* table) {
+  const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+  const auto geglu8 = [&](__m256 g, __m256 u) {
+    // vcvtps2ph rounds to nearest even, as Fp32ToFp16: the same table entry.
+    const __m256i h = _mm256_cvtepu16_epi32(
+        _mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256 v = _mm256_mul_ps(_mm256_i32gather_ps(table, h, 4), u);
+    const __m256 above = _mm256_blendv_ps(v, _mm256_mul_ps(g, u), _mm256_cmp_ps(g, hi, _CMP_GE_OQ));
+    return _mm256_andnot_ps(_mm256_cmp_ps(g, lo, _CMP_LE_OQ), above);  // +0 at or below -10
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, geglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    _mm256_maskstore_ps(out + i, m,
+                        geglu8(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m)));
+  }
+}
+
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
