@@ -365,22 +365,22 @@ void PrepareKMeta(const BlockQ8_K* const* xc, int nc, int64_t b0, int64_t n, KMe
   }
 }
 
-// The 6-bit scales and mins of 16 rows (a tile super-block's 12 scale-byte planes at p), one
-// byte per row: GGUF's get_scale_min_k4 on every row at once. (16-bit shifts: the bits a byte
-// takes from its neighbour are masked off.)
-FUCINA_ALWAYS_INLINE void UnpackKScales(const uint8_t* p, __m128i sc[8], __m128i mn[8]) {
+// Scale j (kMin: min j) of 16 rows, one byte per row, from a tile super-block's 12 scale-byte
+// planes at p: GGUF's get_scale_min_k4 on every row at once. (16-bit shifts: the bits a byte
+// takes from its neighbour are masked off.) Unpacked where they are used, each from its
+// planes: all 16 unpacked up front outlived the registers and went through the stack (decode
+// in L2, 1024-wide rows: 24-26 -> 25-27.6 GB/s; from memory no change).
+template <bool kMin>
+FUCINA_ALWAYS_INLINE __m128i KScale(const uint8_t* p, int j) {
   const auto plane = [&](int k) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
   };
   const __m128i m6 = _mm_set1_epi8(0x3F), m4 = _mm_set1_epi8(0x0F), m30 = _mm_set1_epi8(0x30);
-  for (int j = 0; j < 4; ++j) {
-    const __m128i lo = plane(j), mid = plane(4 + j), hi = plane(8 + j);
-    sc[j] = _mm_and_si128(lo, m6);
-    mn[j] = _mm_and_si128(mid, m6);
-    sc[4 + j] = _mm_or_si128(_mm_and_si128(hi, m4), _mm_and_si128(_mm_srli_epi16(lo, 2), m30));
-    mn[4 + j] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(hi, 4), m4),
-                             _mm_and_si128(_mm_srli_epi16(mid, 2), m30));
-  }
+  if (j < 4) return _mm_and_si128(plane(kMin ? 4 + j : j), m6);
+  const __m128i hi = plane(4 + j);  // plane 8 + (j - 4)
+  const __m128i hi_bits = kMin ? _mm_srli_epi16(hi, 4) : hi;
+  const __m128i top = _mm_srli_epi16(plane(kMin ? j : j - 4), 2);  // mid or lo of j - 4
+  return _mm_or_si128(_mm_and_si128(hi_bits, m4), _mm_and_si128(top, m30));
 }
 
 // Half h's 8 rows of one scale plane as int16 pairs (s, s) in row lanes.
@@ -418,8 +418,6 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
     const uint8_t* qs = src.tile[0] + b * TK4::kQuantBytes;
     const uint8_t* mb = src.tile[0] + src.nb * TK4::kQuantBytes + b * kMetaOf<TK4>;
     if (src.next_tile != 0) PrefetchTileStream(src, b);
-    __m128i sc[8], mn[8];
-    UnpackKScales(mb + 64, sc, mn);
     __m256i isum[kH][kC];
     for (int h = 0; h < kH; ++h) {
       for (int c = 0; c < kC; ++c) isum[h][c] = _mm256_setzero_si256();
@@ -446,7 +444,7 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
         }
       }
       for (int h = 0; h < kH; ++h) {
-        const __m256i pairs = ScalePairs(sc[s], src.half[h]);
+        const __m256i pairs = ScalePairs(KScale<false>(mb + 64, s), src.half[h]);
         for (int c = 0; c < kC; ++c) {
           isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(sum[h][c], pairs));
         }
@@ -458,7 +456,10 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
       const __m256 dmin =
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 32)));
       __m256i mins[4];
-      for (int i = 0; i < 4; ++i) mins[i] = MinPairs(mn[2 * i], mn[2 * i + 1], src.half[h]);
+      for (int i = 0; i < 4; ++i) {
+        mins[i] = MinPairs(KScale<true>(mb + 64, 2 * i), KScale<true>(mb + 64, 2 * i + 1),
+                           src.half[h]);
+      }
       for (int c = 0; c < kC; ++c) {
         __m256i msum = _mm256_setzero_si256();
         for (int i = 0; i < 4; ++i) {
