@@ -105,6 +105,13 @@ __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float ConvertF16Avx5
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+// The sum of v's 8 int32 lanes (the key-dot streams' end, at either width).
+__attribute__((target("avx2"))) int32_t SumInt32(__m256i v) {
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return _mm_extract_epi32(s, 0) + _mm_extract_epi32(s, 1) + _mm_extract_epi32(s, 2) +
+         _mm_extract_epi32(s, 3);
+}
+
 __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) int32_t DotQ8_0Avx512(
     const BlockQ8_0* b, int64_t nb) {
   const __m256i ones = _mm256_set1_epi8(1);
@@ -122,10 +129,7 @@ __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) int32_t DotQ8_0Avx51
     a0 = _mm256_dpbusd_epi32(a0, ones,
                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
   }
-  const __m256i a = _mm256_add_epi32(a0, a1);
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  return _mm_extract_epi32(s, 0) + _mm_extract_epi32(s, 1) + _mm_extract_epi32(s, 2) +
-         _mm_extract_epi32(s, 3);
+  return SumInt32(_mm256_add_epi32(a0, a1));
 }
 
 __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float DequantQ8_0Avx512(
@@ -187,10 +191,7 @@ __attribute__((target("avx2,fma,f16c"))) int32_t DotQ8_0Avx2(const BlockQ8_0* b,
     a1 = _mm256_add_epi32(a1, BlockDot8(b[i + 1]));
   }
   if (i < nb) a0 = _mm256_add_epi32(a0, BlockDot8(b[i]));
-  const __m256i a = _mm256_add_epi32(a0, a1);
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  return _mm_extract_epi32(s, 0) + _mm_extract_epi32(s, 1) + _mm_extract_epi32(s, 2) +
-         _mm_extract_epi32(s, 3);
+  return SumInt32(_mm256_add_epi32(a0, a1));
 }
 
 __attribute__((target("avx2,fma,f16c"))) float DequantQ8_0Avx2(const BlockQ8_0* b, int64_t nb) {
