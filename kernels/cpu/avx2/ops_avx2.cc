@@ -105,6 +105,20 @@ inline void Map(const float* x, float* y, int64_t n, F f) {
   }
 }
 
+// out[i] = f(a[i], b[i]) for n floats, 8 at a time, the tail through masked loads/stores.
+// out may alias a or b (each step reads its lanes before it writes them).
+template <typename F>
+inline void Map2(const float* a, const float* b, float* out, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, f(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    _mm256_maskstore_ps(out + i, m, f(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m)));
+  }
+}
+
 }  // namespace
 
 void ExpF32(const float* x, float* y, int64_t n) { Map(x, y, n, Exp8); }
@@ -120,38 +134,18 @@ void SoftCap(float* x, int64_t n, float cap) {
 
 void GeGlu(const float* gate, const float* up, float* out, int64_t n, const float* table) {
   const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
-  const auto geglu8 = [&](__m256 g, __m256 u) {
+  Map2(gate, up, out, n, [&](__m256 g, __m256 u) {
     // vcvtps2ph rounds to nearest even, as Fp32ToFp16: the same table entry.
     const __m256i h = _mm256_cvtepu16_epi32(
         _mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     const __m256 v = _mm256_mul_ps(_mm256_i32gather_ps(table, h, 4), u);
     const __m256 above = _mm256_blendv_ps(v, _mm256_mul_ps(g, u), _mm256_cmp_ps(g, hi, _CMP_GE_OQ));
     return _mm256_andnot_ps(_mm256_cmp_ps(g, lo, _CMP_LE_OQ), above);  // +0 at or below -10
-  };
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(out + i, geglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-  }
-  if (i < n) {
-    const __m256i m = TailMask(n - i);
-    _mm256_maskstore_ps(out + i, m,
-                        geglu8(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m)));
-  }
+  });
 }
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 u = _mm256_loadu_ps(up + i);
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(Silu8(g), u));
-  }
-  if (i < n) {
-    const __m256i m = TailMask(n - i);
-    const __m256 g = _mm256_maskload_ps(gate + i, m);
-    const __m256 u = _mm256_maskload_ps(up + i, m);
-    _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(Silu8(g), u));
-  }
+  Map2(gate, up, out, n, [](__m256 g, __m256 u) { return _mm256_mul_ps(Silu8(g), u); });
 }
 
 void RmsNorm(const float* x, const float* weight, float eps, int64_t rows, int64_t n,
