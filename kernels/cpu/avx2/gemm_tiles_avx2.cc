@@ -375,9 +375,10 @@ void PrepareKMeta(const BlockQ8_K* const* xc, int nc, int64_t b0, int64_t n, KMe
 
 // Scale j (kMin: min j) of 16 rows, one byte per row, from a tile super-block's 12 scale-byte
 // planes at p: GGUF's get_scale_min_k4 on every row at once. (16-bit shifts: the bits a byte
-// takes from its neighbour are masked off.) Unpacked where they are used, each from its
-// planes: all 16 unpacked up front outlived the registers and went through the stack (decode
-// in L2, 1024-wide rows: 24-26 -> 25-27.6 GB/s; from memory no change).
+// takes from its neighbour are masked off.) Scales unpack at their sub-block, mins once at the
+// block's end for both halves: all 16 unpacked up front outlived the registers and went
+// through the stack (decode in L2, 1024-wide rows: 24-26 -> 25-27.6 GB/s; from memory no
+// change).
 template <bool kMin>
 FUCINA_ALWAYS_INLINE __m128i KScale(const uint8_t* p, int j) {
   const auto plane = [&](int k) {
@@ -451,23 +452,23 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
           }
         }
       }
+      const __m128i scale = KScale<false>(mb + 64, s);
       for (int h = 0; h < kH; ++h) {
-        const __m256i pairs = ScalePairs(KScale<false>(mb + 64, s), src.half[h]);
+        const __m256i pairs = ScalePairs(scale, src.half[h]);
         for (int c = 0; c < kC; ++c) {
           isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(sum[h][c], pairs));
         }
       }
     }
+    __m128i mn[8];  // the 16 rows' mins, for both halves
+    for (int i = 0; i < 8; ++i) mn[i] = KScale<true>(mb + 64, i);
     for (int h = 0; h < kH; ++h) {
       const uint8_t* f = mb + 16 * src.half[h];
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f)));
       const __m256 dmin =
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 32)));
       __m256i mins[4];
-      for (int i = 0; i < 4; ++i) {
-        mins[i] = MinPairs(KScale<true>(mb + 64, 2 * i), KScale<true>(mb + 64, 2 * i + 1),
-                           src.half[h]);
-      }
+      for (int i = 0; i < 4; ++i) mins[i] = MinPairs(mn[2 * i], mn[2 * i + 1], src.half[h]);
       for (int c = 0; c < kC; ++c) {
         __m256i msum = _mm256_setzero_si256();
         for (int i = 0; i < 4; ++i) {
