@@ -532,25 +532,40 @@ FUCINA_ALWAYS_INLINE void TileRows(const uint8_t* wb, size_t w_stride, int64_t r
   }
 }
 
+// Column groups of kCols that take each tile in turn (kGroups * kCols = 8 activation rows:
+// matmul.cc's decode-shaped calls, a lockstep batch).
+constexpr int kGroups = 2;
+
 // kTiles16 weights: nb blocks, rows in tiles of 16 from wb (tile t at t * tile_stride).
+// Columns go in sets of kGroups groups, and every group of a set passes over a tile before the
+// next tile: the first group's pass brings the tile in from memory (and prefetches ahead as
+// decode does), the others find it in L1. With the groups outermost, a lockstep batch of 8
+// streamed each block of rows from memory in its first group's pass alone, a 4-column pass
+// that needs the bytes nearly as fast as the read bound, then ran its second group from L2
+// with memory idle.
 template <typename P>
 void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, const uint8_t* xb,
            size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   using X = typename P::X;
   constexpr int64_t chunk = kChunkOf<P>;
-  MetaOf<P> meta;
-  for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
-    const int nc = static_cast<int>(cols - c0 < kCols ? cols - c0 : kCols);
-    const X* xc[kCols];
-    for (int c = 0; c < kCols; ++c) {
-      xc[c] = reinterpret_cast<const X*>(xb + (c0 + (c < nc ? c : 0)) * x_stride);
+  MetaOf<P> meta[kGroups];
+  for (int64_t s0 = 0; s0 < cols; s0 += kGroups * kCols) {
+    int groups = 0, nc[kGroups];
+    const X* xc[kGroups][kCols];
+    for (int64_t c0 = s0; c0 < cols && groups < kGroups; c0 += kCols, ++groups) {
+      nc[groups] = static_cast<int>(cols - c0 < kCols ? cols - c0 : kCols);
+      for (int c = 0; c < kCols; ++c) {
+        xc[groups][c] = reinterpret_cast<const X*>(xb + (c0 + (c < nc[groups] ? c : 0)) * x_stride);
+      }
     }
     for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
       const int64_t n = nb - b0 < chunk ? nb - b0 : chunk;
-      if constexpr (P::kSuper) {
-        PrepareKMeta(xc, nc, b0, n, &meta);
-      } else {
-        PrepareMeta<P>(xc, nc, b0, n, &meta);
+      for (int g = 0; g < groups; ++g) {
+        if constexpr (P::kSuper) {
+          PrepareKMeta(xc[g], nc[g], b0, n, &meta[g]);
+        } else {
+          PrepareMeta<P>(xc[g], nc[g], b0, n, &meta[g]);
+        }
       }
       for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
         const int nr = static_cast<int>(rows - r0 < kTileRows ? rows - r0 : kTileRows);
@@ -558,31 +573,36 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
         Source<P> src;
         src.nb = nb;
         src.tile[0] = src.tile[1] = wb + (r0 / kTileRows) * tile_stride;
-        float* yt = y + c0 * y_stride + r0;
         if (cols <= 2) {
           // Decode, and a GQA pair's attention scores: both halves of a tile at once, whole
           // cache lines streamed by one pass.
+          float* yt = y + r0;
           src.half[1] = 1;
           src.next_tile = tile_stride;
           if (cols == 1) {
-            RunPass<P, false, 2, 1>(src, valid, xc, b0, n, meta, yt, y_stride);
+            RunPass<P, false, 2, 1>(src, valid, xc[0], b0, n, meta[0], yt, y_stride);
           } else {
-            RunPass<P, false, 2, 2>(src, valid, xc, b0, n, meta, yt, y_stride);
+            RunPass<P, false, 2, 2>(src, valid, xc[0], b0, n, meta[0], yt, y_stride);
           }
           continue;
         }
-        for (int h = 0; h < 2 && valid[h] > 0; ++h) {
-          src.half[0] = h;
-          // The first pass over a tile brings it in from memory (the caller's block of rows
-          // then stays in L2 for the others): it prefetches as decode does, so that lockstep
-          // batches and each block's first columns overlap the loads with the arithmetic.
-          src.next_tile = c0 == 0 && h == 0 ? tile_stride : 0;
-          float* yh = yt + 8 * h;
-          switch (nc) {
-            case 4: RunPass<P, false, 1, 4>(src, valid + h, xc, b0, n, meta, yh, y_stride); break;
-            case 3: RunPass<P, false, 1, 3>(src, valid + h, xc, b0, n, meta, yh, y_stride); break;
-            case 2: RunPass<P, false, 1, 2>(src, valid + h, xc, b0, n, meta, yh, y_stride); break;
-            default: RunPass<P, false, 1, 1>(src, valid + h, xc, b0, n, meta, yh, y_stride);
+        for (int g = 0; g < groups; ++g) {
+          float* yt = y + (s0 + g * kCols) * y_stride + r0;
+          for (int h = 0; h < 2 && valid[h] > 0; ++h) {
+            src.half[0] = h;
+            // The first pass over a tile brings it in from memory (the caller's block of rows
+            // then stays in L2 for the other sets): it prefetches as decode does, so that
+            // lockstep batches and each block's first columns overlap the loads with the
+            // arithmetic.
+            src.next_tile = s0 == 0 && g == 0 && h == 0 ? tile_stride : 0;
+            float* yh = yt + 8 * h;
+            const auto* x = xc[g];
+            switch (nc[g]) {
+              case 4: RunPass<P, false, 1, 4>(src, valid + h, x, b0, n, meta[g], yh, y_stride); break;
+              case 3: RunPass<P, false, 1, 3>(src, valid + h, x, b0, n, meta[g], yh, y_stride); break;
+              case 2: RunPass<P, false, 1, 2>(src, valid + h, x, b0, n, meta[g], yh, y_stride); break;
+              default: RunPass<P, false, 1, 1>(src, valid + h, x, b0, n, meta[g], yh, y_stride);
+            }
           }
         }
       }
