@@ -60,7 +60,10 @@ struct BenchArgs {
 // Peak issue rate of one core for the tiles' core instructions: 12 independent chains (enough
 // to cover the latency on two ports) of 512-bit FMAs (f32: 32 flops each) or vpdpbusd (int8:
 // 128 ops each), registers pinned by an empty asm so nothing is folded or spilled. The bound
-// that a compute-bound kernel's GFLOP/s are measured against.
+// that a compute-bound kernel's GFLOP/s are measured against. AVX2 has no vpdpbusd: its int8
+// step is vpmaddubsw, vpmaddwd and vpaddd for 32 products (64 ops), what the Q8_0 and legacy
+// tiles pay per activation dword and column (Q4_K's sub-blocks take one vpmaddwd per eight
+// vpmaddubsw, so they can pass it).
 #define FUCINA_PEAK_REGS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define FUCINA_PEAK_PIN(i) , "+v"(a##i)
 constexpr int64_t kPeakIters = 1 << 20;
@@ -94,6 +97,38 @@ __attribute__((target("avx512f,avx512vnni"))) double VnniGopsAvx512() {
   }
   return kPeakIters * 12.0 * 128 / Seconds(t0, Clock::now()) / 1e9;
 }
+__attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
+#define FUCINA_DECL(i) __m256 a##i = _mm256_set1_ps(1.0f + i);
+  FUCINA_PEAK_REGS(FUCINA_DECL)
+#undef FUCINA_DECL
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+  const Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+#define FUCINA_STEP(i) a##i = _mm256_fmadd_ps(a##i, m, c);
+    FUCINA_PEAK_REGS(FUCINA_STEP)
+#undef FUCINA_STEP
+    asm volatile("" : "+x"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
+  }
+  return kPeakIters * 12.0 * 16 / Seconds(t0, Clock::now()) / 1e9;
+}
+
+__attribute__((target("avx2"))) double Int8PairGopsAvx2() {
+#define FUCINA_DECL(i) __m256i a##i = _mm256_set1_epi32(i);
+  FUCINA_PEAK_REGS(FUCINA_DECL)
+#undef FUCINA_DECL
+  // Each chain feeds its own products (the values do not matter, only that nothing is
+  // loop-invariant).
+  const __m256i v = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  const Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+#define FUCINA_STEP(i) \
+  a##i = _mm256_add_epi32(a##i, _mm256_madd_epi16(_mm256_maddubs_epi16(a##i, v), ones));
+    FUCINA_PEAK_REGS(FUCINA_STEP)
+#undef FUCINA_STEP
+    asm volatile("" : "+x"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
+  }
+  return kPeakIters * 12.0 * 64 / Seconds(t0, Clock::now()) / 1e9;
+}
 #undef FUCINA_PEAK_PIN
 #undef FUCINA_PEAK_REGS
 
@@ -102,14 +137,15 @@ struct ComputePeak {
   double int8_gops = 0;
 };
 
-// Best of a few runs: the first warms the core's 512-bit units up to their clock. (The avx512
+// Best of a few runs: the first warms the core's wide units up to their clock. (The avx512
 // level includes VNNI, kernels/cpu/isa.cc.)
 ComputePeak MeasureComputePeak() {
   ComputePeak p;
-  if (ActiveIsa() < Isa::kAvx512) return p;
+  if (ActiveIsa() < Isa::kAvx2) return p;
+  const bool avx512 = ActiveIsa() >= Isa::kAvx512;
   for (int i = 0; i < 5; ++i) {
-    p.fma_gflops = std::max(p.fma_gflops, FmaGflopsAvx512());
-    p.int8_gops = std::max(p.int8_gops, VnniGopsAvx512());
+    p.fma_gflops = std::max(p.fma_gflops, avx512 ? FmaGflopsAvx512() : FmaGflopsAvx2());
+    p.int8_gops = std::max(p.int8_gops, avx512 ? VnniGopsAvx512() : Int8PairGopsAvx2());
   }
   return p;
 }
@@ -135,20 +171,23 @@ double ReadBandwidth(const uint64_t* buf, int64_t n, ThreadPool& pool, double mi
 
 struct TypeResult {
   double gbps = 0;    // weight bytes read per second
-  double gflops = 0;  // 2 * rows * cols per matvec
+  double gflops = 0;  // 2 * m * rows * cols per call
 };
 
-// Matvec over the cycled stack of matrices; best of repeated full passes.
-TypeResult MatVecThroughput(const std::vector<WeightView>& mats, const std::vector<float>& x,
-                            std::vector<float>& y, ThreadPool& pool, double min_seconds) {
+// m activation rows (x: m rows of cols floats) against the cycled stack of matrices, so every
+// call streams its weights from memory: a matvec (m = 1) or a lockstep batch's step (m = 8).
+// Best of repeated full passes.
+TypeResult StreamedThroughput(const std::vector<WeightView>& mats, const std::vector<float>& x,
+                              int64_t m, std::vector<float>& y, ThreadPool& pool,
+                              double min_seconds) {
   uint64_t bytes = 0;
   for (const WeightView& w : mats) bytes += w.row_stride * w.rows;
   const double best = BestRate(static_cast<double>(bytes), min_seconds, [&] {
-    for (const WeightView& w : mats) MatMul(w, x.data(), 1, y.data(), pool);
+    for (const WeightView& w : mats) MatMul(w, x.data(), m, y.data(), pool);
   });
   const WeightView& w0 = mats.front();
   const double per_matrix_bytes = static_cast<double>(w0.row_stride * w0.rows);
-  return {best / 1e9, best / per_matrix_bytes * 2.0 * w0.rows * w0.cols / 1e9};
+  return {best / 1e9, best / per_matrix_bytes * 2.0 * m * w0.rows * w0.cols / 1e9};
 }
 
 double MatMulGflops(const WeightView& w, int64_t m, ThreadPool& pool, double min_seconds) {
@@ -191,20 +230,23 @@ int RunKernels(const BenchArgs& args) {
               all_threads);
   const ComputePeak peak = MeasureComputePeak();
   if (peak.fma_gflops > 0) {
-    std::printf("compute peak of one core: f32 FMA %.1f GFLOP/s, int8 vpdpbusd %.1f GOP/s "
-                "(%%pk: mmP against %d cores of it; float types against FMA, quantized against "
-                "vpdpbusd)\n",
-                peak.fma_gflops, peak.int8_gops, all_threads);
+    const char* int8 = ActiveIsa() >= Isa::kAvx512 ? "vpdpbusd" : "vpmaddubsw+vpmaddwd";
+    std::printf("compute peak of one core: f32 FMA %.1f GFLOP/s, int8 %s %.1f GOP/s (%%pk: mmP "
+                "against %d cores of it, %%pk1: ls1 against one; float types against FMA, "
+                "quantized against the int8 step)\n",
+                peak.fma_gflops, int8, peak.int8_gops, all_threads);
   }
-  std::printf("\n%-8s | %9s %6s %8s | %9s %6s %8s | %12s %12s %5s\n", "type", "mv1 GB/s",
-              "%bw1", "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "mm GFLOP/s", "mmP GFLOP/s",
-              "%pk");
+  std::printf("\n%-8s | %9s %6s %8s | %9s %6s %8s | %7s %5s %7s | %12s %12s %5s\n", "type",
+              "mv1 GB/s", "%bw1", "GFLOP/s", "mvN GB/s", "%bwN", "GFLOP/s", "ls1", "%pk1", "lsN",
+              "mm GFLOP/s", "mmP GFLOP/s", "%pk");
 
   std::mt19937 rng(42);
   std::normal_distribution<float> nd;
   std::vector<float> src(args.rows * args.cols);
   for (float& v : src) v = nd(rng) * 0.02f;
-  std::vector<float> x(args.cols), y(args.rows);
+  // Activation rows of a lockstep step (ls columns): the widest decode-shaped call.
+  constexpr int64_t kLockstep = 8;
+  std::vector<float> x(kLockstep * args.cols), y(kLockstep * args.rows);
   for (float& v : x) v = nd(rng);
 
   for (const std::string& name : std::vector<std::string>(absl::StrSplit(args.types, ','))) {
@@ -239,16 +281,22 @@ int RunKernels(const BenchArgs& args) {
     }
     const bool is_float = *type == GgmlType::kF32 || *type == GgmlType::kF16 ||
                           *type == GgmlType::kBF16;
-    const double bound = all_threads * (is_float ? peak.fma_gflops : peak.int8_gops);
+    const double core_peak = is_float ? peak.fma_gflops : peak.int8_gops;
+    const double bound = all_threads * core_peak;
     auto measure = [&](const std::string& label) {
-      const TypeResult r1 = MatVecThroughput(mats, x, y, one, args.min_seconds);
-      const TypeResult rn = MatVecThroughput(mats, x, y, all, args.min_seconds);
+      const TypeResult r1 = StreamedThroughput(mats, x, 1, y, one, args.min_seconds);
+      const TypeResult rn = StreamedThroughput(mats, x, 1, y, all, args.min_seconds);
+      const TypeResult l1 = StreamedThroughput(mats, x, kLockstep, y, one, args.min_seconds);
+      const TypeResult ln = StreamedThroughput(mats, x, kLockstep, y, all, args.min_seconds);
       const double mm = MatMulGflops(mats.front(), args.batch, all, args.min_seconds);
       // Prefill-shaped: a whole prompt of activation rows against the same matrix.
       const double mmp = MatMulGflops(mats.front(), args.prefill_batch, all, args.min_seconds);
-      std::printf("%-8s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %12.1f %12.1f %4.0f%%\n",
+      std::printf("%-8s | %9.2f %5.0f%% %8.2f | %9.2f %5.0f%% %8.2f | %7.1f %4.0f%% %7.1f | "
+                  "%12.1f %12.1f %4.0f%%\n",
                   label.c_str(), r1.gbps, 100 * r1.gbps / bw1, r1.gflops, rn.gbps,
-                  100 * rn.gbps / bwn, rn.gflops, mm, mmp, bound > 0 ? 100 * mmp / bound : 0.0);
+                  100 * rn.gbps / bwn, rn.gflops, l1.gflops,
+                  core_peak > 0 ? 100 * l1.gflops / core_peak : 0.0, ln.gflops, mm, mmp,
+                  bound > 0 ? 100 * mmp / bound : 0.0);
       std::fflush(stdout);
     };
     measure(name);
