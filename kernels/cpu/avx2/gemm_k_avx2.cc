@@ -54,29 +54,37 @@ FUCINA_ALWAYS_INLINE __m256i MinTerm(__m128i sm, const int16_t* bsums) {
 }
 
 // Per column of a tile: d * sum_b cvt(isum_b) and, for Q4_K/Q5_K, the min term
-// dmin * sum_b cvt(MinTerm_b), each as 8 partial float sums (lanes of positions).
+// dmin * sum_b cvt(MinTerm_b), each as 8 partial float sums (lanes of positions). They live
+// in memory, touched once per super-block: held in registers beside the 8 columns' integer
+// sums they outlived the 16 ymm, and the spills landed in the inner loop.
 template <int kRn>
 struct LaneAccumulators {
-  __m256 acc[kRn];
-  __m256 acc_min[kRn];
+  alignas(32) float acc[kRn][8];
+  alignas(32) float acc_min[kRn][8];
 
   FUCINA_ALWAYS_INLINE void Zero() {
-    for (int c = 0; c < kRn; ++c) acc[c] = acc_min[c] = _mm256_setzero_ps();
+    for (int c = 0; c < kRn; ++c) {
+      _mm256_store_ps(acc[c], _mm256_setzero_ps());
+      _mm256_store_ps(acc_min[c], _mm256_setzero_ps());
+    }
   }
   // Super-block i's integer sums for column c: d * isum (and dmin * the min term).
   template <bool kHasMin>
   FUCINA_ALWAYS_INLINE void Add(int c, __m256i isum, __m256i min_term, float d, float dmin) {
     if constexpr (kHasMin) {
-      acc_min[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_term), acc_min[c]);
+      _mm256_store_ps(acc_min[c], _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_term),
+                                                  _mm256_load_ps(acc_min[c])));
     }
-    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc[c]);
+    _mm256_store_ps(acc[c], _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum),
+                                            _mm256_load_ps(acc[c])));
   }
   FUCINA_ALWAYS_INLINE void EndBlock(int64_t, int64_t) {}
   // y[c * y_stride] for each column c.
   FUCINA_ALWAYS_INLINE void Store(bool has_min, float* y, size_t y_stride) const {
     for (int c = 0; c < kRn; ++c) {
-      y[c * y_stride] = has_min ? HorizontalSum(acc[c]) - HorizontalSum(acc_min[c])
-                                : HorizontalSum(acc[c]);
+      const __m256 a = _mm256_load_ps(acc[c]);
+      y[c * y_stride] = has_min ? HorizontalSum(a) - HorizontalSum(_mm256_load_ps(acc_min[c]))
+                                : HorizontalSum(a);
     }
   }
 };
@@ -150,6 +158,7 @@ struct QxK {
         const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, Load32(q8)), sl);
         const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, Load32(q8 + 32)), sh);
         isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(pl, ph));
+        asm("" : "+x"(isum[c]));  // as in Q6K::Step: keep the column chains
       }
     }
     const float d_w = _cvtsh_ss(w.d);
@@ -195,24 +204,26 @@ struct Q6K {
       const __m256i l0 = Load32(ql);
       const __m256i l1 = Load32(ql + 32);
       const __m256i h = Load32(w.qh + 32 * half);
-      // Elements 32k..32k+31 of this half: nibble of l[k&1] (low, then high), qh bits 2k..2k+1
-      // moved to bits 4..5. (16-bit shifts: the bits a byte takes from its neighbour are
-      // masked off.)
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
-                             _mm256_and_si256(_mm256_slli_epi16(h, 4), high2));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                             _mm256_and_si256(_mm256_slli_epi16(h, 2), high2));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                             _mm256_and_si256(h, high2));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                             _mm256_and_si256(_mm256_srli_epi16(h, 2), high2));
       for (int k = 0; k < 4; ++k) {
+        // Elements 32k..32k+31 of this half: nibble of l[k&1] (low, then high), qh bits
+        // 2k..2k+1 moved to bits 4..5. (16-bit shifts: the bits a byte takes from its
+        // neighbour are masked off.) Unpacked where used: the four of a half held at once
+        // beside 8 columns' sums outlived the 16 registers.
+        const __m256i l = k % 2 == 0 ? l0 : l1;
+        const __m256i lo = k < 2 ? l : _mm256_srli_epi16(l, 4);
+        const __m256i hi = k == 0 ? _mm256_slli_epi16(h, 4)
+                           : k == 1 ? _mm256_slli_epi16(h, 2)
+                           : k == 2 ? h
+                                    : _mm256_srli_epi16(h, 2);
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, high2));
         const __m256i scale = BroadcastScale(sc_split, 4 * half + k);
         for (int c = 0; c < kRn; ++c) {
           const __m256i q8 = Load32(xc[c][i].qs + 128 * half + 32 * k);
           isum[c] = _mm256_add_epi32(isum[c],
-                                     _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], q8), scale));
+                                     _mm256_madd_epi16(_mm256_maddubs_epi16(q, q8), scale));
+          // Keeps GCC from reassociating the sums into "every product first", which put 8
+          // products of each step on the stack.
+          asm("" : "+x"(isum[c]));
         }
       }
     }
