@@ -4,9 +4,11 @@
 // A decode step reads every weight once, so a matvec's ceiling is the memory read bandwidth.
 // The weights are a stack of decode-shaped matrices whose total exceeds the last-level cache,
 // cycled so every call streams from DRAM; the bound is a plain read of an equally large
-// buffer on 1 thread and on all threads. A prefill-shaped matmul is compute-bound: its bound is
-// one core's measured FMA or vpdpbusd issue rate times the threads (%pk). Decode attention after
-// a long context is measured against its own bounds (bench/attention_bench.h).
+// buffer on 1 thread and on all threads. A lockstep step (8 activation rows) runs over the
+// same stack. A prefill-shaped matmul is compute-bound: its bound is one core's measured issue
+// rate of the tiles' core instruction (FMA; vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd step)
+// times the threads (%pk). Decode attention after a long context is measured against its own
+// bounds (bench/attention_bench.h).
 #include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
 #include <algorithm>
@@ -97,6 +99,7 @@ __attribute__((target("avx512f,avx512vnni"))) double VnniGopsAvx512() {
   }
   return kPeakIters * 12.0 * 128 / Seconds(t0, Clock::now()) / 1e9;
 }
+
 __attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
 #define FUCINA_DECL(i) __m256 a##i = _mm256_set1_ps(1.0f + i);
   FUCINA_PEAK_REGS(FUCINA_DECL)

@@ -72,8 +72,9 @@ struct LaneAccumulators {
   template <bool kHasMin>
   FUCINA_ALWAYS_INLINE void Add(int c, __m256i isum, __m256i min_term, float d, float dmin) {
     if constexpr (kHasMin) {
-      _mm256_store_ps(acc_min[c], _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_term),
-                                                  _mm256_load_ps(acc_min[c])));
+      const __m256 m = _mm256_cvtepi32_ps(min_term);
+      _mm256_store_ps(acc_min[c],
+                      _mm256_fmadd_ps(_mm256_set1_ps(dmin), m, _mm256_load_ps(acc_min[c])));
     }
     _mm256_store_ps(acc[c], _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum),
                                             _mm256_load_ps(acc[c])));
@@ -204,11 +205,13 @@ struct Q6K {
       const __m256i l0 = Load32(ql);
       const __m256i l1 = Load32(ql + 32);
       const __m256i h = Load32(w.qh + 32 * half);
+      // Unrolled whole: k picks the registers and BroadcastScale's control vector.
+#pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
-        // Elements 32k..32k+31 of this half: nibble of l[k&1] (low, then high), qh bits
-        // 2k..2k+1 moved to bits 4..5. (16-bit shifts: the bits a byte takes from its
-        // neighbour are masked off.) Unpacked where used: the four of a half held at once
-        // beside 8 columns' sums outlived the 16 registers.
+        // Elements 32k..32k+31 of this half: the low nibbles of l0 (k even) or l1 (k odd),
+        // then their high ones, with qh bits 2k..2k+1 moved to bits 4..5. (16-bit shifts: the
+        // bits a byte takes from its neighbour are masked off.) Unpacked where used: the four
+        // of a half held at once beside 8 columns' sums outlived the 16 registers.
         const __m256i l = k % 2 == 0 ? l0 : l1;
         const __m256i lo = k < 2 ? l : _mm256_srli_epi16(l, 4);
         const __m256i hi = k == 0 ? _mm256_slli_epi16(h, 4)

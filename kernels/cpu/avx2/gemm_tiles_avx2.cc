@@ -532,17 +532,19 @@ FUCINA_ALWAYS_INLINE void TileRows(const uint8_t* wb, size_t w_stride, int64_t r
   }
 }
 
-// Column groups of kCols that take each tile in turn (kGroups * kCols = 8 activation rows:
-// matmul.cc's decode-shaped calls, a lockstep batch).
+// Column groups of kCols that take each tile in turn: a set is the widest decode-shaped call
+// (matmul.cc's kDecodeColumns, a lockstep batch of 8 streams).
 constexpr int kGroups = 2;
+static_assert(kGroups * kCols == 8, "a set of groups is a lockstep batch of 8 columns");
 
 // kTiles16 weights: nb blocks, rows in tiles of 16 from wb (tile t at t * tile_stride).
-// Columns go in sets of kGroups groups, and every group of a set passes over a tile before the
-// next tile: the first group's pass brings the tile in from memory (and prefetches ahead as
-// decode does), the others find it in L1. With the groups outermost, a lockstep batch of 8
-// streamed each block of rows from memory in its first group's pass alone, a 4-column pass
+// Columns go in sets of kGroups groups, and every group of a set passes over a tile's chunk
+// before the next tile: the first group's pass brings it in from memory (and prefetches ahead
+// as decode does), the others find it in L1 where a chunk fits (on 1024-wide rows 17 KiB of
+// Q8_0, 9 KiB of Q4_K), else in L2 as before. With the groups outermost, a lockstep batch of
+// 8 streamed each block of rows from memory in its first group's pass alone, a 4-column pass
 // that needs the bytes nearly as fast as the read bound, then ran its second group from L2
-// with memory idle.
+// with memory idle; and each prefill group re-read the whole block from L2.
 template <typename P>
 void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, const uint8_t* xb,
            size_t x_stride, int64_t cols, float* y, size_t y_stride) {
@@ -550,7 +552,8 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
   constexpr int64_t chunk = kChunkOf<P>;
   MetaOf<P> meta[kGroups];
   for (int64_t s0 = 0; s0 < cols; s0 += kGroups * kCols) {
-    int groups = 0, nc[kGroups];
+    int groups = 0;
+    int nc[kGroups];
     const X* xc[kGroups][kCols];
     for (int64_t c0 = s0; c0 < cols && groups < kGroups; c0 += kCols, ++groups) {
       nc[groups] = static_cast<int>(cols - c0 < kCols ? cols - c0 : kCols);
@@ -596,12 +599,13 @@ void Tiles(int64_t nb, const uint8_t* wb, size_t tile_stride, int64_t rows, cons
             // arithmetic.
             src.next_tile = s0 == 0 && g == 0 && h == 0 ? tile_stride : 0;
             float* yh = yt + 8 * h;
-            const auto* x = xc[g];
+            const X* const* x = xc[g];
+            const MetaOf<P>& mg = meta[g];
             switch (nc[g]) {
-              case 4: RunPass<P, false, 1, 4>(src, valid + h, x, b0, n, meta[g], yh, y_stride); break;
-              case 3: RunPass<P, false, 1, 3>(src, valid + h, x, b0, n, meta[g], yh, y_stride); break;
-              case 2: RunPass<P, false, 1, 2>(src, valid + h, x, b0, n, meta[g], yh, y_stride); break;
-              default: RunPass<P, false, 1, 1>(src, valid + h, x, b0, n, meta[g], yh, y_stride);
+              case 4: RunPass<P, false, 1, 4>(src, valid + h, x, b0, n, mg, yh, y_stride); break;
+              case 3: RunPass<P, false, 1, 3>(src, valid + h, x, b0, n, mg, yh, y_stride); break;
+              case 2: RunPass<P, false, 1, 2>(src, valid + h, x, b0, n, mg, yh, y_stride); break;
+              default: RunPass<P, false, 1, 1>(src, valid + h, x, b0, n, mg, yh, y_stride);
             }
           }
         }
