@@ -70,68 +70,54 @@ struct BenchArgs {
 #define FUCINA_PEAK_PIN(i) , "+v"(a##i)
 constexpr int64_t kPeakIters = 1 << 20;
 
-__attribute__((target("avx512f"))) double FmaGflopsAvx512() {
-#define FUCINA_DECL(i) __m512 a##i = _mm512_set1_ps(1.0f + i);
-  FUCINA_PEAK_REGS(FUCINA_DECL)
-#undef FUCINA_DECL
-  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
-  const Clock::time_point t0 = Clock::now();
-  for (int64_t i = 0; i < kPeakIters; ++i) {
-#define FUCINA_STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
-    FUCINA_PEAK_REGS(FUCINA_STEP)
-#undef FUCINA_STEP
-    asm volatile("" : "+v"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
+// double Name(): GOP/s of kOps a step; INIT(i) declares chain a##i, SETUP its constants and
+// STEP(i) advances it.
+#define FUCINA_PEAK_FN(Name, kTarget, INIT, SETUP, STEP, kOps)                \
+  __attribute__((target(kTarget))) double Name() {                          \
+    FUCINA_PEAK_REGS(INIT)                                                   \
+    SETUP                                                                    \
+    const Clock::time_point t0 = Clock::now();                               \
+    for (int64_t i = 0; i < kPeakIters; ++i) {                               \
+      FUCINA_PEAK_REGS(STEP)                                                 \
+      asm volatile("" : "+v"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));         \
+    }                                                                        \
+    return kPeakIters * 12.0 * (kOps) / Seconds(t0, Clock::now()) / 1e9;     \
   }
-  return kPeakIters * 12.0 * 32 / Seconds(t0, Clock::now()) / 1e9;
-}
 
-__attribute__((target("avx512f,avx512vnni"))) double VnniGopsAvx512() {
-#define FUCINA_DECL(i) __m512i a##i = _mm512_set1_epi32(i);
-  FUCINA_PEAK_REGS(FUCINA_DECL)
-#undef FUCINA_DECL
-  const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
-  const Clock::time_point t0 = Clock::now();
-  for (int64_t i = 0; i < kPeakIters; ++i) {
-#define FUCINA_STEP(i) a##i = _mm512_dpbusd_epi32(a##i, u, v);
-    FUCINA_PEAK_REGS(FUCINA_STEP)
-#undef FUCINA_STEP
-    asm volatile("" : "+v"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
-  }
-  return kPeakIters * 12.0 * 128 / Seconds(t0, Clock::now()) / 1e9;
-}
-
-__attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
-#define FUCINA_DECL(i) __m256 a##i = _mm256_set1_ps(1.0f + i);
-  FUCINA_PEAK_REGS(FUCINA_DECL)
-#undef FUCINA_DECL
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-  const Clock::time_point t0 = Clock::now();
-  for (int64_t i = 0; i < kPeakIters; ++i) {
-#define FUCINA_STEP(i) a##i = _mm256_fmadd_ps(a##i, m, c);
-    FUCINA_PEAK_REGS(FUCINA_STEP)
-#undef FUCINA_STEP
-    asm volatile("" : "+x"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
-  }
-  return kPeakIters * 12.0 * 16 / Seconds(t0, Clock::now()) / 1e9;
-}
-
-__attribute__((target("avx2"))) double Int8PairGopsAvx2() {
-#define FUCINA_DECL(i) __m256i a##i = _mm256_set1_epi32(i);
-  FUCINA_PEAK_REGS(FUCINA_DECL)
-#undef FUCINA_DECL
-  // Each chain feeds its own products (the values do not matter, only that nothing is
-  // loop-invariant).
-  const __m256i v = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
-  const Clock::time_point t0 = Clock::now();
-  for (int64_t i = 0; i < kPeakIters; ++i) {
-#define FUCINA_STEP(i) \
+#define FUCINA_INIT_PS512(i) __m512 a##i = _mm512_set1_ps(1.0f + i);
+#define FUCINA_INIT_EPI512(i) __m512i a##i = _mm512_set1_epi32(i);
+#define FUCINA_INIT_PS256(i) __m256 a##i = _mm256_set1_ps(1.0f + i);
+#define FUCINA_INIT_EPI256(i) __m256i a##i = _mm256_set1_epi32(i);
+#define FUCINA_FMA512(i) a##i = _mm512_fmadd_ps(a##i, m, c);
+#define FUCINA_DPBUSD(i) a##i = _mm512_dpbusd_epi32(a##i, u, v);
+#define FUCINA_FMA256(i) a##i = _mm256_fmadd_ps(a##i, m, c);
+// Each chain feeds its own products (the values do not matter, only that nothing is
+// loop-invariant).
+#define FUCINA_INT8_STEP256(i) \
   a##i = _mm256_add_epi32(a##i, _mm256_madd_epi16(_mm256_maddubs_epi16(a##i, v), ones));
-    FUCINA_PEAK_REGS(FUCINA_STEP)
-#undef FUCINA_STEP
-    asm volatile("" : "+x"(a0) FUCINA_PEAK_REGS(FUCINA_PEAK_PIN));
-  }
-  return kPeakIters * 12.0 * 64 / Seconds(t0, Clock::now()) / 1e9;
-}
+
+FUCINA_PEAK_FN(FmaGflopsAvx512, "avx512f", FUCINA_INIT_PS512,
+               const __m512 m = _mm512_set1_ps(0.999999f);
+               const __m512 c = _mm512_set1_ps(1e-6f);, FUCINA_FMA512, 32)
+FUCINA_PEAK_FN(VnniGopsAvx512, "avx512f,avx512vnni", FUCINA_INIT_EPI512,
+               const __m512i u = _mm512_set1_epi8(3);
+               const __m512i v = _mm512_set1_epi8(-2);, FUCINA_DPBUSD, 128)
+FUCINA_PEAK_FN(FmaGflopsAvx2, "avx2,fma", FUCINA_INIT_PS256,
+               const __m256 m = _mm256_set1_ps(0.999999f);
+               const __m256 c = _mm256_set1_ps(1e-6f);, FUCINA_FMA256, 16)
+FUCINA_PEAK_FN(Int8PairGopsAvx2, "avx2", FUCINA_INIT_EPI256,
+               const __m256i v = _mm256_set1_epi8(-2);
+               const __m256i ones = _mm256_set1_epi16(1);, FUCINA_INT8_STEP256, 64)
+
+#undef FUCINA_INT8_STEP256
+#undef FUCINA_FMA256
+#undef FUCINA_DPBUSD
+#undef FUCINA_FMA512
+#undef FUCINA_INIT_EPI256
+#undef FUCINA_INIT_PS256
+#undef FUCINA_INIT_EPI512
+#undef FUCINA_INIT_PS512
+#undef FUCINA_PEAK_FN
 #undef FUCINA_PEAK_PIN
 #undef FUCINA_PEAK_REGS
 
