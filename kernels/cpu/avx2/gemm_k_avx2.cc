@@ -54,38 +54,29 @@ FUCINA_ALWAYS_INLINE __m256i MinTerm(__m128i sm, const int16_t* bsums) {
 }
 
 // Per column of a tile: d * sum_b cvt(isum_b) and, for Q4_K/Q5_K, the min term
-// dmin * sum_b cvt(MinTerm_b), each as 8 partial float sums (lanes of positions). They live
-// in memory, touched once per super-block: held in registers beside the 8 columns' integer
-// sums they outlived the 16 ymm, and the spills landed in the inner loop.
+// dmin * sum_b cvt(MinTerm_b), each as 8 partial float sums (lanes of positions).
 template <int kRn>
 struct LaneAccumulators {
-  alignas(32) float acc[kRn][8];
-  alignas(32) float acc_min[kRn][8];
+  __m256 acc[kRn];
+  __m256 acc_min[kRn];
 
   FUCINA_ALWAYS_INLINE void Zero() {
-    for (int c = 0; c < kRn; ++c) {
-      _mm256_store_ps(acc[c], _mm256_setzero_ps());
-      _mm256_store_ps(acc_min[c], _mm256_setzero_ps());
-    }
+    for (int c = 0; c < kRn; ++c) acc[c] = acc_min[c] = _mm256_setzero_ps();
   }
   // Super-block i's integer sums for column c: d * isum (and dmin * the min term).
   template <bool kHasMin>
   FUCINA_ALWAYS_INLINE void Add(int c, __m256i isum, __m256i min_term, float d, float dmin) {
     if constexpr (kHasMin) {
-      const __m256 m = _mm256_cvtepi32_ps(min_term);
-      _mm256_store_ps(acc_min[c],
-                      _mm256_fmadd_ps(_mm256_set1_ps(dmin), m, _mm256_load_ps(acc_min[c])));
+      acc_min[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_term), acc_min[c]);
     }
-    _mm256_store_ps(acc[c], _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum),
-                                            _mm256_load_ps(acc[c])));
+    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc[c]);
   }
   FUCINA_ALWAYS_INLINE void EndBlock(int64_t, int64_t) {}
   // y[c * y_stride] for each column c.
   FUCINA_ALWAYS_INLINE void Store(bool has_min, float* y, size_t y_stride) const {
     for (int c = 0; c < kRn; ++c) {
-      const __m256 a = _mm256_load_ps(acc[c]);
-      y[c * y_stride] = has_min ? HorizontalSum(a) - HorizontalSum(_mm256_load_ps(acc_min[c]))
-                                : HorizontalSum(a);
+      y[c * y_stride] = has_min ? HorizontalSum(acc[c]) - HorizontalSum(acc_min[c])
+                                : HorizontalSum(acc[c]);
     }
   }
 };

@@ -249,8 +249,8 @@ struct Source {
 // (Q4_K: its 8 sub-blocks; the legacy formats: their kLoads vectors), the meta with the
 // first: all 36 of a Q4_K block at its start read 13.5-13.9 GB/s, spread 16.1-17.3 (1024-wide,
 // 1 thread; q8_0 16.1-17.6 -> 18.3-19.3), and an unrolled burst of them only 11-11.7.
-template <typename P, int kParts = 1>
-FUCINA_ALWAYS_INLINE void PrefetchTileStream(const Source<P>& src, int64_t b, int part = 0) {
+template <typename P, int kParts>
+FUCINA_ALWAYS_INLINE void PrefetchTileStream(const Source<P>& src, int64_t b, int part) {
   constexpr int64_t kStep = P::kQuantBytes + kMetaOf<P>;
   constexpr int64_t kLines = ((kStep + 63) / 64 + kParts - 1) / kParts;  // per part
   const uint8_t* ahead = src.tile[0] + b * kStep + kAhead;
