@@ -135,8 +135,10 @@ Table Avx512TableWithGemm() {
   t[static_cast<uint32_t>(T::kQ4_0)].gemm_tiles16 = avx512::GemmTilesQ4_0Q8_0;
   t[static_cast<uint32_t>(T::kQ4_1)].gemm_tiles16 = avx512::GemmTilesQ4_1Q8_1;
   SetGemm(t, T::kQ4_K, avx512::GemmQ4_KQ8_K);
+  t[static_cast<uint32_t>(T::kQ4_K)].gemm_tiles16 = avx512::GemmTilesQ4_KQ8_K;
   SetGemm(t, T::kQ5_K, avx512::GemmQ5_KQ8_K);
   SetGemm(t, T::kQ6_K, avx512::GemmQ6_KQ8_K);
+  t[static_cast<uint32_t>(T::kQ6_K)].gemm_tiles16 = avx512::GemmTilesQ6_KQ8_K;
   SetGemm(t, T::kF32, avx512::GemmF32F32);
   SetGemm(t, T::kF16, avx512::GemmF16F32);
   SetGemm(t, T::kBF16, avx512::GemmBf16F32);

@@ -22,7 +22,8 @@ namespace fucina {
 namespace {
 
 constexpr GgmlType kPackedTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K};
+                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
+                                     GgmlType::kQ6_K};
 
 // Rows with a heavy tail (every 23rd value x30): extreme codes, scales over a wide range.
 std::vector<uint8_t> RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
@@ -73,6 +74,11 @@ Parts PartsOf(GgmlType type) {
     case GgmlType::kQ4_1: return {4, 16, 0, Run(0, 2, 2)};
     case GgmlType::kQ5_0: return {6, 16, 0, {{0, 2}, {2, 4}}};  // d, qh, qs
     case GgmlType::kQ5_1: return {8, 16, 0, {{0, 2}, {2, 2}, {4, 4}}};
+    case GgmlType::kQ6_K: {  // ql and qh are one run of quants; 16 scale bytes, d
+      std::vector<Field> meta = Run(192, 1, 16);
+      meta.push_back({208, 2});
+      return {0, 192, 0, meta};
+    }
     default: {  // Q4_K: d, dmin, 12 scale bytes, qs
       std::vector<Field> meta = Run(0, 2, 2), scales = Run(4, 1, 12);
       meta.insert(meta.end(), scales.begin(), scales.end());
@@ -189,14 +195,14 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
 }
 
 TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
-  // AVX2 and AVX-512 read Q8_0/Q4_0/Q4_1 packed; Q5_0/Q5_1 and Q4_K have AVX2 packed kernels
-  // (AVX-512 keeps its row-major ones).
+  // AVX2 and AVX-512 read Q8_0/Q4_0/Q4_1/Q4_K packed; Q5_0/Q5_1 have AVX2 packed kernels
+  // (AVX-512 keeps its row-major ones), Q6_K an AVX-512 one (AVX2 keeps its row kernel).
   const bool reads = ActiveIsa() >= Isa::kAvx2;
-  const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ8_0, 256));
+  const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ6_K, 256));
   for (GgmlType type : kPackedTypes) {
-    const bool avx2_only =
-        type == GgmlType::kQ4_K || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
-    const bool want = avx2_only ? ActiveIsa() == Isa::kAvx2 : reads;
+    const bool avx2_only = type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
+    bool want = avx2_only ? ActiveIsa() == Isa::kAvx2 : reads;
+    if (type == GgmlType::kQ6_K) want = ActiveIsa() == Isa::kAvx512;
     const int64_t cols = BlockOf(type) * 2;
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, cols)), want)
         << TypeName(type);

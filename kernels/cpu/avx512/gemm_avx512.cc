@@ -213,12 +213,6 @@ struct PackedBlock {
 // layout (kernels/tile_layout.h), read as they are by both.
 enum class Source { kRows, kScratch, kTiles };
 
-// Decode-shaped calls on kTiles16 weights prefetch the quant stream this many bytes ahead of
-// the block being read. A tile is one sequential stream, but the hardware prefetchers alone
-// kept too few lines in flight: `bench kernels` (4096 x 4096 Q8_0, 2 threads) read 21 GB/s
-// without, 23-25 at 1-2 KiB ahead, 25-28 at 4 KiB, no better at 8-16 KiB.
-constexpr size_t kTilesAhead = 4096;
-
 // The block source of one 16-row tile: rp (kRows), pk (kScratch, blocks counted from the
 // start of the row) or tile + nb (kTiles).
 struct TileBlocks {
@@ -249,10 +243,10 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const TileBlocks& src, const uint8_t* c
       if constexpr (P::kHasMin) m = _mm512_load_ps(&src.pk[b].m);
     } else if constexpr (kSource == Source::kTiles) {
       if (src.ahead != 0) {
-        const uint8_t* next = src.tile + b * P::kTileQuantBytes + src.ahead;
-        for (int l = 0; l < P::kTileQuantBytes; l += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(next + l), _MM_HINT_T0);
-        }
+        constexpr size_t kMeta = P::kHasMin ? 64 : 32;  // meta bytes a block: d (and m)
+        PrefetchStream(src.tile + b * P::kTileQuantBytes, P::kTileQuantBytes, kStreamAhead);
+        PrefetchStream(src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta,
+                       kStreamAhead / P::kTileQuantBytes * kMeta);
       }
       P::LoadTiles(src.tile, src.nb, b, q, &d, &m);
     } else {
@@ -315,7 +309,7 @@ void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const P
           src.pk = pk + (r0 / kTRows) * nb;
         } else {
           src.tile = wb + r0 * w_stride;
-          if (cols <= kTCols) src.ahead = kTilesAhead;
+          if (cols <= kTCols) src.ahead = kStreamAhead;
         }
         float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;

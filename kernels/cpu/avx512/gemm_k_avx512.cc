@@ -30,6 +30,77 @@ namespace {
 constexpr int kAndCOrB = 0xEC;
 
 // ---------------------------------------------------------------------------------------------
+// Where a tile's super-blocks come from (gemm_avx512.cc has the same three for the legacy
+// formats). Each source hands out 16 bytes of its 16 rows' block b at a byte offset as
+// dwords (vector i holds dword i of every row) and says which lane holds which row.
+
+// GGUF rows, transposed as they are read (decode-shaped calls): LoadTransposed's lane order.
+template <typename W>
+struct RowsIn {
+  static constexpr bool kNatural = false;
+  static constexpr bool kScratch = false;
+  const uint8_t* const* rp;
+  FUCINA_TILE_INLINE void Dwords(int64_t b, size_t at, __m512i out[4]) const {
+    LoadTransposed(rp, b * sizeof(W) + at, out);
+  }
+};
+
+// Weights in the kTiles16 layout (kernels/tile_layout.h), read as they are: row r in lane r.
+// Block b's quants (the kQuantBytes from byte kQsOffset of a GGUF block) are kQuantBytes / 4
+// vectors from tile + b * 16 * kQuantBytes; its meta follows all the tile's quants,
+// 16 * (sizeof(W) - kQuantBytes) bytes per block. Dwords takes offsets in the GGUF block.
+template <typename W, size_t kQsOffset, size_t kQuantBytes>
+struct TilesIn {
+  static constexpr bool kNatural = true;
+  static constexpr bool kScratch = false;
+  static constexpr size_t kQuantStep = kTRows * kQuantBytes;
+  static constexpr size_t kMetaStep = kTRows * (sizeof(W) - kQuantBytes);
+  const uint8_t* tile;
+  int64_t nb;
+  FUCINA_TILE_INLINE void Dwords(int64_t b, size_t at, __m512i out[4]) const {
+    const uint8_t* v = tile + b * kQuantStep + kTRows * (at - kQsOffset);
+    for (int i = 0; i < 4; ++i) out[i] = _mm512_loadu_si512(v + 64 * i);
+  }
+  FUCINA_TILE_INLINE const uint8_t* Meta(int64_t b) const {
+    return tile + nb * kQuantStep + b * kMetaStep;
+  }
+  // Decode-shaped calls request the quants and meta of the blocks ahead (PrefetchStream).
+  FUCINA_TILE_INLINE void Prefetch(int64_t b) const {
+    PrefetchStream(tile + b * kQuantStep, kQuantStep, kStreamAhead);
+    PrefetchStream(Meta(b), kMetaStep, kStreamAhead / kQuantStep * kMetaStep);
+  }
+};
+
+// The unpacked copy of prefill calls (kPacked: PackedQxK or PackedQ6K), in the lane order of
+// what it was unpacked from.
+template <typename kPacked, bool kNaturalOrder>
+struct ScratchIn {
+  static constexpr bool kNatural = kNaturalOrder;
+  static constexpr bool kScratch = true;
+  const kPacked* pk;
+};
+
+// 16 bytes from each of 4 byte fields of a kTiles16 meta (p: field f of row r at p + 16 f + r)
+// -> lane r = the 4 bytes as one dword, field f in byte f (what LoadTransposed gives for 4
+// consecutive bytes of a GGUF block).
+FUCINA_TILE_INLINE __m512i FieldBytesToDwords(const uint8_t* p) {
+  __m512i f[4];
+  for (int i = 0; i < 4; ++i) {
+    f[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)));
+  }
+  constexpr int kOr3 = 0xFE;  // a | b | c
+  return _mm512_ternarylogic_epi32(
+      _mm512_ternarylogic_epi32(f[0], _mm512_slli_epi32(f[1], 8), _mm512_slli_epi32(f[2], 16),
+                                kOr3),
+      _mm512_slli_epi32(f[3], 24), _mm512_setzero_si512(), kOr3);
+}
+
+// 16 f16 fields of a kTiles16 meta as floats.
+FUCINA_TILE_INLINE __m512 FieldHalves(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Q4_K and Q5_K.
 
 constexpr int kKChunk = 16;  // super-blocks of activation metadata prepared at once (k = 4096).
@@ -80,15 +151,25 @@ struct QxKUnpacker {
   __m512 d, dmin;
   __m512i sc[2], mn[2], qh[8];
 
-  // The transposed header of the super-block at byte offset `off` of every row.
-  FUCINA_TILE_INLINE void Header(const uint8_t* const* rp, size_t off) {
+  // The header of super-block b of the 16 rows.
+  template <typename In>
+  FUCINA_TILE_INLINE void Header(const In& in, int64_t b) {
     const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f);
     const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f);
     const __m512i m2 = _mm512_set1_epi32(0x03030303);
     __m512i h[4];  // d|dmin, then scale bytes 0-3, 4-7, 8-11 (kernels/quant/blocks.h).
-    LoadTransposed(rp, off, h);
-    d = LowHalves(h[0]);
-    dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
+    if constexpr (In::kNatural) {
+      static_assert(!kHigh, "Q5_K has no kTiles16 layout");
+      // The tile's meta: d, dmin (16 f16 each), then the 12 scale bytes, 16 rows each.
+      const uint8_t* meta = in.Meta(b);
+      d = FieldHalves(meta);
+      dmin = FieldHalves(meta + 32);
+      for (int i = 1; i < 4; ++i) h[i] = FieldBytesToDwords(meta + 64 * i);
+    } else {
+      in.Dwords(b, 0, h);
+      d = LowHalves(h[0]);
+      dmin = LowHalves(_mm512_srli_epi32(h[0], 16));
+    }
     // As get_scale_min_k4: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes of one dword each.
     sc[0] = _mm512_and_si512(h[1], m6);
     sc[1] = _mm512_or_si512(_mm512_and_si512(h[3], m4),
@@ -97,20 +178,21 @@ struct QxKUnpacker {
     mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[2], 6), m2), 4));
     if constexpr (kHigh) {
-      LoadTransposed(rp, off + offsetof(BlockQ5_K, qh), qh);
-      LoadTransposed(rp, off + offsetof(BlockQ5_K, qh) + 16, qh + 4);
+      in.Dwords(b, offsetof(BlockQ5_K, qh), qh);
+      in.Dwords(b, offsetof(BlockQ5_K, qh) + 16, qh + 4);
     }
   }
 
-  // Sub-blocks 2t (lo) and 2t + 1 (hi): quants and scale * d.
-  FUCINA_TILE_INLINE void Quants(const uint8_t* const* rp, size_t off, int t, __m512i lo[8],
-                                 __m512i hi[8], __m512 sd[2]) const {
+  // Sub-blocks 2t (lo) and 2t + 1 (hi) of super-block b: quants and scale * d.
+  template <typename In>
+  FUCINA_TILE_INLINE void Quants(const In& in, int64_t b, int t, __m512i lo[8], __m512i hi[8],
+                                 __m512 sd[2]) const {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i bit4 = _mm512_set1_epi8(0x10);
     // 32 bytes of qs: low nibbles are sub-block 2t, high nibbles 2t + 1.
     __m512i tq[8];
-    LoadTransposed(rp, off + offsetof(W, qs) + 32 * t, tq);
-    LoadTransposed(rp, off + offsetof(W, qs) + 32 * t + 16, tq + 4);
+    in.Dwords(b, offsetof(W, qs) + 32 * t, tq);
+    in.Dwords(b, offsetof(W, qs) + 32 * t + 16, tq + 4);
     for (int k = 0; k < 8; ++k) {
       if constexpr (kHigh) {
         lo[k] = _mm512_ternarylogic_epi32(tq[k], _mm512_and_si512(BitTo4(qh[k], 2 * t), bit4),
@@ -141,13 +223,14 @@ struct QxKUnpacker {
     mins[3] = _mm512_shuffle_epi8(mn[1], pair23);
   }
 
-  // The whole super-block into *out.
-  FUCINA_TILE_INLINE void Pack(const uint8_t* const* rp, size_t off, PackedQxK* out) {
-    Header(rp, off);
+  // The whole super-block b into *out.
+  template <typename In>
+  FUCINA_TILE_INLINE void Pack(const In& in, int64_t b, PackedQxK* out) {
+    Header(in, b);
     for (int t = 0; t < 4; ++t) {
       __m512i lo[8], hi[8];
       __m512 sd[2];
-      Quants(rp, off, t, lo, hi, sd);
+      Quants(in, b, t, lo, hi, sd);
       for (int k = 0; k < 8; ++k) {
         _mm512_store_si512(&out->lo[t][k], lo[k]);
         _mm512_store_si512(&out->hi[t][k], hi[k]);
@@ -162,32 +245,37 @@ struct QxKUnpacker {
   }
 };
 
-// kPacked: super-blocks come unpacked from pk[b], else from rp.
-template <bool kHigh, int kRn, bool kPacked>
-FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
-                                const uint8_t* const* xc, int64_t b0, int64_t n,
+// `ahead`: the prefetch distance of decode-shaped calls in bytes (RowsIn: to the next tile's
+// rows; TilesIn: along the stream), 0 for none.
+template <bool kHigh, int kRn, typename In>
+FUCINA_TILE_INLINE void QxKTile(const In& in, const uint8_t* const* xc, int64_t b0, int64_t n,
                                 const KActivationMeta& meta, int rows, float* y, size_t y_stride,
                                 bool accumulate, size_t ahead) {
   using U = QxKUnpacker<kHigh>;
+  constexpr bool kPacked = In::kScratch;
   __m512 acc[kRn];
   for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     const int64_t b = b0 + j;
-    const size_t off = b * sizeof(typename U::W);
     U u;
     if constexpr (!kPacked) {
-      PrefetchNextTileRun<sizeof(typename U::W)>(rp, ahead, b0 * sizeof(typename U::W), n, j);
-      u.Header(rp, off);
+      if constexpr (In::kNatural) {
+        if (ahead != 0) in.Prefetch(b);
+      } else {
+        PrefetchNextTileRun<sizeof(typename U::W)>(in.rp, ahead, b0 * sizeof(typename U::W), n,
+                                                   j);
+      }
+      u.Header(in, b);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       __m512i lo[8], hi[8];
       __m512 sd[2];
       if constexpr (kPacked) {
-        sd[0] = _mm512_load_ps(&pk[b].sd[t][0]);
-        sd[1] = _mm512_load_ps(&pk[b].sd[t][1]);
+        sd[0] = _mm512_load_ps(&in.pk[b].sd[t][0]);
+        sd[1] = _mm512_load_ps(&in.pk[b].sd[t][1]);
       } else {
-        u.Quants(rp, off, t, lo, hi, sd);
+        u.Quants(in, b, t, lo, hi, sd);
       }
       // The integer sums of a group of columns advance together, dword k of every column
       // before dword k + 1 (as in gemm_avx512.cc's TransposedTile): each sum is a chain of 8
@@ -200,8 +288,14 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
         __m512i sum_lo[kGroup], sum_hi[kGroup];
         for (int c = 0; c < kGroup; ++c) sum_lo[c] = sum_hi[c] = _mm512_setzero_si512();
         for (int k = 0; k < 8; ++k) {
-          const __m512i qlo = kPacked ? _mm512_load_si512(&pk[b].lo[t][k]) : lo[k];
-          const __m512i qhi = kPacked ? _mm512_load_si512(&pk[b].hi[t][k]) : hi[k];
+          __m512i qlo, qhi;
+          if constexpr (kPacked) {
+            qlo = _mm512_load_si512(&in.pk[b].lo[t][k]);
+            qhi = _mm512_load_si512(&in.pk[b].hi[t][k]);
+          } else {
+            qlo = lo[k];
+            qhi = hi[k];
+          }
           for (int c = 0; c < nc; ++c) {
             const uint8_t* yq =
                 xc[c0 + c] + b * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 64 * t;
@@ -221,8 +315,8 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
     __m512i mins[4];
     __m512 dmin;
     if constexpr (kPacked) {
-      for (int p = 0; p < 4; ++p) mins[p] = _mm512_load_si512(&pk[b].mins[p]);
-      dmin = _mm512_load_ps(&pk[b].dmin);
+      for (int p = 0; p < 4; ++p) mins[p] = _mm512_load_si512(&in.pk[b].mins[p]);
+      dmin = _mm512_load_ps(&in.pk[b].dmin);
     } else {
       u.Mins(mins);
       dmin = u.dmin;
@@ -236,20 +330,29 @@ FUCINA_TILE_INLINE void QxKTile(const uint8_t* const* rp, const PackedQxK* pk,
                                 _mm512_mul_ps(dmin, _mm512_set1_ps(meta.d[c][j])), acc[c]);
     }
   }
-  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate);
+  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate, In::kNatural);
 }
 
-template <bool kHigh, bool kPacked>
+// Where a call's tiles come from: the GGUF rows, the per-thread unpacked copy, or kTiles16
+// weights.
+enum class Source { kRows, kScratch, kTiles };
+
+// The walk over one call's tiles: groups of kTCols activation rows, chunks of kKChunk
+// super-blocks (their activation metadata prepared once), row tiles. kNatural: the scratch
+// copy was unpacked from kTiles16 weights (row r in lane r).
+template <bool kHigh, Source kSource, bool kNatural = false>
 void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQxK* pk, int64_t nb,
                 const uint8_t* xb, size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  using W = typename QxKUnpacker<kHigh>::W;
   KActivationMeta meta;
-  const size_t ahead = kTRows * w_stride;
-  if (!kPacked && rows > 0 && cols > 0) {
+  if (kSource == Source::kRows && rows > 0 && cols > 0) {
     const uint8_t* rp[kTRows];
     TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
-    PrefetchTile(rp, static_cast<size_t>(nb < kKChunk ? nb : kKChunk) *
-                         sizeof(typename QxKUnpacker<kHigh>::W));
+    PrefetchTile(rp, static_cast<size_t>(nb < kKChunk ? nb : kKChunk) * sizeof(W));
   }
+  size_t ahead = 0;
+  if (kSource == Source::kRows) ahead = kTRows * w_stride;
+  if (kSource == Source::kTiles && cols <= kTCols) ahead = kStreamAhead;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -259,33 +362,42 @@ void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQx
       PrepareQ4KMeta(xc, nc, b0, n, &meta);
       for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
         const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
-        const uint8_t* rp[kTRows];
-        TileRows(wb, w_stride, r0, nr, rp);
-        const PackedQxK* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
         float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;
-#define FUCINA_TILE_CASE(n_cols)                                                             \
-  case n_cols:                                                                                \
-    QxKTile<kHigh, n_cols, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead); \
+        const auto run = [&](const auto& in) {
+#define FUCINA_TILE_CASE(n_cols)                                                       \
+  case n_cols:                                                                          \
+    QxKTile<kHigh, n_cols>(in, xc, b0, n, meta, nr, yt, y_stride, acc, ahead); \
     break;
-        switch (nc) {
-          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
-          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
-          default:
-            QxKTile<kHigh, 1, kPacked>(rp, tile, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
-        }
+          switch (nc) {
+            FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+            FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+            default: QxKTile<kHigh, 1>(in, xc, b0, n, meta, nr, yt, y_stride, acc, ahead);
+          }
 #undef FUCINA_TILE_CASE
+        };
+        if constexpr (kSource == Source::kRows) {
+          const uint8_t* rp[kTRows];
+          TileRows(wb, w_stride, r0, nr, rp);
+          run(RowsIn<W>{rp});
+        } else if constexpr (kSource == Source::kTiles) {
+          run(TilesIn<W, offsetof(W, qs), sizeof(W::qs)>{wb + r0 * w_stride, nb});
+        } else {
+          run(ScratchIn<PackedQxK, kNatural>{pk + (r0 / kTRows) * nb});
+        }
       }
     }
   }
 }
 
 // As GemmTransposed (gemm_avx512.cc): decode-shaped calls unpack as they go, larger ones unpack
-// every row tile once into per-thread scratch.
-template <bool kHigh>
+// every row tile once into per-thread scratch. kTiles: w is in the kTiles16 layout.
+template <bool kHigh, bool kTiles = false>
 void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
              size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   using U = QxKUnpacker<kHigh>;
+  using W = typename U::W;
+  constexpr Source kDirect = kTiles ? Source::kTiles : Source::kRows;
   const int64_t nb = k / kQK_K;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
@@ -293,16 +405,22 @@ void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
   PackedQxK* pk = nullptr;
   if (cols > kTCols) pk = static_cast<PackedQxK*>(TileScratch(tiles * nb * sizeof(PackedQxK)));
   if (pk == nullptr) {
-    QxKColumns<kHigh, false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    QxKColumns<kHigh, kDirect>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
     return;
   }
   for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* rp[kTRows];
-    TileRows(wb, w_stride, t * kTRows,
-             static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
-    for (int64_t b = 0; b < nb; ++b) U().Pack(rp, b * sizeof(typename U::W), pk + t * nb + b);
+    if constexpr (kTiles) {
+      const TilesIn<W, offsetof(W, qs), sizeof(W::qs)> in{wb + t * kTRows * w_stride, nb};
+      for (int64_t b = 0; b < nb; ++b) U().Pack(in, b, pk + t * nb + b);
+    } else {
+      const uint8_t* rp[kTRows];
+      TileRows(wb, w_stride, t * kTRows,
+               static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
+      for (int64_t b = 0; b < nb; ++b) U().Pack(RowsIn<W>{rp}, b, pk + t * nb + b);
+    }
   }
-  QxKColumns<kHigh, true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
+  QxKColumns<kHigh, Source::kScratch, kTiles>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y,
+                                              y_stride);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,10 +451,19 @@ struct Q6KUnpacker {
   __m512i sc[4];  // lane dword t = scales 4t..4t+3 (int8).
   __m512 d;
 
-  FUCINA_TILE_INLINE void Header(const uint8_t* const* rp, size_t off) {
-    LoadTransposed(rp, off + offsetof(BlockQ6_K, scales), sc);
-    // d is the last 2 bytes of the block: dword 3 of the 16 bytes ending there, high half.
-    d = LowHalves(_mm512_srli_epi32(LoadDword3(rp, off + sizeof(BlockQ6_K) - 16), 16));
+  template <typename In>
+  FUCINA_TILE_INLINE void Header(const In& in, int64_t b) {
+    if constexpr (In::kNatural) {
+      // The tile's meta: the 16 scale bytes, 16 rows each, then d (16 f16).
+      const uint8_t* meta = in.Meta(b);
+      for (int t = 0; t < 4; ++t) sc[t] = FieldBytesToDwords(meta + 64 * t);
+      d = FieldHalves(meta + 256);
+    } else {
+      const size_t off = b * sizeof(BlockQ6_K);
+      LoadTransposed(in.rp, off + offsetof(BlockQ6_K, scales), sc);
+      // d is the last 2 bytes of the block: dword 3 of the 16 bytes ending there, high half.
+      d = LowHalves(_mm512_srli_epi32(LoadDword3(in.rp, off + sizeof(BlockQ6_K) - 16), 16));
+    }
   }
   // Sub-block sb's scale, sign-extended: byte sb % 4 of dword sc[sb / 4].
   FUCINA_TILE_INLINE __m512i Scale(int sb) const {
@@ -348,11 +475,12 @@ struct Q6KUnpacker {
     return _mm512_srai_epi16(_mm512_shuffle_epi8(sc[p / 2], pat), 8);
   }
   // Dwords 4s..4s+3 of each 32-byte piece of half h: qa, qb (ql) and qh.
-  static FUCINA_TILE_INLINE void Load(const uint8_t* const* rp, size_t off, int h, int s,
-                                      __m512i qa[4], __m512i qb[4], __m512i qh[4]) {
-    LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 16 * s, qa);
-    LoadTransposed(rp, off + offsetof(BlockQ6_K, qh) + 32 * h + 16 * s, qh);
-    LoadTransposed(rp, off + offsetof(BlockQ6_K, ql) + 64 * h + 32 + 16 * s, qb);
+  template <typename In>
+  static FUCINA_TILE_INLINE void Load(const In& in, int64_t b, int h, int s, __m512i qa[4],
+                                      __m512i qb[4], __m512i qh[4]) {
+    in.Dwords(b, offsetof(BlockQ6_K, ql) + 64 * h + 16 * s, qa);
+    in.Dwords(b, offsetof(BlockQ6_K, qh) + 32 * h + 16 * s, qh);
+    in.Dwords(b, offsetof(BlockQ6_K, ql) + 64 * h + 32 + 16 * s, qb);
   }
   // Group g's quants from what Load gave.
   static FUCINA_TILE_INLINE void Group(const __m512i qa[4], const __m512i qb[4],
@@ -366,12 +494,13 @@ struct Q6KUnpacker {
     }
   }
 
-  FUCINA_TILE_INLINE void Pack(const uint8_t* const* rp, size_t off, PackedQ6K* out) {
-    Header(rp, off);
+  template <typename In>
+  FUCINA_TILE_INLINE void Pack(const In& in, int64_t b, PackedQ6K* out) {
+    Header(in, b);
     for (int h = 0; h < 2; ++h) {
       for (int s = 0; s < 2; ++s) {
         __m512i qa[4], qb[4], qh[4];
-        Load(rp, off, h, s, qa, qb, qh);
+        Load(in, b, h, s, qa, qb, qh);
         for (int g = 0; g < 4; ++g) {
           __m512i q[4];
           Group(qa, qb, qh, g, q);
@@ -385,18 +514,21 @@ struct Q6KUnpacker {
   }
 };
 
-template <int kRn, bool kPacked>
-FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
-                                const uint8_t* const* xc, int64_t nb, int rows, float* y,
-                                size_t y_stride, size_t ahead) {
+template <int kRn, typename In>
+FUCINA_TILE_INLINE void Q6KTile(const In& in, const uint8_t* const* xc, int64_t nb, int rows,
+                                float* y, size_t y_stride, size_t ahead) {
+  constexpr bool kPacked = In::kScratch;
   __m512 acc[kRn];
   for (int c = 0; c < kRn; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const size_t off = b * sizeof(BlockQ6_K);
     Q6KUnpacker u;
     if constexpr (!kPacked) {
-      PrefetchNextTileRun<sizeof(BlockQ6_K)>(rp, ahead, 0, nb, b);
-      u.Header(rp, off);
+      if constexpr (In::kNatural) {
+        if (ahead != 0) in.Prefetch(b);
+      } else {
+        PrefetchNextTileRun<sizeof(BlockQ6_K)>(in.rp, ahead, 0, nb, b);
+      }
+      u.Header(in, b);
     }
     __m512i tot[kRn];
     for (int c = 0; c < kRn; ++c) tot[c] = _mm512_setzero_si512();
@@ -405,7 +537,7 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
 #pragma GCC unroll 2
       for (int s = 0; s < 2; ++s) {
         __m512i qa[4], qb[4], qh[4];
-        if constexpr (!kPacked) Q6KUnpacker::Load(rp, off, h, s, qa, qb, qh);
+        if constexpr (!kPacked) Q6KUnpacker::Load(in, b, h, s, qa, qb, qh);
         // Groups 0 and 2 read qa, 1 and 3 qb, so each is live for half of the loop.
 #pragma GCC unroll 4
         for (int gi = 0; gi < 4; ++gi) {
@@ -413,8 +545,8 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
           const int sb = 8 * h + 2 * g + s;
           __m512i q[4], scale;
           if constexpr (kPacked) {
-            for (int i = 0; i < 4; ++i) q[i] = _mm512_load_si512(&pk[b].q[sb][i]);
-            scale = _mm512_load_si512(&pk[b].scale[sb]);
+            for (int i = 0; i < 4; ++i) q[i] = _mm512_load_si512(&in.pk[b].q[sb][i]);
+            scale = _mm512_load_si512(&in.pk[b].scale[sb]);
           } else {
             Q6KUnpacker::Group(qa, qb, qh, g, q);
             scale = u.Scale(sb);
@@ -432,8 +564,13 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
     }
     __m512i pairs[8];
     __m512 d;
-    for (int p = 0; p < 8; ++p) pairs[p] = kPacked ? _mm512_load_si512(&pk[b].pairs[p]) : u.Pair(p);
-    d = kPacked ? _mm512_load_ps(&pk[b].d) : u.d;
+    if constexpr (kPacked) {
+      for (int p = 0; p < 8; ++p) pairs[p] = _mm512_load_si512(&in.pk[b].pairs[p]);
+      d = _mm512_load_ps(&in.pk[b].d);
+    } else {
+      for (int p = 0; p < 8; ++p) pairs[p] = u.Pair(p);
+      d = u.d;
+    }
     for (int c = 0; c < kRn; ++c) {
       const BlockQ8_K* xb = reinterpret_cast<const BlockQ8_K*>(xc[c]) + b;
       __m512i corr = _mm512_setzero_si512();
@@ -445,43 +582,63 @@ FUCINA_TILE_INLINE void Q6KTile(const uint8_t* const* rp, const PackedQ6K* pk,
                                acc[c]);
     }
   }
-  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, false);
+  for (int c = 0; c < kRn; ++c) {
+    StoreTile(acc[c], rows, y + c * y_stride, false, In::kNatural);
+  }
 }
 
-template <bool kPacked>
+// Q6_K in the kTiles16 layout: the quants are ql then qh (192 bytes, 48 dwords), the meta the
+// 16 scale bytes then d.
+using Q6KTilesIn =
+    TilesIn<BlockQ6_K, offsetof(BlockQ6_K, ql), sizeof(BlockQ6_K::ql) + sizeof(BlockQ6_K::qh)>;
+
+// As QxKColumns, without chunks of k (the metadata is read from the activation blocks).
+template <Source kSource, bool kNatural = false>
 void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6K* pk,
                 int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
                 size_t y_stride) {
-  const size_t ahead = kTRows * w_stride;
-  if (!kPacked && rows > 0 && cols > 0) {
+  if (kSource == Source::kRows && rows > 0 && cols > 0) {
     const uint8_t* rp[kTRows];
     TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
     PrefetchTile(rp, static_cast<size_t>(nb) * sizeof(BlockQ6_K));
   }
+  size_t ahead = 0;
+  if (kSource == Source::kRows) ahead = kTRows * w_stride;
+  if (kSource == Source::kTiles && cols <= kTCols) ahead = kStreamAhead;
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
     for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
     for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
       const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
-      const uint8_t* rp[kTRows];
-      TileRows(wb, w_stride, r0, nr, rp);
-      const PackedQ6K* tile = kPacked ? pk + (r0 / kTRows) * nb : nullptr;
       float* yt = y + c0 * y_stride + r0;
+      const auto run = [&](const auto& in) {
 #define FUCINA_TILE_CASE(n_cols) \
-  case n_cols: Q6KTile<n_cols, kPacked>(rp, tile, xc, nb, nr, yt, y_stride, ahead); break;
-      switch (nc) {
-        FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
-        FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
-        default: Q6KTile<1, kPacked>(rp, tile, xc, nb, nr, yt, y_stride, ahead);
-      }
+  case n_cols: Q6KTile<n_cols>(in, xc, nb, nr, yt, y_stride, ahead); break;
+        switch (nc) {
+          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+          default: Q6KTile<1>(in, xc, nb, nr, yt, y_stride, ahead);
+        }
 #undef FUCINA_TILE_CASE
+      };
+      if constexpr (kSource == Source::kRows) {
+        const uint8_t* rp[kTRows];
+        TileRows(wb, w_stride, r0, nr, rp);
+        run(RowsIn<BlockQ6_K>{rp});
+      } else if constexpr (kSource == Source::kTiles) {
+        run(Q6KTilesIn{wb + r0 * w_stride, nb});
+      } else {
+        run(ScratchIn<PackedQ6K, kNatural>{pk + (r0 / kTRows) * nb});
+      }
     }
   }
 }
 
+template <bool kTiles>
 void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
              size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  constexpr Source kDirect = kTiles ? Source::kTiles : Source::kRows;
   const int64_t nb = k / kQK_K;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
@@ -489,16 +646,22 @@ void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
   PackedQ6K* pk = nullptr;
   if (cols > kTCols) pk = static_cast<PackedQ6K*>(TileScratch(tiles * nb * sizeof(PackedQ6K)));
   if (pk == nullptr) {
-    Q6KColumns<false>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
+    Q6KColumns<kDirect>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
     return;
   }
   for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* rp[kTRows];
-    TileRows(wb, w_stride, t * kTRows,
-             static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
-    for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(rp, b * sizeof(BlockQ6_K), pk + t * nb + b);
+    if constexpr (kTiles) {
+      const Q6KTilesIn in{wb + t * kTRows * w_stride, nb};
+      for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(in, b, pk + t * nb + b);
+    } else {
+      const uint8_t* rp[kTRows];
+      TileRows(wb, w_stride, t * kTRows,
+               static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
+      for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(RowsIn<BlockQ6_K>{rp}, b, pk + t * nb + b);
+    }
   }
-  Q6KColumns<true>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y, y_stride);
+  Q6KColumns<Source::kScratch, kTiles>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y,
+                                       y_stride);
 }
 
 }  // namespace
@@ -513,7 +676,15 @@ void GemmQ5_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const
 }
 void GemmQ6_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
-  GemmQ6K(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+  GemmQ6K<false>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQxK<false, true>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ6_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQ6K<true>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 
 }  // namespace fucina::avx512
