@@ -3,6 +3,8 @@
 // to 8 activation rows, one weight row per int32 lane, activation dwords broadcast into
 // vpdpbusd. Per super-block the rows' headers are transposed once and unpacked lane-wise; the
 // quants are transposed 16 bytes at a time and shared by every activation row of the tile.
+// Q4_K and Q6_K weights in the kTiles16 layout (kernels/tile_layout.h) are read as they are,
+// through the same unpackers (a block source hands out dwords of 16 rows either way).
 //
 // Q4_K / Q5_K: each 32-element sub-block costs 8 vpdpbusd per activation row, scaled in float
 // by (scale * d) of each row at once; the min term sum_j m_j * bsum_j is 4 vpdpwssd on int16
