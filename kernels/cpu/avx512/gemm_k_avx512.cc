@@ -51,8 +51,9 @@ struct RowsIn {
 // Block b's quants (the kQuantBytes from byte kQsOffset of a GGUF block) are kQuantBytes / 4
 // vectors from tile + b * 16 * kQuantBytes; its meta follows all the tile's quants,
 // 16 * (sizeof(W) - kQuantBytes) bytes per block. Dwords takes offsets in the GGUF block.
-template <typename W, size_t kQsOffset, size_t kQuantBytes>
+template <typename Block, size_t kQsOffset, size_t kQuantBytes>
 struct TilesIn {
+  using W = Block;
   static constexpr bool kNatural = true;
   static constexpr bool kScratch = false;
   static constexpr size_t kQuantStep = kTRows * kQuantBytes;
@@ -81,6 +82,25 @@ struct ScratchIn {
   static constexpr bool kScratch = true;
   const kPacked* pk;
 };
+
+// Prefill-shaped calls: every row tile of the call unpacked (U::Pack) into pk, tiles * nb
+// super-blocks, from the kTiles16 layout (TIn) or from the GGUF rows (TIn::W's blocks).
+template <typename U, typename TIn, bool kTiles, typename Packed>
+void UnpackCall(const uint8_t* wb, size_t w_stride, int64_t rows, int64_t nb, Packed* pk) {
+  for (int64_t t = 0; t * kTRows < rows; ++t) {
+    Packed* out = pk + t * nb;
+    if constexpr (kTiles) {
+      const TIn in{wb + t * kTRows * w_stride, nb};
+      for (int64_t b = 0; b < nb; ++b) U().Pack(in, b, out + b);
+    } else {
+      const uint8_t* rp[kTRows];
+      const int64_t left = rows - t * kTRows;
+      TileRows(wb, w_stride, t * kTRows, static_cast<int>(left < kTRows ? left : kTRows), rp);
+      const RowsIn<typename TIn::W> in{rp};
+      for (int64_t b = 0; b < nb; ++b) U().Pack(in, b, out + b);
+    }
+  }
+}
 
 // 16 bytes from each of 4 byte fields of a kTiles16 meta (p: field f of row r at p + 16 f + r)
 // -> lane r = the 4 bytes as one dword, field f in byte f (what LoadTransposed gives for 4
@@ -332,7 +352,9 @@ FUCINA_TILE_INLINE void QxKTile(const In& in, const uint8_t* const* xc, int64_t 
                                 _mm512_mul_ps(dmin, _mm512_set1_ps(meta.d[c][j])), acc[c]);
     }
   }
-  for (int c = 0; c < kRn; ++c) StoreTile(acc[c], rows, y + c * y_stride, accumulate, In::kNatural);
+  for (int c = 0; c < kRn; ++c) {
+    StoreTile(acc[c], rows, y + c * y_stride, accumulate, In::kNatural);
+  }
 }
 
 // Where a call's tiles come from: the GGUF rows, the per-thread unpacked copy, or kTiles16
@@ -410,17 +432,7 @@ void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
     QxKColumns<kHigh, kDirect>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
     return;
   }
-  for (int64_t t = 0; t < tiles; ++t) {
-    if constexpr (kTiles) {
-      const TilesIn<W, offsetof(W, qs), sizeof(W::qs)> in{wb + t * kTRows * w_stride, nb};
-      for (int64_t b = 0; b < nb; ++b) U().Pack(in, b, pk + t * nb + b);
-    } else {
-      const uint8_t* rp[kTRows];
-      TileRows(wb, w_stride, t * kTRows,
-               static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
-      for (int64_t b = 0; b < nb; ++b) U().Pack(RowsIn<W>{rp}, b, pk + t * nb + b);
-    }
-  }
+  UnpackCall<U, TilesIn<W, offsetof(W, qs), sizeof(W::qs)>, kTiles>(wb, w_stride, rows, nb, pk);
   QxKColumns<kHigh, Source::kScratch, kTiles>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y,
                                               y_stride);
 }
@@ -651,17 +663,7 @@ void GemmQ6K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
     Q6KColumns<kDirect>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
     return;
   }
-  for (int64_t t = 0; t < tiles; ++t) {
-    if constexpr (kTiles) {
-      const Q6KTilesIn in{wb + t * kTRows * w_stride, nb};
-      for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(in, b, pk + t * nb + b);
-    } else {
-      const uint8_t* rp[kTRows];
-      TileRows(wb, w_stride, t * kTRows,
-               static_cast<int>(rows - t * kTRows < kTRows ? rows - t * kTRows : kTRows), rp);
-      for (int64_t b = 0; b < nb; ++b) Q6KUnpacker().Pack(RowsIn<BlockQ6_K>{rp}, b, pk + t * nb + b);
-    }
-  }
+  UnpackCall<Q6KUnpacker, Q6KTilesIn, kTiles>(wb, w_stride, rows, nb, pk);
   Q6KColumns<Source::kScratch, kTiles>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y,
                                        y_stride);
 }
