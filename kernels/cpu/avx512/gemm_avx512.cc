@@ -220,8 +220,8 @@ struct TileBlocks {
   const PackedBlock* pk = nullptr;
   const uint8_t* tile = nullptr;
   int64_t nb = 0;
-  // Prefetch distance in bytes, 0 for none: kRows, to the next tile's rows; kTiles, ahead in
-  // the quant stream.
+  // 0 for no prefetch; else kRows: the distance in bytes to the next tile's rows; kTiles:
+  // kStreamAhead (PrefetchTileBlock).
   size_t ahead = 0;
 };
 
@@ -244,9 +244,8 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const TileBlocks& src, const uint8_t* c
     } else if constexpr (kSource == Source::kTiles) {
       if (src.ahead != 0) {
         constexpr size_t kMeta = P::kHasMin ? 64 : 32;  // meta bytes a block: d (and m)
-        PrefetchStream(src.tile + b * P::kTileQuantBytes, P::kTileQuantBytes, kStreamAhead);
-        PrefetchStream(src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta,
-                       kStreamAhead / P::kTileQuantBytes * kMeta);
+        PrefetchTileBlock(src.tile + b * P::kTileQuantBytes, P::kTileQuantBytes,
+                          src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta);
       }
       P::LoadTiles(src.tile, src.nb, b, q, &d, &m);
     } else {

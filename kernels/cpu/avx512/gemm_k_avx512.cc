@@ -67,10 +67,9 @@ struct TilesIn {
   FUCINA_TILE_INLINE const uint8_t* Meta(int64_t b) const {
     return tile + nb * kQuantStep + b * kMetaStep;
   }
-  // Decode-shaped calls request the quants and meta of the blocks ahead (PrefetchStream).
+  // Decode-shaped calls request the quants and meta of the blocks ahead.
   FUCINA_TILE_INLINE void Prefetch(int64_t b) const {
-    PrefetchStream(tile + b * kQuantStep, kQuantStep, kStreamAhead);
-    PrefetchStream(Meta(b), kMetaStep, kStreamAhead / kQuantStep * kMetaStep);
+    PrefetchTileBlock(tile + b * kQuantStep, kQuantStep, Meta(b), kMetaStep);
   }
 };
 
@@ -99,6 +98,37 @@ void UnpackCall(const uint8_t* wb, size_t w_stride, int64_t rows, int64_t nb, Pa
       const RowsIn<typename TIn::W> in{rp};
       for (int64_t b = 0; b < nb; ++b) U().Pack(in, b, out + b);
     }
+  }
+}
+
+// Where a call's tiles come from: the GGUF rows, the per-thread unpacked copy, or kTiles16
+// weights.
+enum class Source { kRows, kScratch, kTiles };
+
+// A call's prefetch for its tiles (their `ahead`), 0 for none: on GGUF rows the next tile's
+// rows, this many bytes on; on kTiles16 weights, for decode-shaped calls (up to kTCols
+// columns), along the stream (nonzero: PrefetchTileBlock has its own distances); the scratch
+// copy of prefill-shaped calls is in L2.
+template <Source kSource>
+size_t CallAhead(size_t w_stride, int64_t cols) {
+  if (kSource == Source::kRows) return kTRows * w_stride;
+  if (kSource == Source::kTiles && cols <= kTCols) return kStreamAhead;
+  return 0;
+}
+
+// run(in) with the block source of the row tile at r0 (nr rows): TIn over kTiles16 weights,
+// RowsIn over TIn::W's GGUF rows, or the scratch copy pk (unpacked from tiles when kNatural).
+template <Source kSource, bool kNatural, typename TIn, typename Packed, typename Run>
+FUCINA_TILE_INLINE void WithTileSource(const uint8_t* wb, size_t w_stride, int64_t r0, int nr,
+                                       int64_t nb, const Packed* pk, const Run& run) {
+  if constexpr (kSource == Source::kRows) {
+    const uint8_t* rp[kTRows];
+    TileRows(wb, w_stride, r0, nr, rp);
+    run(RowsIn<typename TIn::W>{rp});
+  } else if constexpr (kSource == Source::kTiles) {
+    run(TIn{wb + r0 * w_stride, nb});
+  } else {
+    run(ScratchIn<Packed, kNatural>{pk + (r0 / kTRows) * nb});
   }
 }
 
@@ -267,8 +297,7 @@ struct QxKUnpacker {
   }
 };
 
-// `ahead`: the prefetch distance of decode-shaped calls in bytes (RowsIn: to the next tile's
-// rows; TilesIn: along the stream), 0 for none.
+// `ahead`: CallAhead's.
 template <bool kHigh, int kRn, typename In>
 FUCINA_TILE_INLINE void QxKTile(const In& in, const uint8_t* const* xc, int64_t b0, int64_t n,
                                 const KActivationMeta& meta, int rows, float* y, size_t y_stride,
@@ -357,9 +386,9 @@ FUCINA_TILE_INLINE void QxKTile(const In& in, const uint8_t* const* xc, int64_t 
   }
 }
 
-// Where a call's tiles come from: the GGUF rows, the per-thread unpacked copy, or kTiles16
-// weights.
-enum class Source { kRows, kScratch, kTiles };
+// Q4_K in the kTiles16 layout (Q5_K has none: only its GGUF rows use TIn::W).
+template <bool kHigh, typename W = typename QxKUnpacker<kHigh>::W>
+using QxKTilesIn = TilesIn<W, offsetof(W, qs), sizeof(W::qs)>;
 
 // The walk over one call's tiles: groups of kTCols activation rows, chunks of kKChunk
 // super-blocks (their activation metadata prepared once), row tiles. kNatural: the scratch
@@ -374,9 +403,7 @@ void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQx
     TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
     PrefetchTile(rp, static_cast<size_t>(nb < kKChunk ? nb : kKChunk) * sizeof(W));
   }
-  size_t ahead = 0;
-  if (kSource == Source::kRows) ahead = kTRows * w_stride;
-  if (kSource == Source::kTiles && cols <= kTCols) ahead = kStreamAhead;
+  const size_t ahead = CallAhead<kSource>(w_stride, cols);
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -400,15 +427,7 @@ void QxKColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQx
           }
 #undef FUCINA_TILE_CASE
         };
-        if constexpr (kSource == Source::kRows) {
-          const uint8_t* rp[kTRows];
-          TileRows(wb, w_stride, r0, nr, rp);
-          run(RowsIn<W>{rp});
-        } else if constexpr (kSource == Source::kTiles) {
-          run(TilesIn<W, offsetof(W, qs), sizeof(W::qs)>{wb + r0 * w_stride, nb});
-        } else {
-          run(ScratchIn<PackedQxK, kNatural>{pk + (r0 / kTRows) * nb});
-        }
+        WithTileSource<kSource, kNatural, QxKTilesIn<kHigh>>(wb, w_stride, r0, nr, nb, pk, run);
       }
     }
   }
@@ -420,7 +439,6 @@ template <bool kHigh, bool kTiles = false>
 void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
              size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   using U = QxKUnpacker<kHigh>;
-  using W = typename U::W;
   constexpr Source kDirect = kTiles ? Source::kTiles : Source::kRows;
   const int64_t nb = k / kQK_K;
   const auto* wb = static_cast<const uint8_t*>(w);
@@ -432,7 +450,7 @@ void GemmQxK(int64_t k, const void* w, size_t w_stride, int64_t rows, const void
     QxKColumns<kHigh, kDirect>(wb, w_stride, rows, nullptr, nb, xb, x_stride, cols, y, y_stride);
     return;
   }
-  UnpackCall<U, TilesIn<W, offsetof(W, qs), sizeof(W::qs)>, kTiles>(wb, w_stride, rows, nb, pk);
+  UnpackCall<U, QxKTilesIn<kHigh>, kTiles>(wb, w_stride, rows, nb, pk);
   QxKColumns<kHigh, Source::kScratch, kTiles>(wb, w_stride, rows, pk, nb, xb, x_stride, cols, y,
                                               y_stride);
 }
@@ -616,9 +634,7 @@ void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6
     TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
     PrefetchTile(rp, static_cast<size_t>(nb) * sizeof(BlockQ6_K));
   }
-  size_t ahead = 0;
-  if (kSource == Source::kRows) ahead = kTRows * w_stride;
-  if (kSource == Source::kTiles && cols <= kTCols) ahead = kStreamAhead;
+  const size_t ahead = CallAhead<kSource>(w_stride, cols);
   for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
     const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
     const uint8_t* xc[kTCols];
@@ -636,15 +652,7 @@ void Q6KColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedQ6
         }
 #undef FUCINA_TILE_CASE
       };
-      if constexpr (kSource == Source::kRows) {
-        const uint8_t* rp[kTRows];
-        TileRows(wb, w_stride, r0, nr, rp);
-        run(RowsIn<BlockQ6_K>{rp});
-      } else if constexpr (kSource == Source::kTiles) {
-        run(Q6KTilesIn{wb + r0 * w_stride, nb});
-      } else {
-        run(ScratchIn<PackedQ6K, kNatural>{pk + (r0 / kTRows) * nb});
-      }
+      WithTileSource<kSource, kNatural, Q6KTilesIn>(wb, w_stride, r0, nr, nb, pk, run);
     }
   }
 }

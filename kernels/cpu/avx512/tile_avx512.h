@@ -206,6 +206,14 @@ FUCINA_TILE_INLINE void PrefetchStream(const uint8_t* p, size_t bytes, size_t ah
   }
 }
 
+// What a tile kernel requests while it reads one block of a kTiles16 tile: its quant_bytes
+// at `quants` (kStreamAhead on) and its meta_bytes at `meta` (as many blocks on).
+FUCINA_TILE_INLINE void PrefetchTileBlock(const uint8_t* quants, size_t quant_bytes,
+                                          const uint8_t* meta, size_t meta_bytes) {
+  PrefetchStream(quants, quant_bytes, kStreamAhead);
+  PrefetchStream(meta, meta_bytes, kStreamAhead / quant_bytes * meta_bytes);
+}
+
 // Sums of 4 vectors: lane i = horizontal sum of v[i].
 FUCINA_TILE_INLINE __m128 Reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
   // 128-bit chunks q0..q3: fold q2,q3 onto q0,q1 for two vectors at once.
