@@ -245,7 +245,8 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const TileBlocks& src, const uint8_t* c
       if (src.ahead != 0) {
         constexpr size_t kMeta = P::kHasMin ? 64 : 32;  // meta bytes a block: d (and m)
         PrefetchTileBlock(src.tile + b * P::kTileQuantBytes, P::kTileQuantBytes,
-                          src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta);
+                          src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta,
+                          src.nb * (P::kTileQuantBytes + kMeta));
       }
       P::LoadTiles(src.tile, src.nb, b, q, &d, &m);
     } else {

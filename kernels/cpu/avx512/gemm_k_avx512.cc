@@ -69,7 +69,8 @@ struct TilesIn {
   }
   // Decode-shaped calls request the quants and meta of the blocks ahead.
   FUCINA_TILE_INLINE void Prefetch(int64_t b) const {
-    PrefetchTileBlock(tile + b * kQuantStep, kQuantStep, Meta(b), kMetaStep);
+    PrefetchTileBlock(tile + b * kQuantStep, kQuantStep, Meta(b), kMetaStep,
+                      nb * (kQuantStep + kMetaStep));
   }
 };
 
