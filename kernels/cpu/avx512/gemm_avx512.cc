@@ -34,6 +34,14 @@ namespace {
 
 constexpr int kTChunk = 128;  // blocks of activation metadata prepared at once (k = 4096).
 
+// The legacy types' tile streams are requested 5 times a line (PrefetchStream<2>: 48, 32, 16,
+// 10.7 and 5.3 KiB ahead): ~11 instructions per 512 multiply-adds leave room for them, and
+// the farthest reach the next matrix's first tiles before the call ends. Qwen3-0.6B-shape
+// Q8_0 decode, 1 thread, alternated runs: 3 requests 34.6-39.1 t/s, 4 (32 KiB farthest)
+// 38.3-41.6, 5 41.4-46.1, 6 (64 KiB) 44.7-45.0; SmolLM2 Q4_1 208-222 -> 276-289 t/s with 5.
+// On 2 threads Q8_0 read 46-51 t/s against 47-56, SmolLM2 270-273 against 257-267: noise.
+constexpr int kLegacyFarRequests = 2;
+
 struct ActivationMeta {
   float d[kTCols][kTChunk];
   float s[kTCols][kTChunk];
@@ -244,9 +252,10 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const TileBlocks& src, const uint8_t* c
     } else if constexpr (kSource == Source::kTiles) {
       if (src.ahead != 0) {
         constexpr size_t kMeta = P::kHasMin ? 64 : 32;  // meta bytes a block: d (and m)
-        PrefetchTileBlock(src.tile + b * P::kTileQuantBytes, P::kTileQuantBytes,
-                          src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta,
-                          src.nb * (P::kTileQuantBytes + kMeta));
+        PrefetchTileBlock<kLegacyFarRequests>(
+            src.tile + b * P::kTileQuantBytes, P::kTileQuantBytes,
+            src.tile + src.nb * P::kTileQuantBytes + b * kMeta, kMeta,
+            src.nb * (P::kTileQuantBytes + kMeta));
       }
       P::LoadTiles(src.tile, src.nb, b, q, &d, &m);
     } else {

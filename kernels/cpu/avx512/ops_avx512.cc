@@ -210,7 +210,7 @@ FUCINA_TILE_INLINE void PrefetchRowsToL2(const void* rows, const PrefetchPlan& p
   const int64_t stop = (i + 1) * plan.per;  // no std::min in ISA files (docs/kernels.md)
   const int64_t end = stop < plan.lines ? stop : plan.lines;
   for (int64_t l = i * plan.per; l < end; ++l) {
-    PrefetchStream(reinterpret_cast<const uint8_t*>(p + 64 * l), 64, kStreamAhead);
+    PrefetchStream<0>(reinterpret_cast<const uint8_t*>(p + 64 * l), 64, kStreamAhead);
   }
 }
 

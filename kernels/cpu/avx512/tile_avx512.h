@@ -195,11 +195,16 @@ FUCINA_TILE_INLINE void PrefetchTile(const uint8_t* const* rp, size_t row_bytes)
 //   three times 82-97%;
 //   Q8_0 tiles: prefetcht0 4 KiB 46-53%, prefetcht1 16 KiB 63-66%, twice 72-78%, three times
 //   88-89%.
+// kFar more requests go 2, 3, ... times `ahead` on, farther than the rest: where the kernel's
+// arithmetic is light, they keep more of the stream in flight, and at the end of a call they
+// reach into the next weight matrix in the file, which a decode step reads next (below).
 // Prefetches never fault, so lines past the end of the matrix are harmless.
 constexpr size_t kStreamAhead = 16384;
+template <int kFar>
 FUCINA_TILE_INLINE void PrefetchStream(const uint8_t* p, size_t bytes, size_t ahead) {
   for (size_t l = 0; l < bytes; l += 64) {
     const char* line = reinterpret_cast<const char*>(p + l);
+    for (int f = kFar; f > 0; --f) _mm_prefetch(line + ahead * (f + 1), _MM_HINT_T1);
     _mm_prefetch(line + ahead, _MM_HINT_T1);
     _mm_prefetch(line + ahead * 2 / 3, _MM_HINT_T1);
     _mm_prefetch(line + ahead / 3, _MM_HINT_T1);
@@ -207,15 +212,16 @@ FUCINA_TILE_INLINE void PrefetchStream(const uint8_t* p, size_t bytes, size_t ah
 }
 
 // What a tile kernel requests while it reads one block of a kTiles16 tile: its quant_bytes
-// at `quants`, kStreamAhead on, and its meta_bytes at `meta` one tile (tile_bytes) on, i.e.
-// the same block's meta in the next tile, needed a whole tile later. (A distance along the
-// meta proportional to kStreamAhead lands in the next tile's quants, which the quant stream
-// requests anyway, so a tile's first meta lines were fetched only as the tile began: Q8_0
-// 3072 x 1024 tiles, 1 thread, 25.5 -> 26.2 GB/s, Q6_K 27.3 -> 28.7 in alternated runs.)
+// at `quants`, kStreamAhead on (PrefetchStream<kFar>), and its meta_bytes at `meta` one tile
+// (tile_bytes) on, i.e. the same block's meta in the next tile, needed a whole tile later. (A
+// distance along the meta proportional to kStreamAhead lands in the next tile's quants, which
+// the quant stream requests anyway, so a tile's first meta lines were fetched only as the tile
+// began: Q8_0 3072 x 1024 tiles, 1 thread, 25.5 -> 26.2 GB/s, Q6_K 27.3 -> 28.7 alternated.)
+template <int kFar>
 FUCINA_TILE_INLINE void PrefetchTileBlock(const uint8_t* quants, size_t quant_bytes,
                                           const uint8_t* meta, size_t meta_bytes,
                                           size_t tile_bytes) {
-  PrefetchStream(quants, quant_bytes, kStreamAhead);
+  PrefetchStream<kFar>(quants, quant_bytes, kStreamAhead);
   for (size_t l = 0; l < meta_bytes; l += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(meta + l + tile_bytes), _MM_HINT_T1);
   }
