@@ -68,8 +68,9 @@ struct TilesIn {
     return tile + nb * kQuantStep + b * kMetaStep;
   }
   // Decode-shaped calls request the quants and meta of the blocks ahead, three times a line:
-  // the k-quant unpacking is heavy enough that farther requests cost more than they gave
-  // (Qwen3-0.6B-shape Q4_K_M decode, 1 thread: 64-67 t/s with 3, 55-56 with 5 or 6).
+  // the k-quant unpacking leaves less room for more (Qwen3-0.6B-shape Q4_K_M decode,
+  // alternated runs: 1 thread 64-67 t/s with 3, 68-69 with 4, 67 with 5; 2 threads 74-75
+  // with 3, 65-72 with 4, 61-76 with 5).
   FUCINA_TILE_INLINE void Prefetch(int64_t b) const {
     PrefetchTileBlock<0>(tile + b * kQuantStep, kQuantStep, Meta(b), kMetaStep,
                       nb * (kQuantStep + kMetaStep));
