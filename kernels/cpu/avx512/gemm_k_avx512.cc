@@ -73,7 +73,7 @@ struct TilesIn {
   // with 3, 65-72 with 4, 61-76 with 5).
   FUCINA_TILE_INLINE void Prefetch(int64_t b) const {
     PrefetchTileBlock<0>(tile + b * kQuantStep, kQuantStep, Meta(b), kMetaStep,
-                      nb * (kQuantStep + kMetaStep));
+                         nb * (kQuantStep + kMetaStep));
   }
 };
 

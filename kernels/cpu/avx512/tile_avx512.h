@@ -187,10 +187,11 @@ FUCINA_TILE_INLINE void PrefetchTile(const uint8_t* const* rp, size_t row_bytes)
 
 // Decode-shaped calls on kTiles16 weights (one sequential stream per tile) request the
 // `bytes` at p + ahead into L2, each line three times: at `ahead`, 2/3 and 1/3 of it, i.e.
-// again as the read comes closer. The quants go kStreamAhead ahead, the meta (a few bytes per
-// block, after the tile's quants) as many blocks ahead. The stream's own prefetchers kept too
-// few lines in flight, and on a Zen 4 core single requests were not enough either: `bench
-// kernels`, 1 thread, 3072 x 1024 matvec from memory, % of the plain read bandwidth:
+// again as the read comes closer (the quants kStreamAhead ahead; the meta, a few bytes per
+// block after the tile's quants, one tile ahead: PrefetchTileBlock). The stream's own
+// prefetchers kept too few lines in flight, and on a Zen 4 core single requests were not
+// enough either: `bench kernels`, 1 thread, 3072 x 1024 matvec from memory, % of the plain
+// read bandwidth:
 //   Q4_K tiles: prefetcht0 4 KiB ahead 28%, none 36%, prefetcht1 16 KiB 64-67%, twice 69-79%,
 //   three times 82-97%;
 //   Q8_0 tiles: prefetcht0 4 KiB 46-53%, prefetcht1 16 KiB 63-66%, twice 72-78%, three times
