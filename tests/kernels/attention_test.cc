@@ -253,6 +253,42 @@ TEST(AttentionTest, PrefillBlockEqualsOneQueryAtATime) {
   }
 }
 
+TEST(AttentionTest, LongContextMatchesReferenceAndDecode) {
+  // 600+ keys: a q8_0 K cache is scored 256 keys per call, so the keys cross several score
+  // calls and end in a partial one. The result matches the reference, and a prefill block
+  // (staged V) gives each query the bits it gets alone (decode).
+  constexpr int64_t kNq = 9, kPos0 = 601;
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0}) {
+    for (bool tiled : {false, true}) {
+      if (tiled && type != GgmlType::kQ8_0) continue;
+      AttnCase s(type, 4, 2, 64, kNq, kPos0, 7 + static_cast<uint32_t>(tiled));
+      if (tiled) s.TileKeys();
+      std::vector<float> want(s.OutSize());
+      AttentionRef(s.args, want.data());
+      for (Isa isa : Levels()) {
+        SCOPED_TRACE(std::string(TypeName(type)) + (tiled ? " tiled K " : " ") +
+                     std::string(IsaName(isa)));
+        std::vector<float> all(s.OutSize());
+        AttentionHeadsForIsa(isa, s.args, 0, s.args.num_heads, all.data());
+        for (size_t i = 0; i < all.size(); ++i) ASSERT_NEAR(all[i], want[i], 2e-6) << i;
+        const int64_t per_query = s.args.num_heads * 64;
+        for (int64_t i = 0; i < kNq; ++i) {
+          AttentionArgs one = s.args;
+          one.q = s.q.data() + i * per_query;
+          one.n_q = 1;
+          one.pos0 = kPos0 + i;
+          std::vector<float> alone(per_query);
+          AttentionHeadsForIsa(isa, one, 0, one.num_heads, alone.data());
+          ASSERT_EQ(std::vector<float>(all.begin() + i * per_query,
+                                       all.begin() + (i + 1) * per_query),
+                    alone)
+              << "query " << i;
+        }
+      }
+    }
+  }
+}
+
 std::string Trace(GgmlType type, int group, int64_t window, int64_t n_q, int64_t pos0, Isa isa) {
   return std::string(TypeName(type)) + " group=" + std::to_string(group) +
          " window=" + std::to_string(window) + " n_q=" + std::to_string(n_q) +
