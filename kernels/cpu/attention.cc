@@ -84,8 +84,8 @@ void ScalarTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n
   }
 }
 
-void ScalarExp(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+void ScalarExp(const float* x, float shift, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
 }
 
 // Max and sum of s[0, n) as 8 interleaved partial results combined in a fixed order: 8
@@ -128,7 +128,7 @@ struct TileKernels {
                  int s_ld);
   void (*accum)(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,
                 float* acc);
-  void (*exp)(const float* x, float* y, int64_t n);
+  void (*exp)(const float* x, float shift, float* y, int64_t n);  // y = exp(x - shift)
   // The same scores and sums read from the cache rows without the f32 tile buffer, bit for bit
   // (ops_isa.h); null where an ISA has none.
   RowScoresFn row_scores = nullptr;
@@ -449,8 +449,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
             }
             run_max[r] = tile_max;
           }
-          for (int t = lo; t < valid; ++t) sr[t] -= run_max[r];
-          kern.exp(sr + lo, sr + lo, valid - lo);
+          kern.exp(sr + lo, run_max[r], sr + lo, valid - lo);
           run_sum[r] += SpanSum(sr + lo, valid - lo);
           std::fill(sr, sr + lo, 0.0f);
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;

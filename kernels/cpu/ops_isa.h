@@ -40,10 +40,13 @@ namespace fucina {
 // Only the n_keys rows are read (no padding rows past them).
 
 // Same contracts as the public functions of the same name (kernels/norm.h, softmax.h,
-// activations.h). ExpF32: y[i] = exp(x[i]), max relative error ~2 ulp over the whole float
-// range (results below ~1e-45 flush to 0, above FLT_MAX go to inf, NaN stays NaN).
+// activations.h). ExpF32: y[i] = exp(x[i] - shift) of the f32 difference (attention's scores
+// less their running max: subtracted in the vectors, where a separate pass stored the
+// differences 4 floats at a time and the exp's 16-float loads waited on store forwarding),
+// max relative error ~2 ulp over the whole float range (results below ~1e-45 flush to 0,
+// above FLT_MAX go to inf, NaN stays NaN).
 #define FUCINA_OPS_ISA_DECLS                                                                   \
-  void ExpF32(const float* x, float* y, int64_t n);                                            \
+  void ExpF32(const float* x, float shift, float* y, int64_t n);                               \
   void RmsNorm(const float* x, const float* weight, float eps, int64_t rows, int64_t n,         \
                float* out);                                                                    \
   void Softmax(float* x, int64_t rows, int64_t n, float scale, const float* mask,              \

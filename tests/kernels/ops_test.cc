@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -36,18 +37,24 @@ struct Path {
   std::function<void(const float*, const float*, float*, int64_t)> swiglu;
 };
 
+// ExpF32 with no shift: y = exp(x - 0) == exp(x) for every x.
+std::function<void(const float*, float*, int64_t)> Unshifted(
+    void (*exp)(const float*, float, float*, int64_t)) {
+  return [exp](const float* x, float* y, int64_t n) { exp(x, 0.0f, y, n); };
+}
+
 // The dispatched entry points plus every SIMD namespace the CPU supports.
 std::vector<Path> Paths() {
   std::vector<Path> paths;
   paths.push_back({std::string("dispatch:") + std::string(IsaName(ActiveIsa())), nullptr,
                    RmsNorm, Softmax, Silu, GeluTanh, SwiGlu});
   if (DetectedIsa() >= Isa::kAvx2) {
-    paths.push_back({"avx2", avx2::ExpF32, avx2::RmsNorm, avx2::Softmax, avx2::Silu,
+    paths.push_back({"avx2", Unshifted(avx2::ExpF32), avx2::RmsNorm, avx2::Softmax, avx2::Silu,
                      avx2::GeluTanh, avx2::SwiGlu});
   }
   if (DetectedIsa() >= Isa::kAvx512) {
-    paths.push_back({"avx512", avx512::ExpF32, avx512::RmsNorm, avx512::Softmax, avx512::Silu,
-                     avx512::GeluTanh, avx512::SwiGlu});
+    paths.push_back({"avx512", Unshifted(avx512::ExpF32), avx512::RmsNorm, avx512::Softmax,
+                     avx512::Silu, avx512::GeluTanh, avx512::SwiGlu});
   }
   return paths;
 }
@@ -101,6 +108,28 @@ TEST(ExpTest, WithinThreeUlpOverTheWholeRange) {
     EXPECT_EQ(out[1], 0.0f);
     EXPECT_TRUE(std::isnan(out[2]));
     EXPECT_EQ(out[3], 1.0f);
+  }
+}
+
+// The shift is subtracted in f32 before the exp (attention's scores less their running max):
+// the same bits as the exp of the differences, on every length (tails are masked).
+TEST(ExpTest, ShiftIsTheFloatDifference) {
+  using ExpFn = void (*)(const float*, float, float*, int64_t);
+  std::vector<std::pair<std::string, ExpFn>> fns;
+  if (DetectedIsa() >= Isa::kAvx2) fns.push_back({"avx2", avx2::ExpF32});
+  if (DetectedIsa() >= Isa::kAvx512) fns.push_back({"avx512", avx512::ExpF32});
+  for (const auto& [name, exp] : fns) {
+    for (int64_t n : {1, 7, 16, 31, 32, 45}) {
+      SCOPED_TRACE(name + " n=" + std::to_string(n));
+      const std::vector<float> x = Random(n, -30.0f, 10.0f, 40 + n);
+      for (float shift : {0.0f, 3.25f, -7.1f, 11.0f}) {
+        std::vector<float> diff(x.size()), want(x.size()), got(x.size());
+        for (int64_t i = 0; i < n; ++i) diff[i] = x[i] - shift;
+        exp(diff.data(), 0.0f, want.data(), n);
+        exp(x.data(), shift, got.data(), n);
+        EXPECT_EQ(got, want) << "shift " << shift;
+      }
+    }
   }
 }
 

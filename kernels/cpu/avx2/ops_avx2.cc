@@ -121,7 +121,10 @@ inline void Map2(const float* a, const float* b, float* out, int64_t n, F f) {
 
 }  // namespace
 
-void ExpF32(const float* x, float* y, int64_t n) { Map(x, y, n, Exp8); }
+void ExpF32(const float* x, float shift, float* y, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  Map(x, y, n, [s](__m256 v) { return Exp8(_mm256_sub_ps(v, s)); });
+}
 
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu8); }
 

@@ -81,7 +81,10 @@ inline void Map(const float* x, float* y, int64_t n, F f) {
 
 }  // namespace
 
-void ExpF32(const float* x, float* y, int64_t n) { Map(x, y, n, Exp16); }
+void ExpF32(const float* x, float shift, float* y, int64_t n) {
+  const __m512 s = _mm512_set1_ps(shift);
+  Map(x, y, n, [s](__m512 v) { return Exp16(_mm512_sub_ps(v, s)); });
+}
 
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu16); }
 
