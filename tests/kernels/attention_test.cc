@@ -224,6 +224,23 @@ TEST(AttentionTest, GqaGroupsAndPrefillBlocksMatchReference) {
   }
 }
 
+// `all`, the output of `block` (several queries in one call), holds for each query the bits
+// it gets run alone (decode).
+void ExpectEachQueryAlone(Isa isa, const AttentionArgs& block, const std::vector<float>& all) {
+  const int64_t per_query = block.num_heads * block.layout.head_dim;
+  for (int64_t i = 0; i < block.n_q; ++i) {
+    AttentionArgs one = block;
+    one.q = block.q + i * per_query;
+    one.n_q = 1;
+    one.pos0 = block.pos0 + i;
+    std::vector<float> alone(per_query);
+    AttentionHeadsForIsa(isa, one, 0, one.num_heads, alone.data());
+    for (int64_t e = 0; e < per_query; ++e) {
+      ASSERT_EQ(all[i * per_query + e], alone[e]) << "query " << i << " element " << e;
+    }
+  }
+}
+
 TEST(AttentionTest, PrefillBlockEqualsOneQueryAtATime) {
   // Queries batched into one block must give bit-identical results to the same queries run
   // alone (decode): keys past a query's causal limit get weight exactly 0.
@@ -236,18 +253,7 @@ TEST(AttentionTest, PrefillBlockEqualsOneQueryAtATime) {
                      std::string(IsaName(isa)));
         std::vector<float> all(s.OutSize());
         AttentionHeadsForIsa(isa, s.args, 0, s.args.num_heads, all.data());
-        const int64_t per_query = s.args.num_heads * 64;
-        for (int64_t i = 0; i < kNq; ++i) {
-          AttentionArgs one = s.args;
-          one.q = s.q.data() + i * per_query;
-          one.n_q = 1;
-          one.pos0 = kPos0 + i;
-          std::vector<float> alone(per_query);
-          AttentionHeadsForIsa(isa, one, 0, one.num_heads, alone.data());
-          for (int64_t e = 0; e < per_query; ++e) {
-            ASSERT_EQ(all[i * per_query + e], alone[e]) << "query " << i << " element " << e;
-          }
-        }
+        ExpectEachQueryAlone(isa, s.args, all);
       }
     }
   }
@@ -271,19 +277,7 @@ TEST(AttentionTest, LongContextMatchesReferenceAndDecode) {
         std::vector<float> all(s.OutSize());
         AttentionHeadsForIsa(isa, s.args, 0, s.args.num_heads, all.data());
         for (size_t i = 0; i < all.size(); ++i) ASSERT_NEAR(all[i], want[i], 2e-6) << i;
-        const int64_t per_query = s.args.num_heads * 64;
-        for (int64_t i = 0; i < kNq; ++i) {
-          AttentionArgs one = s.args;
-          one.q = s.q.data() + i * per_query;
-          one.n_q = 1;
-          one.pos0 = kPos0 + i;
-          std::vector<float> alone(per_query);
-          AttentionHeadsForIsa(isa, one, 0, one.num_heads, alone.data());
-          ASSERT_EQ(std::vector<float>(all.begin() + i * per_query,
-                                       all.begin() + (i + 1) * per_query),
-                    alone)
-              << "query " << i;
-        }
+        ExpectEachQueryAlone(isa, s.args, all);
       }
     }
   }
