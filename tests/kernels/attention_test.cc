@@ -461,19 +461,10 @@ TEST(AttentionTest, WindowedPrefillBlockEqualsOneQueryAtATime) {
         const std::vector<float> q = Random(kNq * per_query, -2.5f, 2.5f, 12 + group);
         for (Isa isa : Levels()) {
           SCOPED_TRACE(Trace(type, group, window, kNq, pos0, isa));
+          const AttentionArgs block = c.Args(q.data(), heads, kNq, pos0, window, true);
           std::vector<float> all(kNq * per_query);
-          AttentionHeadsForIsa(isa, c.Args(q.data(), heads, kNq, pos0, window, true), 0, heads,
-                               all.data());
-          for (int64_t i = 0; i < kNq; ++i) {
-            std::vector<float> alone(per_query);
-            AttentionHeadsForIsa(isa,
-                                 c.Args(q.data() + i * per_query, heads, 1, pos0 + i, window,
-                                        true),
-                                 0, heads, alone.data());
-            for (int64_t e = 0; e < per_query; ++e) {
-              ASSERT_EQ(all[i * per_query + e], alone[e]) << "query " << i << " element " << e;
-            }
-          }
+          AttentionHeadsForIsa(isa, block, 0, heads, all.data());
+          ExpectEachQueryAlone(isa, block, all);
         }
       }
     }
