@@ -7,10 +7,11 @@
 // the software prefetch was placed. Repacked, a tile is two sequential streams (quants, then
 // scales), and the in-register transposes of every block disappear from decode and prefill.
 //
-// Format, for the types of TileLayoutApplies (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K), per 16
-// consecutive rows with nb blocks each (QB quant bytes per block: Q8_0 32, Q4_x/Q5_x 16, Q4_K
-// 128; its other bytes are meta: Q8_0 and Q4_0 d, Q4_1 d and m, Q5_0 d and its qh dword, Q5_1
-// d, m and qh, Q4_K d, dmin and 12 packed scale bytes):
+// Format, for the types of TileLayoutApplies (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K),
+// per 16 consecutive rows with nb blocks each (QB quant bytes per block: Q8_0 32, Q4_x/Q5_x 16,
+// Q4_K 128, Q5_K 160 (qh and qs), Q6_K 192 (ql and qh); its other bytes are meta: Q8_0 and
+// Q4_0 d, Q4_1 d and m, Q5_0 d and its qh dword, Q5_1 d, m and qh, Q4_K and Q5_K d, dmin and
+// 12 packed scale bytes, Q6_K 16 scale bytes and d):
 //   [nb * 16 * QB quant bytes][nb * 16 * meta bytes]
 //   quants of block b: QB / 4 vectors of 64 bytes; bytes 4r..4r+3 of vector v are dword v of
 //     row r's quants (Q8_0 stores q + 128, unsigned, the form vpdpbusd multiplies).

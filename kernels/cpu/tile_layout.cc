@@ -32,8 +32,9 @@ bool ShapeOf(GgmlType type, BlockShape* s) {
     // d (and m); qh, one 4-byte field; qs.
     case GgmlType::kQ5_0: *s = {32, 22, 6, 16, 0x00, {{0, 2, 1}, {2, 4, 1}}}; return true;
     case GgmlType::kQ5_1: *s = {32, 24, 8, 16, 0x00, {{0, 2, 2}, {4, 4, 1}}}; return true;
-    // d, dmin; 12 packed scale bytes; qs.
+    // d, dmin; 12 packed scale bytes; qs (Q5_K: qh and qs as one run of quants).
     case GgmlType::kQ4_K: *s = {256, 144, 16, 128, 0x00, {{0, 2, 2}, {4, 1, 12}}}; return true;
+    case GgmlType::kQ5_K: *s = {256, 176, 16, 160, 0x00, {{0, 2, 2}, {4, 1, 12}}}; return true;
     // ql and qh as one run of quants; 16 scale bytes, d.
     case GgmlType::kQ6_K: *s = {256, 210, 0, 192, 0x00, {{192, 1, 16}, {208, 2, 1}}}; return true;
     default: return false;

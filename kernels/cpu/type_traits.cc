@@ -137,6 +137,7 @@ Table Avx512TableWithGemm() {
   SetGemm(t, T::kQ4_K, avx512::GemmQ4_KQ8_K);
   t[static_cast<uint32_t>(T::kQ4_K)].gemm_tiles16 = avx512::GemmTilesQ4_KQ8_K;
   SetGemm(t, T::kQ5_K, avx512::GemmQ5_KQ8_K);
+  t[static_cast<uint32_t>(T::kQ5_K)].gemm_tiles16 = avx512::GemmTilesQ5_KQ8_K;
   SetGemm(t, T::kQ6_K, avx512::GemmQ6_KQ8_K);
   t[static_cast<uint32_t>(T::kQ6_K)].gemm_tiles16 = avx512::GemmTilesQ6_KQ8_K;
   SetGemm(t, T::kF32, avx512::GemmF32F32);

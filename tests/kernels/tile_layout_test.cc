@@ -23,7 +23,7 @@ namespace {
 
 constexpr GgmlType kPackedTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
                                      GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
-                                     GgmlType::kQ6_K};
+                                     GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 // Rows with a heavy tail (every 23rd value x30): extreme codes, scales over a wide range.
 std::vector<uint8_t> RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
@@ -79,10 +79,10 @@ Parts PartsOf(GgmlType type) {
       meta.push_back({208, 2});
       return {0, 192, 0, meta};
     }
-    default: {  // Q4_K: d, dmin, 12 scale bytes, qs
+    default: {  // Q4_K: d, dmin, 12 scale bytes, qs; Q5_K: the same, qh and qs one run
       std::vector<Field> meta = Run(0, 2, 2), scales = Run(4, 1, 12);
       meta.insert(meta.end(), scales.begin(), scales.end());
-      return {16, 128, 0, meta};
+      return {16, type == GgmlType::kQ5_K ? 160 : 128, 0, meta};
     }
   }
 }
@@ -196,13 +196,13 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
 
 TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
   // AVX2 and AVX-512 read Q8_0/Q4_0/Q4_1/Q4_K packed; Q5_0/Q5_1 have AVX2 packed kernels
-  // (AVX-512 keeps its row-major ones), Q6_K an AVX-512 one (AVX2 keeps its row kernel).
+  // (AVX-512 keeps its row-major ones), Q5_K and Q6_K AVX-512 ones (AVX2 keeps its row kernels).
   const bool reads = ActiveIsa() >= Isa::kAvx2;
   const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ6_K, 256));
   for (GgmlType type : kPackedTypes) {
     const bool avx2_only = type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
     bool want = avx2_only ? ActiveIsa() == Isa::kAvx2 : reads;
-    if (type == GgmlType::kQ6_K) want = ActiveIsa() == Isa::kAvx512;
+    if (type == GgmlType::kQ5_K || type == GgmlType::kQ6_K) want = ActiveIsa() == Isa::kAvx512;
     const int64_t cols = BlockOf(type) * 2;
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, cols)), want)
         << TypeName(type);
@@ -210,7 +210,7 @@ TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 40, cols)), want)
         << TypeName(type);
   }
-  EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kQ5_K, 32, 256)));
+  EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kQ2_K, 32, 256)));
   EXPECT_FALSE(TileLayoutApplies(WeightView::Dense(buf.data(), GgmlType::kF16, 32, 64)));
   WeightView strided = WeightView::Dense(buf.data(), GgmlType::kQ8_0, 16, 64);
   strided.row_stride += 8;

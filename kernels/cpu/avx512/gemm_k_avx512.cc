@@ -3,7 +3,7 @@
 // to 8 activation rows, one weight row per int32 lane, activation dwords broadcast into
 // vpdpbusd. Per super-block the rows' headers are transposed once and unpacked lane-wise; the
 // quants are transposed 16 bytes at a time and shared by every activation row of the tile.
-// Q4_K and Q6_K weights in the kTiles16 layout (kernels/tile_layout.h) are read as they are,
+// Q4_K, Q5_K and Q6_K weights in the kTiles16 layout (kernels/tile_layout.h) are read as they are,
 // through the same unpackers (a block source hands out dwords of 16 rows either way).
 //
 // Q4_K / Q5_K: each 32-element sub-block costs 8 vpdpbusd per activation row, scaled in float
@@ -215,7 +215,6 @@ struct QxKUnpacker {
     const __m512i m2 = _mm512_set1_epi32(0x03030303);
     __m512i h[4];  // d|dmin, then scale bytes 0-3, 4-7, 8-11 (kernels/quant/blocks.h).
     if constexpr (In::kNatural) {
-      static_assert(!kHigh, "Q5_K has no kTiles16 layout");
       // The tile's meta: d, dmin (16 f16 each), then the 12 scale bytes, 16 rows each.
       const uint8_t* meta = in.Meta(b);
       d = FieldHalves(meta);
@@ -390,9 +389,11 @@ FUCINA_TILE_INLINE void QxKTile(const In& in, const uint8_t* const* xc, int64_t 
   }
 }
 
-// Q4_K in the kTiles16 layout (Q5_K has none: only its GGUF rows use TIn::W).
+// Q4_K and Q5_K in the kTiles16 layout: Q4_K's quants are its qs, Q5_K's its qh and qs (one
+// run, as the GGUF block has them); the meta (d, dmin, 12 scale bytes) is the same.
 template <bool kHigh, typename W = typename QxKUnpacker<kHigh>::W>
-using QxKTilesIn = TilesIn<W, offsetof(W, qs), sizeof(W::qs)>;
+using QxKTilesIn = TilesIn<W, kHigh ? offsetof(BlockQ5_K, qh) : offsetof(W, qs),
+                           kHigh ? sizeof(BlockQ5_K::qh) + sizeof(BlockQ5_K::qs) : sizeof(W::qs)>;
 
 // The walk over one call's tiles: groups of kTCols activation rows, chunks of kKChunk
 // super-blocks (their activation metadata prepared once), row tiles. kNatural: the scratch
@@ -697,6 +698,10 @@ void GemmQ6_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const
 void GemmTilesQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   GemmQxK<false, true>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ5_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  GemmQxK<true, true>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmTilesQ6_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
