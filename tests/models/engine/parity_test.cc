@@ -622,6 +622,8 @@ FUCINA_PARITY_SUITE(Qwen3Q4_K, Keep([] { return Qwen3("q4_k", 256, false); }),
                     Check::kQuantLogProbs);
 FUCINA_PARITY_SUITE(Qwen3Q6_K, Keep([] { return Qwen3("q6_k", 256, false); }),
                     Check::kQuantLogProbs);
+FUCINA_PARITY_SUITE(Qwen3Q5_K, Keep([] { return Qwen3("q5_k", 256, false); }),
+                    Check::kQuantLogProbs);
 FUCINA_PARITY_SUITE(Qwen3MoeQ8_0, Keep([] { return Qwen3Moe(false); }), Check::kQuantLogProbs);
 
 // Greedy checks on a subset of the weight types (each reference step costs a decode call);
@@ -673,6 +675,7 @@ FUCINA_LOGPROB_TEST(LlamaF32RopeFreqs, false)
 FUCINA_LOGPROB_TEST(Qwen3Q8_0, true)
 FUCINA_LOGPROB_TEST(Qwen3Q4_K, true)
 FUCINA_LOGPROB_TEST(Qwen3Q6_K, true)
+FUCINA_LOGPROB_TEST(Qwen3Q5_K, true)
 FUCINA_LOGPROB_TEST(Qwen3MoeQ8_0, true)
 FUCINA_LOGPROB_TEST(Gemma4F32, false)
 FUCINA_LOGPROB_TEST(Gemma4PleF32, false)
