@@ -116,6 +116,7 @@ Table Avx2TableWithGemm() {
   SetGemm(t, T::kQ4_K, avx2::GemmQ4_KQ8_K);
   t[static_cast<uint32_t>(T::kQ4_K)].gemm_tiles16 = avx2::GemmTilesQ4_KQ8_K;
   SetGemm(t, T::kQ5_K, avx2::GemmQ5_KQ8_K);
+  t[static_cast<uint32_t>(T::kQ5_K)].gemm_tiles16 = avx2::GemmTilesQ5_KQ8_K;
   SetGemm(t, T::kQ6_K, avx2::GemmQ6_KQ8_K);
   SetGemm(t, T::kF32, avx2::GemmF32F32);
   SetGemm(t, T::kF16, avx2::GemmF16F32);

@@ -195,14 +195,14 @@ TEST(TileLayoutTest, RowsPackOneAtATimeAsTheWholeTileDoes) {
 }
 
 TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
-  // AVX2 and AVX-512 read Q8_0/Q4_0/Q4_1/Q4_K packed; Q5_0/Q5_1 have AVX2 packed kernels
-  // (AVX-512 keeps its row-major ones), Q5_K and Q6_K AVX-512 ones (AVX2 keeps its row kernels).
+  // AVX2 and AVX-512 read Q8_0/Q4_0/Q4_1/Q4_K/Q5_K packed; Q5_0/Q5_1 have AVX2 packed kernels
+  // (AVX-512 keeps its row-major ones), Q6_K an AVX-512 one (AVX2 keeps its row kernel).
   const bool reads = ActiveIsa() >= Isa::kAvx2;
   const std::vector<uint8_t> buf(64 * RowBytes(GgmlType::kQ6_K, 256));
   for (GgmlType type : kPackedTypes) {
     const bool avx2_only = type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
     bool want = avx2_only ? ActiveIsa() == Isa::kAvx2 : reads;
-    if (type == GgmlType::kQ5_K || type == GgmlType::kQ6_K) want = ActiveIsa() == Isa::kAvx512;
+    if (type == GgmlType::kQ6_K) want = ActiveIsa() == Isa::kAvx512;
     const int64_t cols = BlockOf(type) * 2;
     EXPECT_EQ(TileLayoutApplies(WeightView::Dense(buf.data(), type, 32, cols)), want)
         << TypeName(type);
@@ -225,36 +225,77 @@ TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
 // (128 blocks, Q4_K 16), decode (1..8 activation rows) and prefill-shaped (more than 8) calls.
 TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
   bool ran = false;
-  for (GgmlType type : kPackedTypes) {
-    const CpuTypeTraits* t = GetCpuTraits(type, DetectedIsa());
-    if (t->gemm_tiles16 == nullptr) continue;
-    ran = true;
-    const CpuTypeTraits* xt = GetCpuTraits(t->vec_dot_type, Isa::kScalar);
-    uint32_t seed = 10;
-    for (int64_t rows : {16, 37, 48, 160}) {
-      // Past two activation chunks (k-quants: 16 super-blocks, else 128 blocks).
-      const int64_t most = BlockOf(type) == 256 ? 35 : 131;
-      for (int64_t nb : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{18}, most}) {
-        for (int64_t m : {1, 3, 8, 9, 33}) {
-          const int64_t k = nb * BlockOf(type);
-          const std::vector<uint8_t> w = RandomMatrix(type, rows, k, seed++);
-          const WeightView view = WeightView::Dense(w.data(), type, rows, k);
-          const std::vector<uint8_t> p = Packed(view);
-          const std::vector<float> xf = RandomActivations(m * k, seed++);
-          const size_t x_row = RowBytes(t->vec_dot_type, k);
-          std::vector<uint8_t> x(m * x_row);
-          for (int64_t i = 0; i < m; ++i) xt->from_float(&xf[i * k], &x[i * x_row], k);
-          std::vector<float> want(m * rows, NAN), got(m * rows, NAN);
-          t->gemm(k, w.data(), view.row_stride, rows, x.data(), x_row, m, want.data(), rows);
-          t->gemm_tiles16(k, p.data(), view.row_stride, rows, x.data(), x_row, m, got.data(),
-                          rows);
-          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-              << TypeName(type) << " rows=" << rows << " nb=" << nb << " m=" << m;
+  for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
+    const Isa isa = static_cast<Isa>(i);
+    for (GgmlType type : kPackedTypes) {
+      const CpuTypeTraits* t = GetCpuTraits(type, isa);
+      if (t->gemm_tiles16 == nullptr) continue;
+      ran = true;
+      const CpuTypeTraits* xt = GetCpuTraits(t->vec_dot_type, Isa::kScalar);
+      uint32_t seed = 10;
+      for (int64_t rows : {16, 37, 48, 160}) {
+        // Past two activation chunks (k-quants: 16 super-blocks, else 128 blocks).
+        const int64_t most = BlockOf(type) == 256 ? 35 : 131;
+        for (int64_t nb : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{18}, most}) {
+          for (int64_t m : {1, 3, 8, 9, 33}) {
+            const int64_t k = nb * BlockOf(type);
+            const std::vector<uint8_t> w = RandomMatrix(type, rows, k, seed++);
+            const WeightView view = WeightView::Dense(w.data(), type, rows, k);
+            const std::vector<uint8_t> p = Packed(view);
+            const std::vector<float> xf = RandomActivations(m * k, seed++);
+            const size_t x_row = RowBytes(t->vec_dot_type, k);
+            std::vector<uint8_t> x(m * x_row);
+            for (int64_t i = 0; i < m; ++i) xt->from_float(&xf[i * k], &x[i * x_row], k);
+            std::vector<float> want(m * rows, NAN), got(m * rows, NAN);
+            t->gemm(k, w.data(), view.row_stride, rows, x.data(), x_row, m, want.data(), rows);
+            t->gemm_tiles16(k, p.data(), view.row_stride, rows, x.data(), x_row, m, got.data(),
+                            rows);
+            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                << TypeName(type) << " " << IsaName(isa) << " rows=" << rows << " nb=" << nb
+                << " m=" << m;
+          }
         }
       }
     }
   }
   if (!ran) GTEST_SKIP() << "no kernel reads the packed layout on this CPU";
+}
+
+// The largest codes a k-quant tile kernel sums: every quant at its top (Q4_K 15, Q5_K 31),
+// every scale and min 63, against activations all at 127, so each sub-block's integer sums
+// are as large as they get (Q5_K's 16 products of 31 * 127 per int16 lane would overflow one
+// run of vpmaddubsw adds). The packed kernel must still equal the row kernel, bit for bit.
+TEST(TileLayoutTest, KQuantTilesAtTheirLargestCodesEqualRowKernels) {
+  bool ran = false;
+  for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
+    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K}) {
+      const CpuTypeTraits* t = GetCpuTraits(type, static_cast<Isa>(i));
+      if (t->gemm_tiles16 == nullptr) continue;
+      ran = true;
+      const int64_t rows = 16, k = 2 * 256;
+      const size_t block = RowBytes(type, 256);
+      std::vector<uint8_t> w(rows * RowBytes(type, k), 0xFF);
+      for (size_t at = 0; at < w.size(); at += block) {
+        const uint16_t one = 0x3C00;  // d and dmin: 1.0 in f16
+        std::memcpy(&w[at], &one, 2);
+        std::memcpy(&w[at + 2], &one, 2);
+      }
+      const WeightView view = WeightView::Dense(w.data(), type, rows, k);
+      const std::vector<uint8_t> p = Packed(view);
+      const std::vector<float> xf(k, 1.0f);  // quantizes to 127 everywhere
+      std::vector<uint8_t> x(RowBytes(t->vec_dot_type, k));
+      GetCpuTraits(t->vec_dot_type, Isa::kScalar)->from_float(xf.data(), x.data(), k);
+      std::vector<float> want(rows, NAN), got(rows, NAN);
+      t->gemm(k, w.data(), view.row_stride, rows, x.data(), x.size(), 1, want.data(), rows);
+      t->gemm_tiles16(k, p.data(), view.row_stride, rows, x.data(), x.size(), 1, got.data(),
+                      rows);
+      ASSERT_TRUE(std::isfinite(want[0])) << TypeName(type);
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+          << TypeName(type) << " " << IsaName(static_cast<Isa>(i)) << ": " << want[0]
+          << " against " << got[0];
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no k-quant kernel reads the packed layout on this CPU";
 }
 
 // MatMul on a packed view: the engine's path (work items, threads) equals the row-major one

@@ -81,9 +81,9 @@ struct LaneAccumulators {
   }
 };
 
-// Q4_K's arithmetic, shared with its kTiles16 kernel (gemm_tiles_avx2.cc): per super-block
-// the exact integer sums into one float per pair (KDotStep, avx2_util.h), so the row-major
-// tile, the dot and the packed kernel agree bit for bit.
+// Q4_K's and Q5_K's arithmetic, shared with their kTiles16 kernel (gemm_tiles_avx2.cc): per
+// super-block the exact integer sums into one float per pair (KDotStep, avx2_util.h), so the
+// row-major tile, the dot and the packed kernel agree bit for bit.
 template <int kRn>
 struct BlockAccumulators {
   float chunk[kRn];
@@ -116,8 +116,8 @@ template <bool kHigh>
 struct QxK {
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   static constexpr bool kHasMin = true;
-  template <int kRn>  // Q4_K's sums are exact per super-block (see BlockAccumulators)
-  using Accumulators = std::conditional_t<kHigh, LaneAccumulators<kRn>, BlockAccumulators<kRn>>;
+  template <int kRn>  // the sums are exact per super-block (see BlockAccumulators)
+  using Accumulators = BlockAccumulators<kRn>;
 
   // Super-block i of weight row w against kRn activation rows.
   template <int kRn, typename A>

@@ -1,6 +1,7 @@
-// AVX2 + FMA + F16C kernels for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights in the kTiles16
-// layout (kernels/tile_layout.h), and for the legacy formats row-major with the same arithmetic
-// (row-major Q4_K is gemm_k_avx2.cc's, in the same arithmetic); the GemmFn contract of
+// AVX2 + FMA + F16C kernels for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K weights in the
+// kTiles16 layout (kernels/tile_layout.h), and for the legacy formats row-major with the same
+// arithmetic (row-major Q4_K/Q5_K is gemm_k_avx2.cc's, in the same arithmetic); the GemmFn
+// contract of
 // kernels/cpu/gemm_isa.h.
 //
 // Rows in lanes: half h of a tile's block holds, per dword k of the block, a vector whose lane
@@ -178,7 +179,20 @@ struct TK4 {
   using W = BlockQ4_K;
   using X = BlockQ8_K;
   static constexpr bool kSuper = true;
+  static constexpr bool kHigh = false;
+  static constexpr int kQsAt = 0;            // qs within a tile block's quants
   static constexpr int kQuantBytes = 2048;  // 16 rows x 128
+};
+// Q5_K: the tile block's quants are its qh (8 vectors, vector v holding qh bytes 4v..4v+3 of
+// the 16 rows: element 4v + i of sub-block s takes bit s of byte i as its fifth bit), then
+// its qs as Q4_K's; the meta is Q4_K's.
+struct TK5 {
+  using W = BlockQ5_K;
+  using X = BlockQ8_K;
+  static constexpr bool kSuper = true;
+  static constexpr bool kHigh = true;
+  static constexpr int kQsAt = 512;
+  static constexpr int kQuantBytes = 2560;  // 16 rows x (32 + 128)
 };
 
 // Bytes of a tile block's meta: the rest of its 16 rows' blocks after their quants (d; m or
@@ -407,43 +421,59 @@ FUCINA_ALWAYS_INLINE __m256i MinPairs(__m128i a, __m128i b, int h) {
   return _mm256_cvtepu8_epi16(h == 0 ? _mm_unpacklo_epi8(a, b) : _mm_unpackhi_epi8(a, b));
 }
 
-// Q4_K: kH halves of kTiles16 tiles against kC activation rows, super-blocks [b0, b0 + n);
+// Q4_K and Q5_K: kH halves of kTiles16 tiles against kC activation rows, super-blocks [b0, b0 + n);
 // acc[h][c] lane r is row r's KDotStep sum (avx2_util.h) over them. Per sub-block and column,
 // 8 u8 x s8 vpmaddubsw (one per activation dword) add into int16 lanes, each summing 16
 // products of a nibble and an activation, |.| <= 16 * 15 * 128 < 2^15; one vpmaddwd by the
 // rows' scale pairs takes them to int32. The min term is 4 vpmaddwd of the rows' min pairs by
 // the column's sub-block sums. So 8 rows' sub-block costs ~17 integer ops per column, where
 // the row-major tile spent ~24 per row and column, and the 6-bit scales unpack once for 16
-// rows.
-template <int kH, int kC>
-FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* xc, int64_t b0,
+// rows. Q5_K ORs each quant's fifth bit in as 16; its int16 lanes then take 8 products of up
+// to 31 * 128 before going to int32 (16 would overflow), so two vpmaddwd a sub-block.
+template <typename P, int kH, int kC>
+FUCINA_ALWAYS_INLINE void KPass(const Source<P>& src, const BlockQ8_K* const* xc, int64_t b0,
                                 int64_t n, const KMeta& meta, __m256 acc[kH][kC]) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  constexpr int kRun = P::kHigh ? 4 : 8;  // activation dwords summed in int16
   for (int h = 0; h < kH; ++h) {
     for (int c = 0; c < kC; ++c) acc[h][c] = _mm256_setzero_ps();
   }
   for (int64_t j = 0; j < n; ++j) {
     const int64_t b = b0 + j;
-    const uint8_t* qs = src.tile[0] + b * TK4::kQuantBytes;
-    const uint8_t* mb = src.tile[0] + src.nb * TK4::kQuantBytes + b * kMetaOf<TK4>;
+    const uint8_t* qh = src.tile[0] + b * P::kQuantBytes;
+    const uint8_t* qs = qh + P::kQsAt;
+    const uint8_t* mb = src.tile[0] + src.nb * P::kQuantBytes + b * kMetaOf<P>;
     __m256i isum[kH][kC];
     for (int h = 0; h < kH; ++h) {
       for (int c = 0; c < kC; ++c) isum[h][c] = _mm256_setzero_si256();
     }
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
-      if (src.next_tile != 0) PrefetchTileStream<TK4, 8>(src, b, s);
+      if (src.next_tile != 0) PrefetchTileStream<P, 8>(src, b, s);
       // Sub-block s: the low (s even) or high nibbles of chunk s / 2.
       const uint8_t* qv = qs + 64 * 8 * (s / 2);
+      const __m128i scale = KScale<false>(mb + 64, s);
       __m256i sum[kH][kC];
-      for (int h = 0; h < kH; ++h) {
-        for (int c = 0; c < kC; ++c) sum[h][c] = _mm256_setzero_si256();
-      }
 #pragma GCC unroll 8
       for (int v = 0; v < 8; ++v) {
+        if (v % kRun == 0) {
+          for (int h = 0; h < kH; ++h) {
+            for (int c = 0; c < kC; ++c) sum[h][c] = _mm256_setzero_si256();
+          }
+        }
         for (int h = 0; h < kH; ++h) {
           const __m256i w = Load32(qv + 64 * v + 32 * src.half[h]);
-          const __m256i q = _mm256_and_si256(s % 2 == 0 ? w : _mm256_srli_epi16(w, 4), low4);
+          __m256i q = _mm256_and_si256(s % 2 == 0 ? w : _mm256_srli_epi16(w, 4), low4);
+          if constexpr (P::kHigh) {
+            // Bit s of each qh byte to bit 4 (16-bit shifts: the bits a byte takes from its
+            // neighbour are masked off).
+            const __m256i hv = Load32(qh + 64 * v + 32 * src.half[h]);
+            const __m256i at4 = s < 4 ? _mm256_slli_epi16(hv, 4 - s)
+                                : s > 4 ? _mm256_srli_epi16(hv, s - 4)
+                                        : hv;
+            q = _mm256_or_si256(q, _mm256_and_si256(at4, bit4));
+          }
 #pragma GCC unroll 4
           for (int c = 0; c < kC; ++c) {
             const __m256i y = BroadcastDword(xc[c][b].qs + 32 * s + 4 * v);
@@ -451,12 +481,13 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<TK4>& src, const BlockQ8_K* const* 
             asm("" : "+x"(sum[h][c]));  // as in Pass: keep the chains
           }
         }
-      }
-      const __m128i scale = KScale<false>(mb + 64, s);
-      for (int h = 0; h < kH; ++h) {
-        const __m256i pairs = ScalePairs(scale, src.half[h]);
-        for (int c = 0; c < kC; ++c) {
-          isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(sum[h][c], pairs));
+        if (v % kRun == kRun - 1) {
+          for (int h = 0; h < kH; ++h) {
+            const __m256i pairs = ScalePairs(scale, src.half[h]);
+            for (int c = 0; c < kC; ++c) {
+              isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(sum[h][c], pairs));
+            }
+          }
         }
       }
     }
@@ -512,7 +543,7 @@ FUCINA_ALWAYS_INLINE void RunPass(const Source<P>& src, const int rows[kH],
                                   const MetaOf<P>& meta, float* y, size_t y_stride) {
   __m256 acc[kH][kC];
   if constexpr (P::kSuper) {
-    KPass<kH, kC>(src, xc, b0, n, meta, acc);
+    KPass<P, kH, kC>(src, xc, b0, n, meta, acc);
   } else {
     Pass<P, kRowMajor, kH, kC>(src, xc, b0, n, meta, acc);
   }
@@ -717,6 +748,10 @@ void GemmTilesQ4_1Q8_1(int64_t k, const void* w, size_t w_stride, int64_t rows, 
 void GemmTilesQ4_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                        size_t x_stride, int64_t cols, float* y, size_t y_stride) {
   TilesGemm<TK4>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
+}
+void GemmTilesQ5_KQ8_K(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
+                       size_t x_stride, int64_t cols, float* y, size_t y_stride) {
+  TilesGemm<TK5>(k, w, w_stride, rows, x, x_stride, cols, y, y_stride);
 }
 void GemmQ8_0Q8_0(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
                   size_t x_stride, int64_t cols, float* y, size_t y_stride) {
