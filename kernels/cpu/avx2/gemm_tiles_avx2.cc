@@ -1,8 +1,7 @@
 // AVX2 + FMA + F16C kernels for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K weights in the
 // kTiles16 layout (kernels/tile_layout.h), and for the legacy formats row-major with the same
 // arithmetic (row-major Q4_K/Q5_K is gemm_k_avx2.cc's, in the same arithmetic); the GemmFn
-// contract of
-// kernels/cpu/gemm_isa.h.
+// contract of kernels/cpu/gemm_isa.h.
 //
 // Rows in lanes: half h of a tile's block holds, per dword k of the block, a vector whose lane
 // r has quants 4k..4k+3 of row 8h + r. An activation block is 8 broadcast dwords; per dword,
@@ -421,15 +420,16 @@ FUCINA_ALWAYS_INLINE __m256i MinPairs(__m128i a, __m128i b, int h) {
   return _mm256_cvtepu8_epi16(h == 0 ? _mm_unpacklo_epi8(a, b) : _mm_unpackhi_epi8(a, b));
 }
 
-// Q4_K and Q5_K: kH halves of kTiles16 tiles against kC activation rows, super-blocks [b0, b0 + n);
-// acc[h][c] lane r is row r's KDotStep sum (avx2_util.h) over them. Per sub-block and column,
-// 8 u8 x s8 vpmaddubsw (one per activation dword) add into int16 lanes, each summing 16
-// products of a nibble and an activation, |.| <= 16 * 15 * 128 < 2^15; one vpmaddwd by the
-// rows' scale pairs takes them to int32. The min term is 4 vpmaddwd of the rows' min pairs by
-// the column's sub-block sums. So 8 rows' sub-block costs ~17 integer ops per column, where
-// the row-major tile spent ~24 per row and column, and the 6-bit scales unpack once for 16
-// rows. Q5_K ORs each quant's fifth bit in as 16; its int16 lanes then take 8 products of up
-// to 31 * 128 before going to int32 (16 would overflow), so two vpmaddwd a sub-block.
+// Q4_K and Q5_K: kH halves of kTiles16 tiles against kC activation rows, super-blocks
+// [b0, b0 + n); acc[h][c] lane r is row r's KDotStep sum (avx2_util.h) over them. Per
+// sub-block and column, 8 u8 x s8 vpmaddubsw (one per activation dword) add into int16 lanes,
+// each summing 16 products of a nibble and an activation, |.| <= 16 * 15 * 128 < 2^15; one
+// vpmaddwd by the rows' scale pairs takes them to int32. The min term is 4 vpmaddwd of the
+// rows' min pairs by the column's sub-block sums. So 8 rows' sub-block costs ~17 integer ops
+// per column, where the row-major tile spent ~24 per row and column, and the 6-bit scales
+// unpack once for 16 rows. Q5_K ORs each quant's fifth bit in as 16; its int16 lanes then
+// take 8 products of up to 31 * 128 before going to int32 (16 would overflow), so two
+// vpmaddwd a sub-block.
 template <typename P, int kH, int kC>
 FUCINA_ALWAYS_INLINE void KPass(const Source<P>& src, const BlockQ8_K* const* xc, int64_t b0,
                                 int64_t n, const KMeta& meta, __m256 acc[kH][kC]) {
