@@ -21,6 +21,7 @@
 #include "kernels/ggml_type.h"
 #include "kernels/matmul.h"
 #include "kernels/type_traits.h"
+#include "tests/kernels/simd_isas.h"
 
 namespace fucina {
 namespace {
@@ -29,14 +30,6 @@ constexpr GgmlType kTiledTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::
                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
                                     GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF32,
                                     GgmlType::kF16,  GgmlType::kBF16};
-
-std::vector<Isa> SimdIsas() {
-  std::vector<Isa> isas;
-  for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
-    isas.push_back(static_cast<Isa>(i));
-  }
-  return isas;
-}
 
 // Random rows with a heavy tail (every 29th value x20), so some blocks hit the quantizers'
 // extreme codes and the scales span a wide range.

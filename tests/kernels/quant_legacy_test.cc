@@ -21,6 +21,7 @@
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 #include "tests/kernels/python_ref.h"
+#include "tests/kernels/simd_isas.h"
 
 namespace fucina {
 namespace {
@@ -338,14 +339,6 @@ TEST(LegacyHandComputed, Q4_0QuantizeUsesSignedMax) {
 }
 
 // ---- Dots of the quantized pairs. ----
-
-std::vector<Isa> SimdIsas() {
-  std::vector<Isa> isas;
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (static_cast<int>(DetectedIsa()) >= static_cast<int>(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
 
 #define SKIP_WITHOUT_SIMD() \
   if (SimdIsas().empty()) GTEST_SKIP() << "this CPU has no AVX2/AVX-512 path to test"

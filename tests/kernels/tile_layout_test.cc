@@ -17,6 +17,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/type_traits.h"
+#include "tests/kernels/simd_isas.h"
 
 namespace fucina {
 namespace {
@@ -225,8 +226,7 @@ TEST(TileLayoutTest, AppliesOnlyToTiledTypesAtAnIsaThatReadsThem) {
 // (128 blocks, Q4_K 16), decode (1..8 activation rows) and prefill-shaped (more than 8) calls.
 TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
   bool ran = false;
-  for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
-    const Isa isa = static_cast<Isa>(i);
+  for (Isa isa : SimdIsas()) {
     for (GgmlType type : kPackedTypes) {
       const CpuTypeTraits* t = GetCpuTraits(type, isa);
       if (t->gemm_tiles16 == nullptr) continue;
@@ -267,9 +267,9 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
 // run of vpmaddubsw adds). The packed kernel must still equal the row kernel, bit for bit.
 TEST(TileLayoutTest, KQuantTilesAtTheirLargestCodesEqualRowKernels) {
   bool ran = false;
-  for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
+  for (Isa isa : SimdIsas()) {
     for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K}) {
-      const CpuTypeTraits* t = GetCpuTraits(type, static_cast<Isa>(i));
+      const CpuTypeTraits* t = GetCpuTraits(type, isa);
       if (t->gemm_tiles16 == nullptr) continue;
       ran = true;
       const int64_t rows = 16, k = 2 * 256;
@@ -291,7 +291,7 @@ TEST(TileLayoutTest, KQuantTilesAtTheirLargestCodesEqualRowKernels) {
                       rows);
       ASSERT_TRUE(std::isfinite(want[0])) << TypeName(type);
       ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-          << TypeName(type) << " " << IsaName(static_cast<Isa>(i)) << ": " << want[0]
+          << TypeName(type) << " " << IsaName(isa) << ": " << want[0]
           << " against " << got[0];
     }
   }
@@ -316,8 +316,7 @@ TEST(TileLayoutTest, MatMulOnPackedViewsEqualsRowMajor) {
       MatMulRef(view, x.data(), m, want.data());
       MatMulRef(packed, x.data(), m, got.data());
       ASSERT_EQ(want, got) << TypeName(type) << " reference m=" << m;
-      for (int i = static_cast<int>(Isa::kAvx2); i <= static_cast<int>(DetectedIsa()); ++i) {
-        const Isa isa = static_cast<Isa>(i);
+      for (Isa isa : SimdIsas()) {
         for (int threads : {1, 3}) {
           ThreadPool pool(threads);
           MatMulIsa(view, x.data(), m, want.data(), pool, isa);
