@@ -441,8 +441,8 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<P>& src, const BlockQ8_K* const* xc
   }
   for (int64_t j = 0; j < n; ++j) {
     const int64_t b = b0 + j;
-    const uint8_t* qh = src.tile[0] + b * P::kQuantBytes;
-    const uint8_t* qs = qh + P::kQsAt;
+    const uint8_t* quants = src.tile[0] + b * P::kQuantBytes;  // Q5_K: qh first
+    const uint8_t* qs = quants + P::kQsAt;
     const uint8_t* mb = src.tile[0] + src.nb * P::kQuantBytes + b * kMetaOf<P>;
     __m256i isum[kH][kC];
     for (int h = 0; h < kH; ++h) {
@@ -468,7 +468,7 @@ FUCINA_ALWAYS_INLINE void KPass(const Source<P>& src, const BlockQ8_K* const* xc
           if constexpr (P::kHigh) {
             // Bit s of each qh byte to bit 4 (16-bit shifts: the bits a byte takes from its
             // neighbour are masked off).
-            const __m256i hv = Load32(qh + 64 * v + 32 * src.half[h]);
+            const __m256i hv = Load32(quants + 64 * v + 32 * src.half[h]);
             const __m256i at4 = s < 4 ? _mm256_slli_epi16(hv, 4 - s)
                                 : s > 4 ? _mm256_srli_epi16(hv, s - 4)
                                         : hv;
