@@ -130,7 +130,8 @@ struct TileKernels {
                 float* acc);
   void (*exp)(const float* x, float shift, float* y, int64_t n);  // y = exp(x - shift)
   // The same scores and sums read from the cache rows without the f32 tile buffer, bit for bit
-  // (ops_isa.h); null where an ISA has none.
+  // (ops_isa.h); null where an ISA has none. q8_0 V on a SIMD level has only `row_accum`
+  // (its weights carry the block scales: no staged form), used for every block of rows.
   RowScoresFn row_scores = nullptr;
   RowAccumFn row_accum = nullptr;
   // q8_0 K: scores are integer dots against the query quantized to q8_0 (as llama.cpp does
@@ -159,7 +160,6 @@ constexpr int kDirectRows = 2;
       k.row_scores = ns::AttnRowScoresF16;                                                   \
       k.row_accum = ns::AttnRowAccumF16;                                                     \
     } else if (type == GgmlType::kQ8_0) {                                                    \
-      k.load = ns::AttnLoadRowsQ8_0;                                                         \
       k.row_accum = ns::AttnRowAccumQ8_0;                                                    \
     } else {                                                                                 \
       k.load = ns::AttnLoadRowsF32;                                                          \
@@ -403,7 +403,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       const int64_t first_tile = FirstKey(args, args.pos0 + i0) / kTile * kTile;
       const bool straight = rows <= kDirectRows || nqb == 1;
       const bool direct = kern.row_scores != nullptr && straight;
-      const bool direct_v = kern.row_accum != nullptr && straight;
+      const bool direct_v = kern.row_accum != nullptr && (straight || kern.load == nullptr);
       // Scores of keys [scored, scored_end) are in s, key j at column j - scored.
       int64_t scored = first_tile, scored_end = first_tile;
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {

@@ -15,10 +15,10 @@ namespace fucina {
 // converted once into an f32 buffer and then used by every query row (the heads of a GQA
 // group, times a few queries in prefill). Buffers are row-major with a leading dimension `ld`
 // (floats per row) that is a multiple of 16; dims past head_dim are zero in q and k.
-//   AttnLoadRows{F32,F16,Q8_0}: dst[t * ld + d] = row t (at `rows` + t * stride_bytes, one
-//     cache position apart) element d as f32, for t < n_rows, d < head_dim; exact (the same
-//     values as LoadKvHead). Row types: F32 float[head_dim], F16 f16_t[head_dim], Q8_0
-//     BlockQ8_0[head_dim / 32]. Columns >= head_dim are not written.
+//   AttnLoadRows{F32,F16}: dst[t * ld + d] = row t (at `rows` + t * stride_bytes, one cache
+//     position apart) element d as f32, for t < n_rows, d < head_dim; exact (the same values
+//     as LoadKvHead). Row types: F32 float[head_dim], F16 f16_t[head_dim]. Columns >= head_dim
+//     are not written.
 //   AttnTileScores: s[r * s_ld + t] = dot(q[r * ld ..], k[t * ld ..]) over ld dims, for
 //     r < n_rows, t < n_keys <= 32. k must hold round_up(n_keys, 16) readable rows (keys are
 //     reduced 16 at a time); rows past n_keys may hold anything, even NaN: each stored lane
@@ -36,7 +36,14 @@ namespace fucina {
 //        AttnTileScores(q, n_rows, ld, buf, n_keys, s, s_ld), bit for bit;
 //   AttnRowAccum{F32,F16}(p, p_ld, n_rows, rows, stride_bytes, head_dim, n_keys, ld, acc)
 //     == the same load then AttnTileAccum(p, p_ld, n_rows, buf, n_keys, ld, acc), bit for bit.
-//   AttnRowAccumQ8_0: as AttnRowAccum*, against AttnLoadRowsQ8_0 (head_dim % 32 == 0).
+//   AttnRowAccumQ8_0(p, p_ld, n_rows, rows, stride_bytes, head_dim, n_keys, ld, acc): rows
+//     of BlockQ8_0[head_dim / 32] (head_dim % 32 == 0, ld == head_dim); for r < n_rows,
+//     d < ld, in key order t = 0, 1, ..: acc[r * ld + d] = fma(w, q, acc[r * ld + d]) with
+//     w = p[r * p_ld + t] * d_t (f32 product; d_t the scale of row t's block holding d) and
+//     q row t's int8 value d. The scale goes with the weight, not the value (AttnLoadRows
+//     has no q8_0 form: every SIMD level reads q8_0 V through this kernel alone), so the
+//     inner loop has no multiply by the scale; each value is still the fused rounding of one
+//     term, as in AttnTileAccum.
 // Only the n_keys rows are read (no padding rows past them).
 
 // Same contracts as the public functions of the same name (kernels/norm.h, softmax.h,
@@ -58,8 +65,6 @@ namespace fucina {
                        int ld, float* dst);                                                    \
   void AttnLoadRowsF16(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,        \
                        int ld, float* dst);                                                    \
-  void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int head_dim,       \
-                        int ld, float* dst);                                                   \
   void AttnTileScores(const float* q, int n_rows, int ld, const float* k, int n_keys,           \
                       float* s, int s_ld);                                                     \
   void AttnTileAccum(const float* p, int p_ld, int n_rows, const float* v, int n_keys, int ld,  \

@@ -475,19 +475,15 @@ TEST(AttentionTileKernelsTest, LoadRowsIsExactAndLeavesPadding) {
   // Every level converts a tile exactly like LoadKvHead and does not write columns >= hd.
   using LoadFn = decltype(&avx2::AttnLoadRowsF16);
   const Config configs[] = {{GgmlType::kF32, 36}, {GgmlType::kF32, 40}, {GgmlType::kF16, 36},
-                            {GgmlType::kF16, 40}, {GgmlType::kF16, 128}, {GgmlType::kQ8_0, 96}};
+                            {GgmlType::kF16, 40}, {GgmlType::kF16, 128}};
   for (const Config& c : configs) {
     std::vector<std::pair<std::string, LoadFn>> levels;
-    const auto pick = [&](LoadFn f32, LoadFn f16, LoadFn q8) {
-      return c.type == GgmlType::kF16 ? f16 : c.type == GgmlType::kQ8_0 ? q8 : f32;
-    };
+    const bool f16 = c.type == GgmlType::kF16;
     if (DetectedIsa() >= Isa::kAvx2) {
-      levels.emplace_back("avx2", pick(avx2::AttnLoadRowsF32, avx2::AttnLoadRowsF16,
-                                       avx2::AttnLoadRowsQ8_0));
+      levels.emplace_back("avx2", f16 ? avx2::AttnLoadRowsF16 : avx2::AttnLoadRowsF32);
     }
     if (DetectedIsa() >= Isa::kAvx512) {
-      levels.emplace_back("avx512", pick(avx512::AttnLoadRowsF32, avx512::AttnLoadRowsF16,
-                                         avx512::AttnLoadRowsQ8_0));
+      levels.emplace_back("avx512", f16 ? avx512::AttnLoadRowsF16 : avx512::AttnLoadRowsF32);
     }
     const int hd = c.head_dim, ld = (hd + 15) / 16 * 16 + 16;
     AttnCase s(c.type, 2, 2, hd, 1, 20, 11);  // 24 rows; tile of 21 rows of kv head 1.

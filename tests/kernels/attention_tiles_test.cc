@@ -1,18 +1,22 @@
 // The attention tile kernels of every SIMD level on this machine (kernels/cpu/ops_isa.h):
-// scores and weighted sums against plain loops, and the direct kernels, which read K and V
-// straight from cache rows, against the staged path through an f32 tile buffer, bit for bit.
+// scores and weighted sums against plain loops, the direct kernels, which read K and V
+// straight from cache rows, against the staged path through an f32 tile buffer, and q8_0
+// value rows against their contract's loop, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops_isa.h"
+#include "kernels/fp16.h"
 #include "kernels/ggml_type.h"
+#include "kernels/quant/blocks.h"
 #include "tests/kernels/random_floats.h"
 
 namespace fucina {
@@ -85,7 +89,7 @@ TEST(AttentionTileKernelsTest, ScoresAndAccumMatchPlainLoops) {
 struct DirectKind {
   GgmlType type;
   decltype(&avx2::AttnLoadRowsF16) load;
-  decltype(&avx2::AttnRowScoresF16) scores;  // null: q8_0 K is scored by integer dots
+  decltype(&avx2::AttnRowScoresF16) scores;
   decltype(&avx2::AttnRowAccumF16) accum;
   std::vector<int> head_dims;
 };
@@ -102,8 +106,7 @@ struct DirectLevel {
         {{GgmlType::kF32, ns::AttnLoadRowsF32, ns::AttnRowScoresF32, ns::AttnRowAccumF32,      \
           {40, 64, 100, 128}},                                                                 \
          {GgmlType::kF16, ns::AttnLoadRowsF16, ns::AttnRowScoresF16, ns::AttnRowAccumF16,      \
-          {40, 64, 100, 128}},                                                                 \
-         {GgmlType::kQ8_0, ns::AttnLoadRowsQ8_0, nullptr, ns::AttnRowAccumQ8_0, {64, 96, 128}}} \
+          {40, 64, 100, 128}}}                                                                 \
   }
 
 // One case of the test below: n_keys cache rows of hd dims, n_rows query rows.
@@ -137,10 +140,8 @@ void ExpectDirectEqualsStaged(const DirectLevel& level, const DirectKind& kind, 
     level.tile_scores(q.data() + r * ld, 1, ld, buf.data(), n_keys, alone.data(), 32);
     ASSERT_EQ(0, std::memcmp(alone.data(), s_staged.data() + r * 32, n_keys * 4)) << "row " << r;
   }
-  if (kind.scores != nullptr) {
-    kind.scores(q.data(), n_rows, ld, k.data(), stride, hd, n_keys, s_direct.data(), 32);
-    ASSERT_EQ(0, std::memcmp(s_staged.data(), s_direct.data(), s_staged.size() * 4));
-  }
+  kind.scores(q.data(), n_rows, ld, k.data(), stride, hd, n_keys, s_direct.data(), 32);
+  ASSERT_EQ(0, std::memcmp(s_staged.data(), s_direct.data(), s_staged.size() * 4));
 
   std::fill(buf.begin(), buf.end(), 0.0f);
   std::vector<float> a_staged = acc0, a_direct = acc0;
@@ -181,6 +182,67 @@ TEST(AttentionTileKernelsTest, DirectRowsMatchTheStagedPathBitForBit) {
 }
 
 #undef FUCINA_DIRECT_LEVEL
+
+// q8_0 value rows: AttnRowAccumQ8_0 on every level against its contract written as a plain
+// loop, bit for bit: per key in order, acc = fma(p * d, q, acc), the weight p times the block's
+// f16 scale d rounded to f32, q the int8 value. Key counts past one 32-key pass of weights,
+// every row count a block can have, head dims whose last chunk group is a lone 16-dim half
+// block (96, 160); the rows are exactly n_keys long and start at odd offsets, so a scale or
+// value read past the last row would leave the allocation. Scales span f16's range and the
+// values reach -128 and 127.
+TEST(AttentionTileKernelsTest, Q8_0ValueRowsMatchTheirContractBitForBit) {
+  using AccumFn = decltype(&avx2::AttnRowAccumQ8_0);
+  std::vector<std::pair<const char*, AccumFn>> levels;
+  if (DetectedIsa() >= Isa::kAvx2) levels.emplace_back("avx2", avx2::AttnRowAccumQ8_0);
+  if (DetectedIsa() >= Isa::kAvx512) levels.emplace_back("avx512", avx512::AttnRowAccumQ8_0);
+  if (levels.empty()) GTEST_SKIP() << "no SIMD level on this machine";
+  uint32_t seed = 500;
+  for (int hd : {32, 64, 96, 128, 160, 256}) {
+    const int64_t stride = static_cast<int64_t>(hd / kQK8_0 * sizeof(BlockQ8_0)) + 3;
+    for (int n_keys : {1, 7, 16, 17, 32, 33, 70}) {
+      // One allocation, the rows at an odd offset and ending at its last byte.
+      std::vector<uint8_t> bytes(1 + stride * n_keys);
+      uint8_t* rows = bytes.data() + 1;
+      const std::vector<float> raw = Random(2 * n_keys * hd, -1.0f, 1.0f, seed++);
+      for (int t = 0; t < n_keys; ++t) {
+        for (int b = 0; b < hd / kQK8_0; ++b) {
+          BlockQ8_0 block;
+          // Scales from 2^-14 (f16's smallest normal) to 2^15, values over the whole int8 range.
+          block.d = Fp32ToFp16(std::ldexp(1.0f + raw[2 * (t * hd + b)], (t * 7 + b * 5) % 30 - 14));
+          for (int i = 0; i < kQK8_0; ++i) {
+            const float x = raw[2 * (t * hd + b * kQK8_0 + i) + 1];
+            block.qs[i] = static_cast<int8_t>(i == 0 ? -128 : i == 1 ? 127 : std::lround(127 * x));
+          }
+          std::memcpy(rows + t * stride + b * sizeof(BlockQ8_0), &block, sizeof(block));
+        }
+      }
+      for (int n_rows : {1, 2, 3, 4, 5, 8}) {
+        const int p_ld = n_keys + 5;
+        const std::vector<float> p = Random(n_rows * p_ld, 0.0f, 1.0f, seed++);
+        const std::vector<float> acc0 = Random(n_rows * hd, -4.0f, 4.0f, seed++);
+        std::vector<float> want = acc0;
+        for (int r = 0; r < n_rows; ++r) {
+          for (int t = 0; t < n_keys; ++t) {
+            const auto* row = reinterpret_cast<const BlockQ8_0*>(rows + t * stride);
+            for (int d = 0; d < hd; ++d) {
+              const BlockQ8_0& b = row[d / kQK8_0];
+              const float w = p[r * p_ld + t] * Fp16ToFp32(b.d);
+              float& a = want[r * hd + d];
+              a = std::fma(w, static_cast<float>(b.qs[d % kQK8_0]), a);
+            }
+          }
+        }
+        for (const auto& [name, accum] : levels) {
+          SCOPED_TRACE(std::string(name) + " hd=" + std::to_string(hd) + " keys=" +
+                       std::to_string(n_keys) + " rows=" + std::to_string(n_rows));
+          std::vector<float> got = acc0;
+          accum(p.data(), p_ld, n_rows, rows, stride, hd, n_keys, hd, got.data());
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace fucina

@@ -5,6 +5,7 @@
 // picked by the linker for code that runs on older CPUs.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/avx2/avx2_util.h"
@@ -308,14 +309,8 @@ struct CacheRowsF16 : CacheSpan {
   }
 };
 
-// q8_0 rows (head_dim % 32 == 0): a block's scale times its int8 values, the product exact in
-// f32 as in AttnLoadRowsQ8_0.
-struct CacheRowsQ8_0 : CacheSpan {
-  __m256 Load(const void* row, int d) const {
-    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(row)[d / kQK8_0];
-    return _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(b.d)), LoadQ8(b.qs + d % kQK8_0));
-  }
-};
+// q8_0 value rows (head_dim % 32 == 0), read only by AccumBlock's overload below.
+struct CacheRowsQ8_0 : CacheSpan {};
 
 // s[r * s_ld + t] = dot(q row r, key row t) over ld dims, for t < n_keys. Rows go in pairs
 // over groups of 4 keys, so each key vector is loaded (converted, from a cache) once for both
@@ -382,20 +377,6 @@ inline void LoadChunks(const Rows& v, const void* row, int d0, __m256* vv) {
   for (int j = 0; j < C; ++j) vv[j] = v.Load(row, d0 + 8 * j);
 }
 
-// The same values, each block's scale converted once for its four chunks.
-template <int C>
-inline void LoadChunks(const CacheRowsQ8_0&, const void* row, int d0, __m256* vv) {
-  const BlockQ8_0* blocks = static_cast<const BlockQ8_0*>(row);
-  __m256 scale = _mm256_setzero_ps();
-  #pragma GCC unroll 16
-  for (int j = 0; j < C; ++j) {
-    const int d = d0 + 8 * j;
-    const BlockQ8_0& b = blocks[d / kQK8_0];
-    if (j == 0 || d % kQK8_0 == 0) scale = _mm256_set1_ps(HalfToFloat(b.d));
-    vv[j] = _mm256_mul_ps(scale, LoadQ8(b.qs + d % kQK8_0));
-  }
-}
-
 // acc[r * ld + d] += sum_t p[r * p_ld + t] * v row t [d] for R rows and dims
 // [d0, d0 + 8 C): R * C accumulators stay in registers across the keys.
 template <int R, int C, typename Rows>
@@ -418,6 +399,56 @@ inline void AccumBlock(const float* p, int p_ld, const Rows& v, int n_keys, int 
       const __m256 w = _mm256_broadcast_ss(p + r * p_ld + t);
       #pragma GCC unroll 16
       for (int j = 0; j < C; ++j) c[r][j] = _mm256_fmadd_ps(w, vv[j], c[r][j]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) _mm256_storeu_ps(acc + r * ld + d0 + 8 * j, c[r][j]);
+  }
+}
+
+// Keys per pass of the q8_0 AccumBlock: the weights of a pass sit on the stack.
+constexpr int kFoldKeys = 32;
+
+// AttnRowAccumQ8_0 (ops_isa.h) for R rows and dims [d0, d0 + 8 C): C is 4 (d0 % 32 == 0), 2
+// (d0 % 16 == 0) or 1, so the chunks lie in one block. Each key's weights (the row's p times
+// the block's scale) are made for up to 32 keys ahead of the values loop, which then has no
+// multiply by the scale.
+template <int R, int C>
+inline void AccumBlock(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_keys, int ld,
+                       int d0, float* acc) {
+  const int64_t block = d0 / kQK8_0 * static_cast<int64_t>(sizeof(BlockQ8_0));
+  const int at = offsetof(BlockQ8_0, qs) + d0 % kQK8_0;
+  __m256 c[R][C];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) c[r][j] = _mm256_loadu_ps(acc + r * ld + d0 + 8 * j);
+  }
+  const PrefetchPlan plan = v.Plan(8, 8);
+  for (int t0 = 0; t0 < n_keys; t0 += kFoldKeys) {
+    const int nk = n_keys - t0 < kFoldKeys ? n_keys - t0 : kFoldKeys;
+    const uint8_t* rows = static_cast<const uint8_t*>(v.Row(t0)) + block;
+    float w[kFoldKeys * R];  // w[t * R + r]: row r's weight for key t0 + t
+    for (int t = 0; t < nk; ++t) {
+      const float scale = HalfToFloat(reinterpret_cast<const BlockQ8_0*>(rows + t * v.stride)->d);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) w[t * R + r] = p[r * p_ld + t0 + t] * scale;
+    }
+    for (int t = 0; t < nk; ++t) {
+      // An eighth of 8 rows ahead per key, on the first dims block only.
+      if (d0 == 0) v.Prefetch(v.Row((t0 + t) & ~7), plan, (t0 + t) & 7);
+      const int8_t* values = reinterpret_cast<const int8_t*>(rows + t * v.stride + at);
+      __m256 q[C];
+      #pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) q[j] = LoadQ8(values + 8 * j);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 wr = _mm256_broadcast_ss(w + t * R + r);
+        #pragma GCC unroll 16
+        for (int j = 0; j < C; ++j) c[r][j] = _mm256_fmadd_ps(wr, q[j], c[r][j]);
+      }
     }
   }
   #pragma GCC unroll 16
@@ -480,23 +511,6 @@ void AttnLoadRowsF16(const void* rows, int64_t stride_bytes, int n_rows, int hea
     int d = 0;
     for (; d + 8 <= head_dim; d += 8) _mm256_storeu_ps(o + d, LoadF16(src + d));
     for (; d < head_dim; ++d) o[d] = HalfToFloat(src[d]);
-  }
-}
-
-void AttnLoadRowsQ8_0(const void* rows, int64_t stride_bytes, int n_rows, int head_dim, int ld,
-                      float* dst) {
-  const int nb = head_dim / kQK8_0;
-  for (int t = 0; t < n_rows; ++t) {
-    const BlockQ8_0* src = reinterpret_cast<const BlockQ8_0*>(Row(rows, stride_bytes, t));
-    float* o = dst + t * ld;
-    for (int b = 0; b < nb; ++b) {
-      // f16 scale (11-bit significand) times int8 is exact in f32: same values as LoadKvHead.
-      const __m256 scale = _mm256_set1_ps(HalfToFloat(src[b].d));
-      #pragma GCC unroll 16
-      for (int j = 0; j < kQK8_0; j += 8) {
-        _mm256_storeu_ps(o + b * kQK8_0 + j, _mm256_mul_ps(scale, LoadQ8(src[b].qs + j)));
-      }
-    }
   }
 }
 
