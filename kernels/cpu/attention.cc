@@ -406,8 +406,22 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
       const bool direct_v = kern.row_accum != nullptr && (straight || kern.load == nullptr);
       // Scores of keys [scored, scored_end) are in s, key j at column j - scored.
       int64_t scored = first_tile, scored_end = first_tile;
+      // Direct V: the keys [pending, end) have their weights in s and are not yet added. One
+      // call adds all the tiles of a scored span (q8_0 K: up to kScoreTiles) where nothing
+      // is rescaled in between: the kernel's setup is paid once per span, and its sums run
+      // key by key either way (the same bits). Flushed before a rescale, which must see every
+      // earlier key, and before s is scored again.
+      int64_t pending = first_tile;
+      const auto add_pending = [&](int64_t end) {
+        if (end > pending) {
+          kern.row_accum(s + (pending - scored), s_ld, rows, v_base + wrap(pending) * stride,
+                         stride, hd, static_cast<int>(end - pending), ld, acc);
+        }
+        pending = end;
+      };
       for (int64_t j0 = first_tile; j0 < n_keys; j0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n_keys - j0));
+        if (direct_v && (kern.quantize == nullptr || j0 >= scored_end)) add_pending(j0);
         if (kern.quantize != nullptr) {
           if (j0 >= scored_end) {
             // Up to kScoreTiles tiles, never across the ring's end.
@@ -443,6 +457,7 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
           if (tile_max > run_max[r]) {
             // Rescale what was accumulated under the old maximum (nothing on the first tile).
             if (run_sum[r] != 0.0f) {
+              if (direct_v) add_pending(j0);
               const float c = std::exp(run_max[r] - tile_max);
               run_sum[r] *= c;
               for (int d = 0; d < ld; ++d) acc[r * ld + d] *= c;
@@ -454,13 +469,12 @@ void AttentionHeadsForIsa(Isa isa, const AttentionArgs& args, int head_begin, in
           std::fill(sr, sr + lo, 0.0f);
           for (int t = valid; t < nt; ++t) sr[t] = 0.0f;
         }
-        if (direct_v) {
-          kern.row_accum(st, s_ld, rows, v_base + wrap(j0) * stride, stride, hd, nt, ld, acc);
-        } else {
+        if (!direct_v) {
           kern.load(v_base + wrap(j0) * stride, stride, nt, hd, ld, vbuf);
           kern.accum(st, s_ld, rows, vbuf, nt, ld, acc);
         }
       }
+      if (direct_v) add_pending(n_keys);
       for (int r = 0; r < rows; ++r) {
         const int64_t i = i0 + r / nh;
         float* o = out + (i * args.num_heads + h + r % nh) * hd;
