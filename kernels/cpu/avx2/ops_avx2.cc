@@ -377,17 +377,34 @@ inline void LoadChunks(const Rows& v, const void* row, int d0, __m256* vv) {
   for (int j = 0; j < C; ++j) vv[j] = v.Load(row, d0 + 8 * j);
 }
 
+// c[r][j] = acc[r * ld + d0 + 8 j ..], the R x C accumulators of a block of rows and dims.
+template <int R, int C>
+inline __attribute__((always_inline)) void LoadAccumulators(const float* acc, int ld, int d0,
+                                                         __m256 (&c)[R][C]) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) c[r][j] = _mm256_loadu_ps(acc + r * ld + d0 + 8 * j);
+  }
+}
+
+template <int R, int C>
+inline __attribute__((always_inline)) void StoreAccumulators(const __m256 (&c)[R][C], int ld,
+                                                          int d0, float* acc) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) _mm256_storeu_ps(acc + r * ld + d0 + 8 * j, c[r][j]);
+  }
+}
+
 // acc[r * ld + d] += sum_t p[r * p_ld + t] * v row t [d] for R rows and dims
 // [d0, d0 + 8 C): R * C accumulators stay in registers across the keys.
 template <int R, int C, typename Rows>
 inline void AccumBlock(const float* p, int p_ld, const Rows& v, int n_keys, int ld, int d0,
                        float* acc) {
   __m256 c[R][C];
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) c[r][j] = _mm256_loadu_ps(acc + r * ld + d0 + 8 * j);
-  }
+  LoadAccumulators<R, C>(acc, ld, d0, c);
   const PrefetchPlan plan = v.Plan(8, 8);
   for (int t = 0; t < n_keys; ++t) {
     // An eighth of 8 rows ahead per key, on the first dims block only.
@@ -401,11 +418,7 @@ inline void AccumBlock(const float* p, int p_ld, const Rows& v, int n_keys, int 
       for (int j = 0; j < C; ++j) c[r][j] = _mm256_fmadd_ps(w, vv[j], c[r][j]);
     }
   }
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) _mm256_storeu_ps(acc + r * ld + d0 + 8 * j, c[r][j]);
-  }
+  StoreAccumulators<R, C>(c, ld, d0, acc);
 }
 
 // AttnRowAccumQ8_0 (ops_isa.h) for R rows and dims [d0, d0 + 8 C): C is 4 (d0 % 32 == 0), 2
@@ -420,11 +433,7 @@ inline void AccumBlock(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_k
   const int64_t block = d0 / kQK8_0 * static_cast<int64_t>(sizeof(BlockQ8_0));
   const int at = offsetof(BlockQ8_0, qs) + d0 % kQK8_0;
   __m256 c[R][C];
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) c[r][j] = _mm256_loadu_ps(acc + r * ld + d0 + 8 * j);
-  }
+  LoadAccumulators<R, C>(acc, ld, d0, c);
   const PrefetchPlan plan = v.Plan(8, 8);
   const uint8_t* row = static_cast<const uint8_t*>(v.Row(0)) + block;
   for (int t = 0; t < n_keys; ++t, row += v.stride) {
@@ -442,11 +451,7 @@ inline void AccumBlock(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_k
       for (int j = 0; j < C; ++j) c[r][j] = _mm256_fmadd_ps(wr, q[j], c[r][j]);
     }
   }
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) _mm256_storeu_ps(acc + r * ld + d0 + 8 * j, c[r][j]);
-  }
+  StoreAccumulators<R, C>(c, ld, d0, acc);
 }
 
 // All dims for R rows: chunks of 8 C dims, then 8-dim chunks for the rest (ld % 8 == 0).

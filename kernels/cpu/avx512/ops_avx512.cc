@@ -347,17 +347,32 @@ inline void LoadChunks(const Rows& v, const void* row, int d0, __m512* vv) {
   for (int j = 0; j < C; ++j) vv[j] = v.Load(row, d0 + 16 * j);
 }
 
+// c[r][j] = acc[r * ld + d0 + 16 j ..], the R x C accumulators of a block of rows and dims.
+template <int R, int C>
+FUCINA_TILE_INLINE void LoadAccumulators(const float* acc, int ld, int d0, __m512 (&c)[R][C]) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) c[r][j] = _mm512_loadu_ps(acc + r * ld + d0 + 16 * j);
+  }
+}
+
+template <int R, int C>
+FUCINA_TILE_INLINE void StoreAccumulators(const __m512 (&c)[R][C], int ld, int d0, float* acc) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) _mm512_storeu_ps(acc + r * ld + d0 + 16 * j, c[r][j]);
+  }
+}
+
 // acc[r * ld + d] += sum_t p[r * p_ld + t] * v row t [d] for R rows and dims
 // [d0, d0 + 16 C): R * C accumulators stay in registers across the keys.
 template <int R, int C, typename Rows>
 inline void AccumBlock(const float* p, int p_ld, const Rows v, int n_keys, int ld, int d0,
                        float* acc) {
   __m512 c[R][C];
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) c[r][j] = _mm512_loadu_ps(acc + r * ld + d0 + 16 * j);
-  }
+  LoadAccumulators<R, C>(acc, ld, d0, c);
   const PrefetchPlan plan = v.Plan(8);
   for (int t = 0; t < n_keys; ++t) {
     // An eighth of 8 rows ahead per key, on the first dims block only.
@@ -371,11 +386,7 @@ inline void AccumBlock(const float* p, int p_ld, const Rows v, int n_keys, int l
       for (int j = 0; j < C; ++j) c[r][j] = _mm512_fmadd_ps(w, vv[j], c[r][j]);
     }
   }
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) _mm512_storeu_ps(acc + r * ld + d0 + 16 * j, c[r][j]);
-  }
+  StoreAccumulators<R, C>(c, ld, d0, acc);
 }
 
 // Keys per pass of the q8_0 AccumBlock: the weights of a pass sit on the stack.
@@ -416,11 +427,7 @@ inline void AccumBlock(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_k
   const __m512i scale_index =
       _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(index)));
   __m512 c[R][C];
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) c[r][j] = _mm512_loadu_ps(acc + r * ld + d0 + 16 * j);
-  }
+  LoadAccumulators<R, C>(acc, ld, d0, c);
   const PrefetchPlan plan = v.Plan(8);
   for (int t0 = 0; t0 < n_keys; t0 += kFoldKeys) {
     const int nk = n_keys - t0 < kFoldKeys ? n_keys - t0 : kFoldKeys;
@@ -449,11 +456,7 @@ inline void AccumBlock(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_k
       }
     }
   }
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) _mm512_storeu_ps(acc + r * ld + d0 + 16 * j, c[r][j]);
-  }
+  StoreAccumulators<R, C>(c, ld, d0, acc);
 }
 
 // All dims for R rows: chunks of 16 C dims (C chosen so R * C is about 8 independent FMA
