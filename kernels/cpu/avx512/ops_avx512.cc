@@ -413,14 +413,14 @@ inline void AccumBlock(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_k
                        int d0, float* acc) {
   const int first = d0 / kQK8_0, lead = d0 % kQK8_0;  // lead: 16 for a lone second-half chunk
   // Chunk j: its block's offset from block `first`, and its values' offset within the block.
-  int block[C], at[C];
+  int at[C];
   __mmask32 words[2] = {0, 0};
   alignas(16) uint16_t index[8] = {};
   for (int j = 0; j < C; ++j) {
-    block[j] = (lead + 16 * j) / kQK8_0;
-    at[j] = block[j] * int{sizeof(BlockQ8_0)} + int{offsetof(BlockQ8_0, qs)} +
+    const int block = (lead + 16 * j) / kQK8_0;
+    at[j] = block * int{sizeof(BlockQ8_0)} + int{offsetof(BlockQ8_0, qs)} +
             (lead + 16 * j) % kQK8_0;
-    const int word = block[j] * int{sizeof(BlockQ8_0)} / 2;  // the block's d
+    const int word = block * int{sizeof(BlockQ8_0)} / 2;  // the block's d
     words[word / 32] |= __mmask32{1} << (word % 32);
     index[j] = static_cast<uint16_t>(word);
   }
