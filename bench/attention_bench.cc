@@ -93,6 +93,7 @@ Rates Measure(const DecodeAttentionShape& shape, const LayerCaches& c, ThreadPoo
   const KvLayout& l = c.layout;
   const int64_t span = shape.context * l.HeadBytes();  // bytes of one kv head's K (or V).
   const int64_t values = shape.context * shape.head_dim;
+  const int group = shape.num_heads / shape.num_heads_kv;  // query heads per kv head
   auto k_span = [&](int layer, int h) { return c.K(layer) + l.RowOffset(0, h); };
   auto v_span = [&](int layer, int h) { return c.V(layer) + l.RowOffset(0, h); };
   Rates r;
@@ -106,12 +107,12 @@ Rates Measure(const DecodeAttentionShape& shape, const LayerCaches& c, ThreadPoo
   if (HasConversionStreams()) {
     r.convert = PassGbps(c, shape.context, pool, min_seconds, [&](int layer, int h) -> double {
       if (l.type == GgmlType::kF16) {
-        return ConvertF16Stream(reinterpret_cast<const f16_t*>(k_span(layer, h)), values) +
-               ConvertF16Stream(reinterpret_cast<const f16_t*>(v_span(layer, h)), values);
+        return ConvertF16Stream(reinterpret_cast<const f16_t*>(k_span(layer, h)), values, group) +
+               ConvertF16Stream(reinterpret_cast<const f16_t*>(v_span(layer, h)), values, group);
       }
       const int64_t nb = values / kQK8_0;
-      return DotQ8_0Stream(reinterpret_cast<const BlockQ8_0*>(k_span(layer, h)), nb) +
-             DequantQ8_0Stream(reinterpret_cast<const BlockQ8_0*>(v_span(layer, h)), nb);
+      return DotQ8_0Stream(reinterpret_cast<const BlockQ8_0*>(k_span(layer, h)), nb, group) +
+             DequantQ8_0Stream(reinterpret_cast<const BlockQ8_0*>(v_span(layer, h)), nb, group);
     });
   }
   // One decode query per query head at the last position: it sees the whole context.
@@ -120,7 +121,6 @@ Rates Measure(const DecodeAttentionShape& shape, const LayerCaches& c, ThreadPoo
   std::vector<float> q(shape.num_heads * shape.head_dim);
   for (float& x : q) x = nd(rng);
   std::vector<float> out(q.size() * pool.num_threads());
-  const int group = shape.num_heads / shape.num_heads_kv;
   r.attention = PassGbps(c, shape.context, pool, min_seconds, [&](int layer, int h) {
     AttentionArgs args;
     args.q = q.data();
@@ -144,8 +144,8 @@ void ReportDecodeAttention(const DecodeAttentionShape& shape, int64_t working_se
                            ThreadPool& one, ThreadPool& all, double min_seconds) {
   std::printf("\ndecode attention: one query per head after %lld positions, %d query heads on %d "
               "kv heads of %d dims, GB/s of K+V read; bounds: rd = plain read of the same "
-              "spans, cvt = the least conversion the type needs (f16: vcvtph2ps; q8_0: K "
-              "integer dot, V to f32)%s\n",
+              "spans, cvt = the least arithmetic the type needs (f16: vcvtph2ps; q8_0: K "
+              "integer dot, V to f32; then one multiply-add per query head of a kv head)%s\n",
               static_cast<long long>(shape.context), shape.num_heads, shape.num_heads_kv,
               shape.head_dim, HasConversionStreams() ? "" : " (cvt: SIMD levels only, n/a here)");
   std::printf("%-8s %6s | %7s %7s %7s %5s %5s | %7s %7s %7s %5s %5s\n", "kv", "layers", "rd1",

@@ -76,11 +76,19 @@ uint64_t ReadRange(const uint64_t* p, int64_t n, bool prefetch) {
 namespace {
 
 // The streams' loads are the kernels' own: 32 bytes of f16 per vcvtph2ps, a block's 32 quants
-// per 256-bit load, 16 quants per sign extension. Four (two) accumulators keep the adds off
-// the critical path, so the loop runs at the rate its loads and conversions issue.
+// per 256-bit load, 16 quants per sign extension. Each value read enters kH products, one per
+// query head of a GQA group (a K value the group's kH query dots, a V value its kH weighted
+// sums): kH FMAs per converted vector (kH vpdpbusd per key block), spread round robin over 8
+// accumulators so an FMA's latency never paces the loop and it runs at the rate its loads,
+// conversions and multiply-adds issue. Heads get distinct weights, so no two products merge.
+// (Counting one head, as this bound did before, held a 2-head group's q8_0 attention to a
+// stream doing half the multiply-adds the group needs: 26.5 GB/s against 21 on a Zen 4 core.)
 // Software prefetch distance: without it the conversion streams ran at 55-65% of a plain read on
 // 2 threads, with it at ~80%; 2, 6 and 12 KiB measured alike.
 constexpr int kAhead = 8192;
+constexpr int kAcc = 8;     // accumulators of every stream
+constexpr int kUnroll = 8;  // key blocks a step (value blocks: half as many), so that every
+                            // accumulator index is known at compile time
 
 __attribute__((target("avx512f"), always_inline)) inline __m512 HalfVector(const f16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -91,18 +99,32 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 QuantVector(cons
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
 }
 
+__attribute__((target("avx512f"), always_inline)) inline float SumAcc(const __m512 (&a)[kAcc]) {
+  __m512 s = a[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+template <int kH>
 __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float ConvertF16Avx512(const f16_t* p,
                                                                               int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m512 a[kAcc], w[kH];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm512_setzero_ps();
+  for (int h = 0; h < kH; ++h) w[h] = _mm512_set1_ps(1.0f + h);
   for (int64_t i = 0; i + 64 <= n; i += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(p + i) + kAhead, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(p + i) + kAhead + 64, _MM_HINT_T0);
-    a0 = _mm512_add_ps(a0, HalfVector(p + i));
-    a1 = _mm512_add_ps(a1, HalfVector(p + i + 16));
-    a2 = _mm512_add_ps(a2, HalfVector(p + i + 32));
-    a3 = _mm512_add_ps(a3, HalfVector(p + i + 48));
+    #pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512 x = HalfVector(p + i + 16 * v);
+      #pragma GCC unroll 8
+      for (int h = 0; h < kH; ++h) {
+        __m512& acc = a[(v * kH + h) % kAcc];
+        acc = _mm512_fmadd_ps(w[h], x, acc);
+      }
+    }
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return SumAcc(a);
 }
 
 // The sum of v's 8 int32 lanes (the key-dot streams' end, at either width).
@@ -112,40 +134,77 @@ __attribute__((target("avx2"))) int32_t SumInt32(__m256i v) {
          _mm_extract_epi32(s, 3);
 }
 
+template <int kH>
 __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) int32_t DotQ8_0Avx512(
     const BlockQ8_0* b, int64_t nb) {
-  const __m256i ones = _mm256_set1_epi8(1);
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+  __m256i a[kAcc], w[kH];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm256_setzero_si256();
+  for (int h = 0; h < kH; ++h) w[h] = _mm256_set1_epi8(static_cast<char>(1 + h));
   int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead + 64, _MM_HINT_T0);
-    a0 = _mm256_dpbusd_epi32(a0, ones,
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
-    a1 = _mm256_dpbusd_epi32(a1, ones,
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i + 1].qs)));
+  for (; i + kUnroll <= nb; i += kUnroll) {
+    #pragma GCC unroll 8
+    for (int u = 0; u < kUnroll; ++u) {
+      if (u % 2 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead + 64, _MM_HINT_T0);
+      }
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i + u].qs));
+      #pragma GCC unroll 8
+      for (int h = 0; h < kH; ++h) {
+        __m256i& acc = a[(u * kH + h) % kAcc];
+        acc = _mm256_dpbusd_epi32(acc, w[h], q);
+      }
+    }
   }
-  if (i < nb) {
-    a0 = _mm256_dpbusd_epi32(a0, ones,
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
+  for (; i < nb; ++i) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+    for (int h = 0; h < kH; ++h) a[0] = _mm256_dpbusd_epi32(a[0], w[h], q);
   }
-  return SumInt32(_mm256_add_epi32(a0, a1));
+  __m256i s = a[0];
+  for (int k = 1; k < kAcc; ++k) s = _mm256_add_epi32(s, a[k]);
+  return SumInt32(s);
 }
 
+// A q8_0 value block weighted once per head: its scale times the head's weight (one multiply,
+// as a kernel folds the scale into the softmax weight), then an FMA per 16 values.
+template <int kH>
 __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float DequantQ8_0Avx512(
     const BlockQ8_0* b, int64_t nb) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-  for (int64_t i = 0; i < nb; ++i) {
-    if (i % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead, _MM_HINT_T0);
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
-    a0 = _mm512_fmadd_ps(d, QuantVector(b[i].qs), a0);
-    a1 = _mm512_fmadd_ps(d, QuantVector(b[i].qs + 16), a1);
+  __m512 a[kAcc], w[kH];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm512_setzero_ps();
+  for (int h = 0; h < kH; ++h) w[h] = _mm512_set1_ps(1.0f + h);
+  // Block u of a step: its 2 vectors into accumulators ((2 u + v) kH + h) % kAcc.
+  int64_t i = 0;
+  for (; i + kUnroll / 2 <= nb; i += kUnroll / 2) {
+    #pragma GCC unroll 4
+    for (int u = 0; u < kUnroll / 2; ++u) {
+      if (u % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead, _MM_HINT_T0);
+      const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i + u].d));
+      const __m512 x[2] = {QuantVector(b[i + u].qs), QuantVector(b[i + u].qs + 16)};
+      #pragma GCC unroll 8
+      for (int h = 0; h < kH; ++h) {
+        const __m512 wd = _mm512_mul_ps(w[h], d);
+        #pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) {
+          __m512& acc = a[((2 * u + v) * kH + h) % kAcc];
+          acc = _mm512_fmadd_ps(wd, x[v], acc);
+        }
+      }
+    }
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  for (; i < nb; ++i) {
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+    for (int h = 0; h < kH; ++h) {
+      const __m512 wd = _mm512_mul_ps(w[h], d);
+      a[0] = _mm512_fmadd_ps(wd, QuantVector(b[i].qs), a[0]);
+      a[1] = _mm512_fmadd_ps(wd, QuantVector(b[i].qs + 16), a[1]);
+    }
+  }
+  return SumAcc(a);
 }
 
 // The same streams at 256 bits. A key block's dot is llama.cpp's AVX2 one (no vpdpbusd):
-// vpmaddubsw of its quants by ones, then vpmaddwd into int32.
+// vpmaddubsw of its quants by the head's bytes, then vpmaddwd into int32.
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256 HalfVector8(
     const f16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -163,79 +222,164 @@ __attribute__((target("avx2,fma,f16c"))) float HorizontalSum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline float SumAcc8(
+    const __m256 (&a)[kAcc]) {
+  __m256 s = a[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, a[i]);
+  return HorizontalSum8(s);
+}
+
+template <int kH>
 __attribute__((target("avx2,fma,f16c"))) float ConvertF16Avx2(const f16_t* p, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m256 a[kAcc], w[kH];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm256_setzero_ps();
+  for (int h = 0; h < kH; ++h) w[h] = _mm256_set1_ps(1.0f + h);
   for (int64_t i = 0; i + 32 <= n; i += 32) {
     _mm_prefetch(reinterpret_cast<const char*>(p + i) + kAhead, _MM_HINT_T0);
-    a0 = _mm256_add_ps(a0, HalfVector8(p + i));
-    a1 = _mm256_add_ps(a1, HalfVector8(p + i + 8));
-    a2 = _mm256_add_ps(a2, HalfVector8(p + i + 16));
-    a3 = _mm256_add_ps(a3, HalfVector8(p + i + 24));
+    #pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m256 x = HalfVector8(p + i + 8 * v);
+      #pragma GCC unroll 8
+      for (int h = 0; h < kH; ++h) {
+        __m256& acc = a[(v * kH + h) % kAcc];
+        acc = _mm256_fmadd_ps(w[h], x, acc);
+      }
+    }
   }
-  return HorizontalSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return SumAcc8(a);
 }
 
-__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256i BlockDot8(
-    const BlockQ8_0& block) {
-  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-}
-
+template <int kH>
 __attribute__((target("avx2,fma,f16c"))) int32_t DotQ8_0Avx2(const BlockQ8_0* b, int64_t nb) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm256_setzero_si256();
   int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead + 64, _MM_HINT_T0);
-    a0 = _mm256_add_epi32(a0, BlockDot8(b[i]));
-    a1 = _mm256_add_epi32(a1, BlockDot8(b[i + 1]));
+  for (; i + kUnroll <= nb; i += kUnroll) {
+    #pragma GCC unroll 8
+    for (int u = 0; u < kUnroll; ++u) {
+      if (u % 2 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead, _MM_HINT_T0);
+      }
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i + u].qs));
+      #pragma GCC unroll 8
+      for (int h = 0; h < kH; ++h) {
+        const __m256i w = _mm256_set1_epi8(static_cast<char>(1 + h));
+        __m256i& acc = a[(u * kH + h) % kAcc];
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones));
+      }
+    }
   }
-  if (i < nb) a0 = _mm256_add_epi32(a0, BlockDot8(b[i]));
-  return SumInt32(_mm256_add_epi32(a0, a1));
+  for (; i < nb; ++i) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+    for (int h = 0; h < kH; ++h) {
+      const __m256i w = _mm256_set1_epi8(static_cast<char>(1 + h));
+      a[0] = _mm256_add_epi32(a[0], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones));
+    }
+  }
+  __m256i s = a[0];
+  for (int k = 1; k < kAcc; ++k) s = _mm256_add_epi32(s, a[k]);
+  return SumInt32(s);
 }
 
+template <int kH>
 __attribute__((target("avx2,fma,f16c"))) float DequantQ8_0Avx2(const BlockQ8_0* b, int64_t nb) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-  for (int64_t i = 0; i < nb; ++i) {
-    if (i % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(b + i) + kAhead, _MM_HINT_T0);
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
-    a0 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs), a0);
-    a1 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs + 8), a1);
-    a0 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs + 16), a0);
-    a1 = _mm256_fmadd_ps(d, QuantVector8(b[i].qs + 24), a1);
+  __m256 a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm256_setzero_ps();
+  // Block u of a step: its 4 vectors into accumulators ((4 u + v) kH + h) % kAcc.
+  int64_t i = 0;
+  for (; i + kUnroll / 4 <= nb; i += kUnroll / 4) {
+    #pragma GCC unroll 2
+    for (int u = 0; u < kUnroll / 4; ++u) {
+      if (u % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead, _MM_HINT_T0);
+      const float d = _cvtsh_ss(b[i + u].d);
+      __m256 x[4];
+      #pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) x[v] = QuantVector8(b[i + u].qs + 8 * v);
+      #pragma GCC unroll 8
+      for (int h = 0; h < kH; ++h) {
+        const __m256 wd = _mm256_set1_ps(d * (1.0f + h));
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          __m256& acc = a[((4 * u + v) * kH + h) % kAcc];
+          acc = _mm256_fmadd_ps(wd, x[v], acc);
+        }
+      }
+    }
   }
-  return HorizontalSum8(_mm256_add_ps(a0, a1));
+  for (; i < nb; ++i) {
+    const float d = _cvtsh_ss(b[i].d);
+    for (int h = 0; h < kH; ++h) {
+      const __m256 wd = _mm256_set1_ps(d * (1.0f + h));
+      for (int v = 0; v < 4; ++v) a[v] = _mm256_fmadd_ps(wd, QuantVector8(b[i].qs + 8 * v), a[v]);
+    }
+  }
+  return SumAcc8(a);
+}
+
+// f.template operator()<kH>() for kH = heads; groups above 8 are measured as 8 (an optimistic
+// bound for them).
+template <typename F>
+auto ForHeads(int heads, F&& f) {
+  switch (heads) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    default: return f.template operator()<8>();
+  }
 }
 
 }  // namespace
 
 bool HasConversionStreams() { return ActiveIsa() != Isa::kScalar; }
 
-float ConvertF16Stream(const f16_t* p, int64_t n) {
-  if (ActiveIsa() == Isa::kAvx512) return ConvertF16Avx512(p, n);
-  if (ActiveIsa() == Isa::kAvx2) return ConvertF16Avx2(p, n);
+float ConvertF16Stream(const f16_t* p, int64_t n, int heads) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    return ForHeads(heads, [&]<int kH>() { return ConvertF16Avx512<kH>(p, n); });
+  }
+  if (ActiveIsa() == Isa::kAvx2) {
+    return ForHeads(heads, [&]<int kH>() { return ConvertF16Avx2<kH>(p, n); });
+  }
   float s = 0.0f;
-  for (int64_t i = 0; i < n / 64 * 64; ++i) s += Fp16ToFp32(p[i]);
-  return s;
-}
-
-int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb) {
-  if (ActiveIsa() == Isa::kAvx512) return DotQ8_0Avx512(blocks, nb);
-  if (ActiveIsa() == Isa::kAvx2) return DotQ8_0Avx2(blocks, nb);
-  int32_t s = 0;
-  for (int64_t i = 0; i < nb; ++i) {
-    for (int8_t q : blocks[i].qs) s += q;
+  for (int64_t i = 0; i < n / 64 * 64; ++i) {
+    for (int h = 0; h < heads; ++h) s += (1.0f + h) * Fp16ToFp32(p[i]);
   }
   return s;
 }
 
-float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb) {
-  if (ActiveIsa() == Isa::kAvx512) return DequantQ8_0Avx512(blocks, nb);
-  if (ActiveIsa() == Isa::kAvx2) return DequantQ8_0Avx2(blocks, nb);
+int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    return ForHeads(heads, [&]<int kH>() { return DotQ8_0Avx512<kH>(blocks, nb); });
+  }
+  if (ActiveIsa() == Isa::kAvx2) {
+    return ForHeads(heads, [&]<int kH>() { return DotQ8_0Avx2<kH>(blocks, nb); });
+  }
+  int32_t s = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    for (int8_t q : blocks[i].qs) {
+      for (int h = 0; h < heads; ++h) s += (1 + h) * q;
+    }
+  }
+  return s;
+}
+
+float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    return ForHeads(heads, [&]<int kH>() { return DequantQ8_0Avx512<kH>(blocks, nb); });
+  }
+  if (ActiveIsa() == Isa::kAvx2) {
+    return ForHeads(heads, [&]<int kH>() { return DequantQ8_0Avx2<kH>(blocks, nb); });
+  }
   float s = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     const float d = Fp16ToFp32(blocks[i].d);
-    for (int8_t q : blocks[i].qs) s += d * q;
+    for (int8_t q : blocks[i].qs) {
+      for (int h = 0; h < heads; ++h) s += (1.0f + h) * d * q;
+    }
   }
   return s;
 }

@@ -9,8 +9,9 @@
 // value into f32 (one vcvtph2ps per 16 values (8 on AVX2), the only f16 -> f32 path of these
 // ISAs), a q8_0 key block into an integer dot (one vpdpbusd per block; AVX2 has none, and
 // makes it of vpmaddubsw and vpmaddwd, as llama.cpp does), a q8_0 value block into
-// f32 (scale times each int8) to weight it by the f32 softmax probabilities. On this class of
-// machine a stream that converts as it reads runs well below a plain read (the extra
+// f32 to weight it by the f32 softmax probabilities; and then multiply it once for each query
+// head sharing its kv head (an FMA per 16 values, a vpdpbusd per key block). On this class of
+// machine a stream that computes as it reads runs well below a plain read (the extra
 // instructions per cache line cost memory-level parallelism), so that is the bound an
 // attention kernel is held to. Every function returns a value that depends on every byte
 // read, so no load is optimized away.
@@ -32,15 +33,20 @@ uint64_t ReadRange(const uint64_t* p, int64_t n, bool prefetch);
 // AVX2); at the scalar level they run plain loops, not a bound for anything.
 bool HasConversionStreams();
 
-// Every one of the n f16 values (n % 64 == 0 read whole) converted to f32 and summed.
-float ConvertF16Stream(const f16_t* p, int64_t n);
+// The streams below serve `heads` query heads per kv head (a GQA group, 1..8; more are
+// measured as 8): each value read enters one product per head.
 
-// Each q8_0 block's 32 quants dotted with a constant vector (one vpdpbusd each; on AVX2
-// vpmaddubsw and vpmaddwd), summed.
-int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb);
+// Every one of the n f16 values (n % 64 == 0 read whole) converted to f32 and multiply-added
+// once per head.
+float ConvertF16Stream(const f16_t* p, int64_t n, int heads);
 
-// Each q8_0 block dequantized to 32 f32 values (scale times int8), summed.
-float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb);
+// Each q8_0 block's 32 quants dotted with a constant vector per head (one vpdpbusd each; on
+// AVX2 vpmaddubsw and vpmaddwd), summed.
+int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads);
+
+// Each q8_0 block converted to 32 f32 values and multiply-added once per head by the head's
+// weight times the block's scale, summed.
+float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads);
 
 }  // namespace fucina::cli
 
