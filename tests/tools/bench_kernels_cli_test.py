@@ -13,19 +13,21 @@ BIN = os.environ.get("FUCINA_BIN", "")
 NUM = r"([0-9]+\.[0-9]+)"
 
 
-def bench(*extra, types="q8_0,f16"):
+def bench(*extra, types="q8_0,f16", env=None):
     return subprocess.run(
         [BIN, "bench", "kernels", "--types", types, "--working-set-mib", "16", "--rows",
          "256", "--cols", "256", "--batch", "4", "--prefill-batch", "8", "--min-seconds", "0.01",
-         *extra], capture_output=True, text=True, timeout=120)
+         *extra], capture_output=True, text=True, timeout=120, env=env)
 
 
 @unittest.skipUnless(BIN, "FUCINA_BIN not set")
 class BenchKernelsTest(unittest.TestCase):
-    def test_short_pass_prints_matvec_and_decode_attention_figures(self):
-        proc = bench("--kv-context", "96")
+    def check_decode_attention(self, proc):
         out = proc.stdout
         self.assertEqual(proc.returncode, 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}")
+        isa = re.search(r"(?m)^isa: (\w+)", out)
+        self.assertIsNotNone(isa, out)
+        has_cvt = isa.group(1) != "scalar"
         m = re.search(rf"(?m)^read bandwidth: {NUM} GB/s \(1 thread\), {NUM} GB/s", out)
         self.assertIsNotNone(m, out)
         self.assertGreater(float(m.group(1)), 0)
@@ -33,8 +35,10 @@ class BenchKernelsTest(unittest.TestCase):
             self.assertRegex(out, rf"(?m)^{t}\s+\|\s+{NUM}", out)
         self.assertRegex(out, r"(?m)^decode attention: one query per head after 96 positions, "
                               r"16 query heads on 8 kv heads of 128 dims")
-        # Without AVX-512 the conversion streams have no SIMD path: printed as 0.00, said so.
-        has_cvt = "(cvt: AVX-512 only, n/a here)" not in out
+        # The bound counts every product the group's query heads need, not one per value.
+        self.assertIn("one multiply-add per query head", out)
+        # Without a SIMD level the conversion streams have no bound to offer: 0.00, said so.
+        self.assertEqual("(cvt: SIMD levels only, n/a here)" not in out, has_cvt, out)
         for kv in ("f16", "q8_0"):
             row = re.search(rf"(?m)^{kv}\s+(\d+) \|(.*)\|(.*)$", out)
             self.assertIsNotNone(row, out)
@@ -48,6 +52,14 @@ class BenchKernelsTest(unittest.TestCase):
                 self.assertEqual(rates[1] > 0, has_cvt, row.group(0))
                 self.assertEqual(len(shares), 2, row.group(0))
                 self.assertAlmostEqual(shares[0], 100 * rates[2] / rates[0], delta=1.0)
+
+    def test_short_pass_prints_matvec_and_decode_attention_figures(self):
+        self.check_decode_attention(bench("--kv-context", "96"))
+
+    def test_scalar_level_reports_no_conversion_bound(self):
+        proc = bench("--kv-context", "96", env=dict(os.environ, FUCINA_ISA="scalar"))
+        self.assertRegex(proc.stdout, r"(?m)^isa: scalar")
+        self.check_decode_attention(proc)
 
     def test_zero_context_skips_the_section(self):
         proc = bench("--kv-context", "0", types="q8_0")
