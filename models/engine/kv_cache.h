@@ -1,11 +1,12 @@
 // Per-session key/value cache for a range of layers, each with its own geometry.
 //
-// Layer i stores K and V, each [rows_i, heads_kv_i, head_dim_i] in f32, f16 or q8_0
-// (kernels/attention.h KvLayout), or reads another layer's (shared K/V: gemma4's trailing
-// layers). Position p lives in row p % rows_i. A global layer has rows_i = capacity, so every
-// position keeps its row; a sliding-window layer of window W keeps a ring of
-// rows_i = W + kSlidingSlack rounded up to a multiple of 32 (or capacity, when smaller). A q8_0
-// cache rounds rows_i up to a multiple of 16, whole tiles of a tiled K (key_layout).
+// Layer i stores K and V, each [heads_kv_i, rows_i, head_dim_i] in f32, f16 or q8_0 (a kv
+// head's rows back to back: kernels/attention.h KvLayout), or reads another layer's (shared
+// K/V: gemma4's trailing layers). Position p lives in row p % rows_i. A global layer has
+// rows_i = capacity, so every position keeps its row; a sliding-window layer of window W keeps
+// a ring of rows_i = W + kSlidingSlack rounded up to a multiple of 32 (or capacity, when
+// smaller). A q8_0 cache rounds rows_i up to a multiple of 16, whole tiles of a tiled K
+// (key_layout).
 // Positions [0, len) are valid. A cache belongs to one stream and is used by one thread at a
 // time.
 //
