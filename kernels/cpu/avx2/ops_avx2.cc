@@ -462,6 +462,63 @@ inline void AccumRows(const float* p, int p_ld, const Rows& v, int n_keys, int l
   for (; d < ld; d += 8) AccumBlock<R, 1>(p, p_ld, v, n_keys, ld, d, acc);
 }
 
+// Keys per weights pass of AccumRowsShared: their weights sit on the stack.
+constexpr int kFoldKeys = 32;
+
+// AttnRowAccumQ8_0 for groups of 3-4 rows (prefill). Their accumulators fill the registers at
+// 16 dims a pass, so AccumBlock would make each key's weights (the row's p times the block's
+// scale) twice a block, once per half. Here a block's weights are made once for up to
+// kFoldKeys keys, then both halves read them as broadcast loads: the same multiplies, in
+// the same order, so the same bits. q8_0 KV prefill of 4,000 positions, AVX2 code on a Zen 4
+// core, 1 thread: 66.8-67.4 -> 68.6-69.7 t/s.
+template <int R>
+inline void AccumRowsShared(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_keys,
+                            int ld, float* acc) {
+  const PrefetchPlan plan = v.Plan(8, 8);
+  for (int d0 = 0; d0 < ld; d0 += kQK8_0) {
+    const int64_t block = d0 / kQK8_0 * static_cast<int64_t>(sizeof(BlockQ8_0));
+    for (int t0 = 0; t0 < n_keys; t0 += kFoldKeys) {
+      const int nk = n_keys - t0 < kFoldKeys ? n_keys - t0 : kFoldKeys;
+      const uint8_t* rows = static_cast<const uint8_t*>(v.Row(t0)) + block;
+      alignas(32) float w[kFoldKeys * R];  // w[t * R + r]: row r's weight for key t0 + t
+      for (int t = 0; t < nk; ++t) {
+        const float d = HalfToFloat(reinterpret_cast<const BlockQ8_0*>(rows + t * v.stride)->d);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) w[t * R + r] = p[r * p_ld + t0 + t] * d;
+      }
+      #pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        __m256 c[R][2];
+        LoadAccumulators<R, 2>(acc, ld, d0 + 16 * half, c);
+        const int at = offsetof(BlockQ8_0, qs) + 16 * half;
+        for (int t = 0; t < nk; ++t) {
+          // An eighth of 8 rows ahead per key, on the first pass over the keys only.
+          if (d0 == 0 && half == 0) v.Prefetch(v.Row((t0 + t) & ~7), plan, (t0 + t) & 7);
+          const int8_t* q = reinterpret_cast<const int8_t*>(rows + t * v.stride + at);
+          const __m256 q0 = LoadQ8(q), q1 = LoadQ8(q + 8);
+          #pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const __m256 wr = _mm256_broadcast_ss(w + t * R + r);
+            c[r][0] = _mm256_fmadd_ps(wr, q0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(wr, q1, c[r][1]);
+          }
+        }
+        StoreAccumulators<R, 2>(c, ld, d0 + 16 * half, acc);
+      }
+    }
+  }
+}
+
+template <int R, int C>
+inline void AccumRows(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_keys, int ld,
+                      float* acc) {
+  if constexpr (R >= 3) {
+    AccumRowsShared<R>(p, p_ld, v, n_keys, ld, acc);
+  } else {
+    for (int d = 0; d < ld; d += 8 * C) AccumBlock<R, C>(p, p_ld, v, n_keys, ld, d, acc);
+  }
+}
+
 template <typename Rows>
 void TileAccum(const float* p, int p_ld, int n_rows, const Rows& v, int n_keys, int ld,
                float* acc) {
