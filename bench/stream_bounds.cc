@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/avx512/undefined_vectors.h"  // before any intrinsics: GCC bug 105593
 
+#include <algorithm>
 #include <cstdint>
 
 #include <immintrin.h>
@@ -82,13 +83,13 @@ namespace {
 // accumulators so an FMA's latency never paces the loop and it runs at the rate its loads,
 // conversions and multiply-adds issue. Heads get distinct weights, so no two products merge.
 // (Counting one head, as this bound did before, held a 2-head group's q8_0 attention to a
-// stream doing half the multiply-adds the group needs: 26.5 GB/s against 21 on a Zen 4 core.)
+// stream doing half the multiply-adds the group needs: 26.5 GB/s against 24.3 on a Zen 4 core.)
 // Software prefetch distance: without it the conversion streams ran at 55-65% of a plain read on
 // 2 threads, with it at ~80%; 2, 6 and 12 KiB measured alike.
 constexpr int kAhead = 8192;
 constexpr int kAcc = 8;     // accumulators of every stream
-constexpr int kUnroll = 8;  // key blocks a step (value blocks: half as many), so that every
-                            // accumulator index is known at compile time
+constexpr int kUnroll = 8;  // blocks a step of the key streams (AVX2 values: a quarter), so
+                            // that every accumulator index is known at compile time
 
 __attribute__((target("avx512f"), always_inline)) inline __m512 HalfVector(const f16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -165,37 +166,63 @@ __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) int32_t DotQ8_0Avx51
   return SumInt32(s);
 }
 
-// A q8_0 value block weighted once per head: its scale times the head's weight (one multiply,
-// as a kernel folds the scale into the softmax weight), then an FMA per 16 values.
+// A q8_0 value block weighted once per head: its scale times the head's weight, then an FMA
+// per 16 values. Made as the kernels make them (ops_avx512.cc, AccumBlock over q8_0 rows):
+// the weights of 32 blocks first, 4 blocks' scales picked by one vpermt2w and multiplied 8 at
+// a time, one copy per FMA, so each FMA takes its weight as a broadcast operand ({1to16}).
+// (Made a block at a time beside its FMAs, the stream ran 28 cycles a 4-block key for a
+// 2-head group in L1 on a Zen 4 core; the kernels' loop, weights ahead, ~23.)
+constexpr int kWeightBlocks = 32;
+
 template <int kH>
-__attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float DequantQ8_0Avx512(
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) float DequantQ8_0Avx512(
     const BlockQ8_0* b, int64_t nb) {
-  __m512 a[kAcc], w[kH];
+  __m512 a[kAcc];
   for (int i = 0; i < kAcc; ++i) a[i] = _mm512_setzero_ps();
-  for (int h = 0; h < kH; ++h) w[h] = _mm512_set1_ps(1.0f + h);
-  // Block u of a step: its 2 vectors into accumulators ((2 u + v) kH + h) % kAcc.
+  // Words 17 j of 4 blocks (136 bytes from a block's start: only the 4 scale words are read),
+  // each twice: lanes 2 j and 2 j + 1 hold block j's scale.
+  const __mmask32 words[2] = {(1u << 0) | (1u << 17), (1u << (34 - 32)) | (1u << (51 - 32))};
+  alignas(16) static constexpr uint16_t kIndex[8] = {0, 0, 17, 17, 34, 34, 51, 51};
+  const __m512i index =
+      _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(kIndex)));
+  // w[((u / 4) kH + h) 8 + 2 (u % 4) + v]: head h's weight for chunk v of block u.
+  alignas(64) float w[kWeightBlocks * kH * 2];
   int64_t i = 0;
-  for (; i + kUnroll / 2 <= nb; i += kUnroll / 2) {
-    #pragma GCC unroll 4
-    for (int u = 0; u < kUnroll / 2; ++u) {
-      if (u % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead, _MM_HINT_T0);
-      const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i + u].d));
-      const __m512 x[2] = {QuantVector(b[i + u].qs), QuantVector(b[i + u].qs + 16)};
+  for (; i + kWeightBlocks <= nb; i += kWeightBlocks) {
+    for (int u = 0; u < kWeightBlocks; u += 4) {
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(b + i + u);
+      const __m512i lo = _mm512_maskz_loadu_epi16(words[0], p);
+      const __m512i hi = _mm512_maskz_loadu_epi16(words[1], p + 64);
+      const __m256 d = _mm256_cvtph_ps(
+          _mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, index, hi)));
       #pragma GCC unroll 8
       for (int h = 0; h < kH; ++h) {
-        const __m512 wd = _mm512_mul_ps(w[h], d);
-        #pragma GCC unroll 2
-        for (int v = 0; v < 2; ++v) {
-          __m512& acc = a[((2 * u + v) * kH + h) % kAcc];
-          acc = _mm512_fmadd_ps(wd, x[v], acc);
+        _mm256_store_ps(w + ((u / 4) * kH + h) * 8, _mm256_mul_ps(d, _mm256_set1_ps(1.0f + h)));
+      }
+    }
+    for (int u0 = 0; u0 < kWeightBlocks; u0 += 4) {
+      #pragma GCC unroll 4
+      for (int u = u0; u < u0 + 4; ++u) {
+        if (u % 2 == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(b + i + u) + kAhead, _MM_HINT_T0);
+        }
+        const __m512 x[2] = {QuantVector(b[i + u].qs), QuantVector(b[i + u].qs + 16)};
+        #pragma GCC unroll 8
+        for (int h = 0; h < kH; ++h) {
+          #pragma GCC unroll 2
+          for (int v = 0; v < 2; ++v) {
+            __m512& acc = a[((2 * (u - u0) + v) * kH + h) % kAcc];
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(w[(u0 / 4 * kH + h) * 8 + 2 * (u - u0) + v]),
+                                  x[v], acc);
+          }
         }
       }
     }
   }
   for (; i < nb; ++i) {
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+    const float d = _cvtsh_ss(b[i].d);
     for (int h = 0; h < kH; ++h) {
-      const __m512 wd = _mm512_mul_ps(w[h], d);
+      const __m512 wd = _mm512_set1_ps(d * (1.0f + h));
       a[0] = _mm512_fmadd_ps(wd, QuantVector(b[i].qs), a[0]);
       a[1] = _mm512_fmadd_ps(wd, QuantVector(b[i].qs + 16), a[1]);
     }
@@ -317,8 +344,7 @@ __attribute__((target("avx2,fma,f16c"))) float DequantQ8_0Avx2(const BlockQ8_0* 
   return SumAcc8(a);
 }
 
-// f.template operator()<kH>() for kH = heads; groups above 8 are measured as 8 (an optimistic
-// bound for them).
+// f.template operator()<kH>() for kH = heads (1..8).
 template <typename F>
 auto ForHeads(int heads, F&& f) {
   switch (heads) {
@@ -337,11 +363,12 @@ auto ForHeads(int heads, F&& f) {
 
 bool HasConversionStreams() { return ActiveIsa() != Isa::kScalar; }
 
-float ConvertF16Stream(const f16_t* p, int64_t n, int heads) {
-  if (ActiveIsa() == Isa::kAvx512) {
+float ConvertF16Stream(const f16_t* p, int64_t n, int heads, Isa isa) {
+  heads = std::clamp(heads, 1, 8);
+  if (isa == Isa::kAvx512) {
     return ForHeads(heads, [&]<int kH>() { return ConvertF16Avx512<kH>(p, n); });
   }
-  if (ActiveIsa() == Isa::kAvx2) {
+  if (isa == Isa::kAvx2) {
     return ForHeads(heads, [&]<int kH>() { return ConvertF16Avx2<kH>(p, n); });
   }
   float s = 0.0f;
@@ -351,11 +378,12 @@ float ConvertF16Stream(const f16_t* p, int64_t n, int heads) {
   return s;
 }
 
-int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads) {
-  if (ActiveIsa() == Isa::kAvx512) {
+int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads, Isa isa) {
+  heads = std::clamp(heads, 1, 8);
+  if (isa == Isa::kAvx512) {
     return ForHeads(heads, [&]<int kH>() { return DotQ8_0Avx512<kH>(blocks, nb); });
   }
-  if (ActiveIsa() == Isa::kAvx2) {
+  if (isa == Isa::kAvx2) {
     return ForHeads(heads, [&]<int kH>() { return DotQ8_0Avx2<kH>(blocks, nb); });
   }
   int32_t s = 0;
@@ -367,11 +395,12 @@ int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads) {
   return s;
 }
 
-float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads) {
-  if (ActiveIsa() == Isa::kAvx512) {
+float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads, Isa isa) {
+  heads = std::clamp(heads, 1, 8);
+  if (isa == Isa::kAvx512) {
     return ForHeads(heads, [&]<int kH>() { return DequantQ8_0Avx512<kH>(blocks, nb); });
   }
-  if (ActiveIsa() == Isa::kAvx2) {
+  if (isa == Isa::kAvx2) {
     return ForHeads(heads, [&]<int kH>() { return DequantQ8_0Avx2<kH>(blocks, nb); });
   }
   float s = 0.0f;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/fp16.h"
 #include "kernels/quant/blocks.h"
 
@@ -34,19 +35,22 @@ uint64_t ReadRange(const uint64_t* p, int64_t n, bool prefetch);
 bool HasConversionStreams();
 
 // The streams below serve `heads` query heads per kv head (a GQA group, 1..8; more are
-// measured as 8): each value read enters one product per head.
+// measured as 8, an optimistic bound for them): each value read enters one product per head.
+// `isa` (tests) picks the SIMD level, at most DetectedIsa(); at kScalar they run plain loops,
+// the reference the others are tested against.
 
 // Every one of the n f16 values (n % 64 == 0 read whole) converted to f32 and multiply-added
 // once per head.
-float ConvertF16Stream(const f16_t* p, int64_t n, int heads);
+float ConvertF16Stream(const f16_t* p, int64_t n, int heads, Isa isa = ActiveIsa());
 
 // Each q8_0 block's 32 quants dotted with a constant vector per head (one vpdpbusd each; on
 // AVX2 vpmaddubsw and vpmaddwd), summed.
-int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads);
+int32_t DotQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads, Isa isa = ActiveIsa());
 
 // Each q8_0 block converted to 32 f32 values and multiply-added once per head by the head's
 // weight times the block's scale, summed.
-float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads);
+float DequantQ8_0Stream(const BlockQ8_0* blocks, int64_t nb, int heads,
+                        Isa isa = ActiveIsa());
 
 }  // namespace fucina::cli
 
