@@ -509,6 +509,7 @@ inline void AccumRowsShared(const float* p, int p_ld, const CacheRowsQ8_0& v, in
   }
 }
 
+// q8_0 value rows: ld == head_dim, a multiple of 32, so passes cover whole blocks.
 template <int R, int C>
 inline void AccumRows(const float* p, int p_ld, const CacheRowsQ8_0& v, int n_keys, int ld,
                       float* acc) {
