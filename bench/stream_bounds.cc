@@ -128,8 +128,10 @@ __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) float ConvertF16Avx5
   return SumAcc(a);
 }
 
-// The sum of v's 8 int32 lanes (the key-dot streams' end, at either width).
-__attribute__((target("avx2"))) int32_t SumInt32(__m256i v) {
+// The sum of every int32 lane of the accumulators (the key-dot streams' end, at either width).
+__attribute__((target("avx2"))) int32_t SumAccInt32(const __m256i (&a)[kAcc]) {
+  __m256i v = a[0];
+  for (int i = 1; i < kAcc; ++i) v = _mm256_add_epi32(v, a[i]);
   const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   return _mm_extract_epi32(s, 0) + _mm_extract_epi32(s, 1) + _mm_extract_epi32(s, 2) +
          _mm_extract_epi32(s, 3);
@@ -161,9 +163,7 @@ __attribute__((target("avx512f,avx512vl,avx512vnni,f16c"))) int32_t DotQ8_0Avx51
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
     for (int h = 0; h < kH; ++h) a[0] = _mm256_dpbusd_epi32(a[0], w[h], q);
   }
-  __m256i s = a[0];
-  for (int k = 1; k < kAcc; ++k) s = _mm256_add_epi32(s, a[k]);
-  return SumInt32(s);
+  return SumAccInt32(a);
 }
 
 // A q8_0 value block weighted once per head: its scale times the head's weight, then an FMA
@@ -304,9 +304,7 @@ __attribute__((target("avx2,fma,f16c"))) int32_t DotQ8_0Avx2(const BlockQ8_0* b,
       a[0] = _mm256_add_epi32(a[0], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones));
     }
   }
-  __m256i s = a[0];
-  for (int k = 1; k < kAcc; ++k) s = _mm256_add_epi32(s, a[k]);
-  return SumInt32(s);
+  return SumAccInt32(a);
 }
 
 template <int kH>
