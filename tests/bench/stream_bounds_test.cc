@@ -24,9 +24,8 @@ std::vector<Isa> SimdLevels() {
   return levels;
 }
 
-// nb blocks (a multiple of 4 and of none of the SIMD steps, so every tail runs) whose scales
-// are 0.5, 1 or 2 and whose quants span `range` around 0: small enough that every partial sum
-// of the value stream is a multiple of 0.5 below 2^23.
+// nb blocks whose scales are 0.5, 1 or 2 and whose quants span `range` around 0: small enough
+// that every partial sum of the value stream is a multiple of 0.5 below 2^23.
 std::vector<BlockQ8_0> Blocks(int64_t nb, int range) {
   std::vector<BlockQ8_0> b(nb);
   const float scales[3] = {0.5f, 1.0f, 2.0f};
@@ -45,8 +44,10 @@ std::vector<BlockQ8_0> Blocks(int64_t nb, int range) {
 }
 
 TEST(StreamBoundsTest, EveryLevelComputesTheScalarStreams) {
-  const std::vector<BlockQ8_0> keys = Blocks(100, 128);  // int32 sums: any quant is exact
-  const std::vector<BlockQ8_0> values = Blocks(100, 15);
+  // 101 blocks: a multiple of no stream's step (8, 32 or 2 blocks), so every tail loop runs.
+  constexpr int64_t kBlocks = 101;
+  const std::vector<BlockQ8_0> keys = Blocks(kBlocks, 128);  // int32 sums: any quant is exact
+  const std::vector<BlockQ8_0> values = Blocks(kBlocks, 15);
   std::vector<f16_t> halves(64 * 51);
   for (size_t i = 0; i < halves.size(); ++i) {
     halves[i] = Fp32ToFp16(0.5f * static_cast<float>(static_cast<int>((i * i + 7 * i) % 61) - 30));
@@ -54,10 +55,10 @@ TEST(StreamBoundsTest, EveryLevelComputesTheScalarStreams) {
   for (Isa isa : SimdLevels()) {
     for (int heads = 1; heads <= 9; ++heads) {
       SCOPED_TRACE(testing::Message() << IsaName(isa) << ", " << heads << " heads");
-      EXPECT_EQ(DotQ8_0Stream(keys.data(), 100, heads, isa),
-                DotQ8_0Stream(keys.data(), 100, heads, Isa::kScalar));
-      EXPECT_EQ(DequantQ8_0Stream(values.data(), 100, heads, isa),
-                DequantQ8_0Stream(values.data(), 100, heads, Isa::kScalar));
+      EXPECT_EQ(DotQ8_0Stream(keys.data(), kBlocks, heads, isa),
+                DotQ8_0Stream(keys.data(), kBlocks, heads, Isa::kScalar));
+      EXPECT_EQ(DequantQ8_0Stream(values.data(), kBlocks, heads, isa),
+                DequantQ8_0Stream(values.data(), kBlocks, heads, Isa::kScalar));
       EXPECT_EQ(ConvertF16Stream(halves.data(), 64 * 51, heads, isa),
                 ConvertF16Stream(halves.data(), 64 * 51, heads, Isa::kScalar));
     }
