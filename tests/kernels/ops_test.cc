@@ -1,5 +1,6 @@
 // Norm, softmax, activation and RoPE kernels: every ISA path on this machine against the
 // scalar references, plus hand-computed cases for the references themselves.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -39,7 +40,7 @@ struct Path {
 
 // ExpF32 with no shift: y = exp(x - 0) == exp(x) for every x.
 std::function<void(const float*, float*, int64_t)> Unshifted(
-    void (*exp)(const float*, float, float*, int64_t)) {
+    float (*exp)(const float*, float, float*, int64_t)) {
   return [exp](const float* x, float* y, int64_t n) { exp(x, 0.0f, y, n); };
 }
 
@@ -114,7 +115,7 @@ TEST(ExpTest, WithinThreeUlpOverTheWholeRange) {
 // The shift is subtracted in f32 before the exp (attention's scores less their running max):
 // the same bits as the exp of the differences, on every length (tails are masked).
 TEST(ExpTest, ShiftIsTheFloatDifference) {
-  using ExpFn = void (*)(const float*, float, float*, int64_t);
+  using ExpFn = float (*)(const float*, float, float*, int64_t);
   std::vector<std::pair<std::string, ExpFn>> fns;
   if (DetectedIsa() >= Isa::kAvx2) fns.push_back({"avx2", avx2::ExpF32});
   if (DetectedIsa() >= Isa::kAvx512) fns.push_back({"avx512", avx512::ExpF32});
@@ -129,6 +130,42 @@ TEST(ExpTest, ShiftIsTheFloatDifference) {
         exp(x.data(), shift, got.data(), n);
         EXPECT_EQ(got, want) << "shift " << shift;
       }
+    }
+  }
+}
+
+// ExpF32's sum is the sum of what it wrote, in span order (ops_isa.h): a_l adds y[t] for
+// t % 8 == l in increasing t, then ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). Every
+// level adds so, which keeps attention's row sums independent of how a span is cut; lengths
+// cover the 8- and 16-lane tails. MaxF32 is the largest value, wherever it sits.
+TEST(ExpTest, SumAndMaxOfASpan) {
+  struct Level {
+    std::string name;
+    float (*exp)(const float*, float, float*, int64_t);
+    float (*max)(const float*, int64_t);
+  };
+  std::vector<Level> levels;
+  if (DetectedIsa() >= Isa::kAvx2) levels.push_back({"avx2", avx2::ExpF32, avx2::MaxF32});
+  if (DetectedIsa() >= Isa::kAvx512) levels.push_back({"avx512", avx512::ExpF32, avx512::MaxF32});
+  for (const Level& level : levels) {
+    for (int64_t n = 1; n <= 70; ++n) {
+      SCOPED_TRACE(level.name + " n=" + std::to_string(n));
+      std::vector<float> x = Random(n, -20.0f, 5.0f, 90 + n);
+      // Spread magnitudes so that a different order of the adds gives different bits.
+      for (int64_t i = 0; i < n; i += 3) x[i] += 12.0f;
+      std::vector<float> y(n + 1, -1.0f);
+      const float sum = level.exp(x.data(), 4.5f, y.data(), n);
+      EXPECT_EQ(y[n], -1.0f) << "wrote past n";
+      float a[8] = {};
+      for (int64_t t = 0; t < n; ++t) a[t % 8] += y[t];
+      const float want = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+      EXPECT_EQ(sum, want);
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> m = x;
+        m[at] = 40.0f;
+        EXPECT_EQ(level.max(m.data(), n), 40.0f) << "max at " << at;
+      }
+      EXPECT_EQ(level.max(x.data(), n), *std::max_element(x.begin(), x.end()));
     }
   }
 }

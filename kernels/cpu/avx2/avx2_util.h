@@ -34,6 +34,13 @@ FUCINA_AVX2_INLINE float HorizontalMax(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)): the order of ExpF32's sum (ops_isa.h).
+FUCINA_AVX2_INLINE float SpanOrderSum(__m256 v) {
+  const __m128 c = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 e = _mm_add_ps(c, _mm_shuffle_ps(c, c, _MM_SHUFFLE(2, 3, 0, 1)));  // c0+c1, c2+c3
+  return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehl_ps(e, e)));
+}
+
 // Sum of the 8 int32 lanes (wraps like int32 addition; callers' sums fit).
 FUCINA_AVX2_INLINE int32_t HorizontalSum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

@@ -122,9 +122,36 @@ inline void Map2(const float* a, const float* b, float* out, int64_t n, F f) {
 
 }  // namespace
 
-void ExpF32(const float* x, float shift, float* y, int64_t n) {
+float ExpF32(const float* x, float shift, float* y, int64_t n) {
   const __m256 s = _mm256_set1_ps(shift);
-  Map(x, y, n, [s](__m256 v) { return Exp8(_mm256_sub_ps(v, s)); });
+  // Lane l of `sum` adds y[t] for t % 8 == l in increasing t; a tail's missing lanes add +0,
+  // which leaves a sum of exps (never -0) unchanged.
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(y + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), s));
+    _mm256_maskstore_ps(y + i, m, e);
+    sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
+  }
+  return SpanOrderSum(sum);
+}
+
+float MaxF32(const float* x, int64_t n) {
+  __m256 m = _mm256_set1_ps(-__builtin_inff());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+  if (i < n) {
+    const __m256i k = TailMask(n - i);
+    m = _mm256_blendv_ps(m, _mm256_max_ps(_mm256_maskload_ps(x + i, k), m),
+                         _mm256_castsi256_ps(k));
+  }
+  return HorizontalMax(m);
 }
 
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu8); }

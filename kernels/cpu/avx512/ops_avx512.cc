@@ -82,9 +82,38 @@ inline void Map(const float* x, float* y, int64_t n, F f) {
 
 }  // namespace
 
-void ExpF32(const float* x, float shift, float* y, int64_t n) {
+float ExpF32(const float* x, float shift, float* y, int64_t n) {
   const __m512 s = _mm512_set1_ps(shift);
-  Map(x, y, n, [s](__m512 v) { return Exp16(_mm512_sub_ps(v, s)); });
+  // Lane l of `sum` adds y[t] for t % 8 == l in increasing t: each 16-lane exp adds its low
+  // half, then its high half; a tail's missing lanes leave their partial sums untouched.
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+    _mm512_storeu_ps(y + i, e);
+    sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+    sum = _mm256_add_ps(sum, _mm512_extractf32x8_ps(e, 1));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+    _mm512_mask_storeu_ps(y + i, m, e);
+    sum = _mm256_mask_add_ps(sum, static_cast<__mmask8>(m), sum, _mm512_castps512_ps256(e));
+    sum = _mm256_mask_add_ps(sum, static_cast<__mmask8>(m >> 8), sum,
+                             _mm512_extractf32x8_ps(e, 1));
+  }
+  return avx2::SpanOrderSum(sum);
+}
+
+float MaxF32(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-__builtin_inff());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
+  if (i < n) {
+    const __mmask16 k = TailMask(n - i);
+    m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, x + i), m);
+  }
+  return _mm512_reduce_max_ps(m);
 }
 
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu16); }
