@@ -420,6 +420,60 @@ TEST(ChatTemplateErrors, RunawayTemplateFailsInsteadOfHanging) {
   EXPECT_THAT(r.status().message(), HasSubstr("fuel"));
 }
 
+// A template shipped in a model file can ask for any amount of memory. Each of these used to
+// reach an allocation of gigabytes (a failed Rust allocation aborts the whole process); the
+// render must fail with an error that names the limit instead, and the template must still
+// load (it is only refused when rendered).
+TEST(ChatTemplateErrors, HostileGgufTemplateFailsWithALimitInsteadOfAborting) {
+  const struct {
+    const char* source;
+    const char* want;
+  } cases[] = {
+      {"{{ messages|tojson(indent=100000000000) }}",
+       "tojson: indent 100000000000 exceeds the limit of 4096"},
+      {"{{ messages[0].content|indent(100000000000) }}",
+       "indent: width 100000000000 exceeds the limit of 4096"},
+      {"{{ '{:>100000000000}'.format(messages[0].content) }}",
+       "str.format: width or precision 100000000000 exceeds the limit of 4096"},
+      // 100 MB of output from a 60-byte loop: the rendered text is capped.
+      {"{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+       "the rendered prompt exceeds the limit of 33554432 bytes"},
+      // A list of 100000 references to one 1 MB string prints as 100 GB.
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | tojson }}",
+       "tojson: the result exceeds the limit of 33554432 bytes"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.source);
+    const std::string path = ::testing::TempDir() + "/hostile_template.gguf";
+    {
+      absl::StatusOr<std::unique_ptr<gguf::Writer>> w = gguf::Writer::Create(path);
+      ASSERT_TRUE(w.ok()) << w.status();
+      (*w)->SetValue("general.architecture", gguf::Value::Str("llama"));
+      (*w)->SetValue(kGgufChatTemplateKey, gguf::Value::Str(c.source));
+      ASSERT_TRUE((*w)->Finish().ok());
+    }
+    absl::StatusOr<std::unique_ptr<gguf::File>> file = gguf::File::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::FromGguf(**file);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<std::string> r = t->Render({Msg("user", "hi")}, ChatRenderOptions());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr(c.want));
+    std::remove(path.c_str());
+  }
+}
+
+// The cap scales with the conversation: a prompt of several times the 32 MiB floor renders
+// when the messages themselves are that large.
+TEST(ChatTemplateEngine, LargeConversationsStillRender) {
+  ChatTemplate t = ChatTemplate::ChatMl();
+  const std::string content(40 << 20, 'y');
+  absl::StatusOr<std::string> r = t.Render({Msg("user", content)}, ChatRenderOptions());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->size(), content.size());
+}
+
 // One compiled template rendered from several threads at once gives identical text.
 TEST(ChatTemplateEngine, ConcurrentRendersAgree) {
   ChatTemplate t = ChatTemplate::ChatMl();

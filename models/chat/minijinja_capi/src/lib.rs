@@ -12,12 +12,17 @@
 //!   * Python string/dict/list methods (`.strip()`, `.split()`, `.items()`, ...) via
 //!     minijinja-contrib's pycompat callback;
 //!   * `{{ x }}` prints None/True/False and lists/dicts the way Python's str() does;
-//!   * a render is bounded by RENDER_FUEL (jinja2 has no such bound; no real template nears it).
+//!   * a render is bounded by RENDER_FUEL (jinja2 has no such bound; no real template nears it);
+//!   * a template cannot make the process allocate without bound: the rendered text, and every
+//!     string our filters and Python methods build, is capped (`output_limit`), and width-like
+//!     arguments (`tojson` indent, `indent` width, `str.format` widths) are capped at MAX_WIDTH.
+//!     Past a cap the render fails with an error naming it; a failed allocation would abort.
 //!
 //! Ownership: every `char*` handed out (rendered text, error messages) is allocated here and must
 //! be released with `fucina_jinja_free`. No pointer passed in is retained after a call returns.
 //! Panics never cross the ABI: they are caught and reported as errors.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,6 +40,82 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// of thousands of messages while a runaway loop fails within about half a second.
 const RENDER_FUEL: u64 = 10_000_000;
 
+/// Floor of the cap on the text one render may produce (the prompt, and any one string built by
+/// our filters and methods on the way). The cap is this or OUTPUT_LIMIT_PER_CONTEXT_BYTE times
+/// the size of the conversation, whichever is larger: real templates add a few hundred bytes per
+/// message around text they copy once or twice (`tools | tojson` with an indent), while a
+/// hostile one asks for gigabytes from a few bytes of source.
+const MIN_OUTPUT_LIMIT: usize = 32 << 20;
+const OUTPUT_LIMIT_PER_CONTEXT_BYTE: usize = 4;
+
+/// Cap on width-like arguments that make the engine allocate that many bytes at once:
+/// `tojson(indent=N)`, `indent(N)`, `"{:N}".format(x)` (width and precision). Templates use
+/// single digits.
+const MAX_WIDTH: usize = 4096;
+
+thread_local! {
+    /// The cap of the render running on this thread (renders are synchronous, one per thread
+    /// at a time); MIN_OUTPUT_LIMIT outside a render.
+    static OUTPUT_LIMIT: Cell<usize> = const { Cell::new(MIN_OUTPUT_LIMIT) };
+}
+
+fn output_limit() -> usize {
+    OUTPUT_LIMIT.with(|c| c.get())
+}
+
+/// Sets this thread's output cap for the lifetime of the guard.
+struct OutputLimitGuard {
+    previous: usize,
+}
+
+impl OutputLimitGuard {
+    fn set(limit: usize) -> OutputLimitGuard {
+        OutputLimitGuard { previous: OUTPUT_LIMIT.with(|c| c.replace(limit)) }
+    }
+}
+
+impl Drop for OutputLimitGuard {
+    fn drop(&mut self) {
+        OUTPUT_LIMIT.with(|c| c.set(self.previous));
+    }
+}
+
+fn too_large(what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "{what} exceeds the limit of {} bytes on text a chat template may produce",
+            output_limit()
+        ),
+    )
+}
+
+fn check_width(what: &str, width: u128) -> Result<usize, Error> {
+    if width > MAX_WIDTH as u128 {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{what} {width} exceeds the limit of {MAX_WIDTH}"),
+        ));
+    }
+    Ok(width as usize)
+}
+
+/// A String sink that refuses to grow past the output cap; `write!` into it stops early.
+struct Capped<'a> {
+    out: &'a mut String,
+    limit: usize,
+}
+
+impl std::fmt::Write for Capped<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.out.len().saturating_add(s.len()) > self.limit {
+            return Err(std::fmt::Error);
+        }
+        self.out.push_str(s);
+        Ok(())
+    }
+}
+
 /// A compiled template together with the environment it was compiled in.
 pub struct FucinaJinjaTemplate {
     env: Environment<'static>,
@@ -51,9 +132,10 @@ fn make_environment() -> Result<Environment<'static>, Error> {
     );
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_fuel(Some(RENDER_FUEL));
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(python_method);
     env.set_formatter(python_formatter);
     env.add_filter("tojson", tojson_filter);
+    env.add_filter("indent", indent_filter);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     Ok(env)
@@ -61,6 +143,136 @@ fn make_environment() -> Result<Environment<'static>, Error> {
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// The engine's `indent(width=4, first=false, blank=false)` filter, the same algorithm, with the
+/// width and the result capped before the padding is allocated.
+fn indent_filter(
+    value: String,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let width = match width {
+        Some(w) => w,
+        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    let first = match first {
+        Some(f) => f,
+        None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+    };
+    let blank = match blank {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let width = check_width("indent: width", width as u128)?;
+    let strip_newline = |s: &str| -> usize {
+        let s = s.strip_suffix('\n').unwrap_or(s);
+        s.strip_suffix('\r').unwrap_or(s).len()
+    };
+    let input = &value[..strip_newline(&value)];
+    let lines = input.bytes().filter(|&b| b == b'\n').count() + 1;
+    if lines.saturating_mul(width + 1).saturating_add(input.len()) > output_limit() {
+        return Err(too_large("indent: the result"));
+    }
+    let pad = " ".repeat(width);
+    let mut out = String::with_capacity(input.len() + lines * (width + 1));
+    let mut iter = input.split('\n');
+    if !first {
+        out.push_str(iter.next().unwrap_or_default());
+        out.push('\n');
+    }
+    for line in iter {
+        // A blank line in CRLF text is a lone "\r" after splitting on '\n'.
+        if !(line.is_empty() || line == "\r") || blank {
+            out.push_str(&pad);
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.truncate(strip_newline(&out));
+    Ok(Value::from(out))
+}
+
+/// Python's str/dict/list methods (minijinja-contrib's pycompat) after refusing the calls that
+/// would allocate far more than their inputs: `str.format` with a huge width or precision, and
+/// `str.join` of items whose text would be huge (Python's join takes strings only).
+fn python_method(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        match method {
+            "format" => check_format_widths(s)?,
+            "join" => {
+                if let Some(items) = args.first() {
+                    let limit = output_limit();
+                    let mut total = 0usize;
+                    for (i, item) in items.try_iter()?.enumerate() {
+                        let kind = item.kind();
+                        if matches!(kind, ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+                            return Err(Error::new(
+                                ErrorKind::InvalidOperation,
+                                format!("str.join: sequence item {i}: expected str, found {kind}"),
+                            ));
+                        }
+                        total = total
+                            .saturating_add(item.as_str().map_or(24, str::len))
+                            .saturating_add(s.len());
+                        if total > limit {
+                            return Err(too_large("str.join: the result"));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        let arg_bytes: usize = args.iter().map(|a| a.as_str().map_or(0, str::len)).sum();
+        if method == "format" && s.len().saturating_add(arg_bytes) > output_limit() {
+            return Err(too_large("str.format: the result"));
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Refuses a `str.format` pattern whose replacement fields ask for a width or precision above
+/// MAX_WIDTH (`"{:>100000000000}"`): the engine would allocate the padding before anything can
+/// charge for it. Conservative: every number after a field's ':' counts.
+fn check_format_widths(pattern: &str) -> Result<(), Error> {
+    let bytes = pattern.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'{' {
+            i += 1;
+            continue;
+        }
+        if bytes.get(i + 1) == Some(&b'{') {
+            i += 2;
+            continue;
+        }
+        let end = pattern[i..].find('}').map_or(bytes.len(), |e| i + e);
+        if let Some(colon) = pattern[i..end].find(':') {
+            let mut width: u128 = 0;
+            let mut in_digits = false;
+            for &b in &bytes[i + colon + 1..end] {
+                if b.is_ascii_digit() {
+                    width = width.saturating_mul(10).saturating_add(u128::from(b - b'0'));
+                    in_digits = true;
+                } else if in_digits {
+                    check_width("str.format: width or precision", width)?;
+                    width = 0;
+                    in_digits = false;
+                }
+            }
+            check_width("str.format: width or precision", width)?;
+        }
+        i = end + 1;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -212,6 +424,7 @@ struct JsonStyle {
     sort_keys: bool,
     item_sep: String,
     key_sep: String,
+    limit: usize,  // output_limit(); checked after each item
 }
 
 fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) {
@@ -259,6 +472,9 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
                 }
                 json_newline(out, style, depth + 1);
                 write_json(out, item, style, depth + 1)?;
+                if out.len() > style.limit {
+                    return Err(too_large("tojson: the result"));
+                }
             }
             json_newline(out, style, depth);
             out.push(']');
@@ -285,6 +501,9 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
                 json_string(out, k);
                 out.push_str(&style.key_sep);
                 write_json(out, item, style, depth + 1)?;
+                if out.len() > style.limit {
+                    return Err(too_large("tojson: the result"));
+                }
             }
             json_newline(out, style, depth);
             out.push('}');
@@ -309,8 +528,15 @@ fn tojson_filter(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent = match indent {
         None => None,
         Some(v) if v.is_none() => None,
-        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
-        Some(v) => Some(" ".repeat(i64::try_from(v)?.max(0) as usize)),
+        Some(v) if v.kind() == ValueKind::String => {
+            let s = v.as_str().unwrap_or_default();
+            check_width("tojson: indent", s.len() as u128)?;
+            Some(s.to_string())
+        }
+        Some(v) => {
+            let width = check_width("tojson: indent", i128::try_from(v)?.max(0) as u128)?;
+            Some(" ".repeat(width))
+        }
     };
     // Python's defaults: (", ", ": ") without indent, (",", ": ") with one.
     let (mut item_sep, mut key_sep) =
@@ -323,7 +549,13 @@ fn tojson_filter(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         item_sep = parts[0].to_string();
         key_sep = parts[1].to_string();
     }
-    let style = JsonStyle { indent, sort_keys: sort_keys.unwrap_or(false), item_sep, key_sep };
+    let style = JsonStyle {
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+        item_sep,
+        key_sep,
+        limit: output_limit(),
+    };
     let mut out = String::new();
     write_json(&mut out, &value, &style, 0)?;
     Ok(Value::from_safe_string(out))
@@ -383,6 +615,9 @@ fn py_str(out: &mut String, v: &Value, nested: bool, depth: usize) -> Result<(),
                     out.push_str(", ");
                 }
                 py_str(out, &item, true, depth + 1)?;
+                if out.len() > output_limit() {
+                    return Err(too_large("printing a list"));
+                }
             }
             out.push(']');
         }
@@ -395,12 +630,18 @@ fn py_str(out: &mut String, v: &Value, nested: bool, depth: usize) -> Result<(),
                 py_str(out, &k, true, depth + 1)?;
                 out.push_str(": ");
                 py_str(out, &v.get_item(&k)?, true, depth + 1)?;
+                if out.len() > output_limit() {
+                    return Err(too_large("printing a dict"));
+                }
             }
             out.push('}');
         }
         // Strings at top level, bytes, iterables and objects: the engine's own text.
         _ => {
-            let _ = write!(out, "{v}");
+            let limit = output_limit();
+            if write!(Capped { out, limit }, "{v}").is_err() {
+                return Err(too_large("printing a value"));
+            }
         }
     }
     Ok(())
@@ -483,14 +724,47 @@ fn compile(source: &str) -> Result<FucinaJinjaTemplate, String> {
     Ok(FucinaJinjaTemplate { env })
 }
 
+/// The rendered text, refusing to grow past `limit` bytes (the engine stops at the first
+/// refused write).
+struct CappedSink {
+    buf: Vec<u8>,
+    limit: usize,
+    exceeded: bool,
+}
+
+impl std::io::Write for CappedSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.limit {
+            self.exceeded = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn render(tmpl: &FucinaJinjaTemplate, context_json: &str) -> Result<String, String> {
     let ctx: serde_json::Value = serde_json::from_str(context_json)
         .map_err(|e| format!("context is not valid JSON: {e}"))?;
     if !ctx.is_object() {
         return Err("context must be a JSON object".into());
     }
+    let limit =
+        MIN_OUTPUT_LIMIT.max(context_json.len().saturating_mul(OUTPUT_LIMIT_PER_CONTEXT_BYTE));
+    let _guard = OutputLimitGuard::set(limit);
     let t = tmpl.env.get_template(TEMPLATE_NAME).map_err(|e| describe_error(&e))?;
-    t.render(Value::from(Serde(&ctx))).map_err(|e| describe_error(&e))
+    let mut sink = CappedSink { buf: Vec::new(), limit, exceeded: false };
+    let result = t.render_captured_to(Value::from(Serde(&ctx)), &mut sink).map(drop);
+    if sink.exceeded {
+        return Err(describe_error(&too_large("the rendered prompt")));
+    }
+    result.map_err(|e| describe_error(&e))?;
+    // Every write came from a &str, so the bytes are UTF-8.
+    String::from_utf8(sink.buf).map_err(|_| "the rendered prompt is not valid UTF-8".to_string())
 }
 
 /// Compiles `source`. On success stores a handle in `*out` (release with
@@ -571,7 +845,102 @@ pub extern "C" fn fucina_jinja_template_free(tmpl: *mut FucinaJinjaTemplate) {
 
 #[cfg(test)]
 mod tests {
-    use super::py_float_repr;
+    use super::{compile, py_float_repr, render};
+
+    const CONTEXT: &str = r#"{"messages": [{"role": "user", "content": "hi"}], "big": 1}"#;
+
+    fn render_source(source: &str) -> Result<String, String> {
+        render(&compile(source)?, CONTEXT)
+    }
+
+    // Each template asks the engine for gigabytes from a few bytes of source; the render must
+    // fail with an error instead of allocating (a failed allocation aborts the process).
+    #[test]
+    fn hostile_sizes_fail_with_an_error() {
+        let big = "{% set s = 'x' * 1000000 %}";
+        for (source, want) in [
+            (
+                "{{ messages|tojson(indent=100000000000) }}",
+                "tojson: indent 100000000000 exceeds the limit of 4096",
+            ),
+            (
+                "{{ messages|tojson(indent='x' * 5000) }}",
+                "tojson: indent 5000 exceeds the limit of 4096",
+            ),
+            (
+                "{{ 'a\nb'|indent(100000000000) }}",
+                "indent: width 100000000000 exceeds the limit of 4096",
+            ),
+            (
+                "{{ 'a\nb'|indent(width=100000000000) }}",
+                "indent: width 100000000000 exceeds the limit of 4096",
+            ),
+            (
+                "{{ '{:>100000000000}'.format('x') }}",
+                "str.format: width or precision 100000000000 exceeds",
+            ),
+            (
+                "{{ '{0:.99999999999f}'.format(1.5) }}",
+                "str.format: width or precision 99999999999 exceeds",
+            ),
+            (
+                "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+                "the rendered prompt exceeds the limit of 33554432 bytes",
+            ),
+            ("$S{{ [s] * 100000 }}", "exceeds the limit of 33554432 bytes"),
+            ("$S{{ ([s] * 100000)|tojson }}", "tojson: the result exceeds the limit"),
+            ("$S{{ ([s] * 100000)|tojson(indent=2) }}", "tojson: the result exceeds the limit"),
+            ("$S{{ {'k': [s] * 100000} }}", "exceeds the limit"),
+            ("$S{{ ''.join([s] * 100000) }}", "str.join: the result exceeds the limit"),
+            ("$S{{ ''.join([[s] * 100000]) }}", "str.join: sequence item 0: expected str"),
+            (
+                "{{ ('\n' * 1000000)|indent(100, blank=true) }}",
+                "indent: the result exceeds the limit",
+            ),
+            (
+                concat!(
+                    "{% set ns = namespace(s='x') %}{% for i in range(40) %}",
+                    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
+                ),
+                "",
+            ),
+            ("$S{{ s.replace('x', s) }}", ""),
+            ("$S{{ ([s] * 100000)|map('upper')|join }}", ""),
+            ("$S{% for x in [s] * 100000 %}{{ x }}{% endfor %}", ""),
+            (
+                concat!(
+                    "$S{% set y %}{% for x in [s] * 100000 %}{{ x }}{% endfor %}{% endset %}",
+                    "{{ y|length }}"
+                ),
+                "",
+            ),
+            ("{{ 'ab' * 100000000000 }}", ""),
+            ("{{ range(100000000000)|list|length }}", ""),
+            ("{{ messages|batch(100000000000, 'x')|list }}", ""),
+            ("{{ messages|slice(100000000000)|list }}", ""),
+            ("{{ '%100000000000s'|format('x') }}", ""),
+        ] {
+            let source = &source.replace("$S", big);
+            let err = render_source(source).expect_err(source);
+            assert!(err.contains(want), "{source}: {err}");
+        }
+    }
+
+    #[test]
+    fn ordinary_indent_and_format_still_work() {
+        assert_eq!(render_source("{{ 'a\nb\n\nc\n'|indent(2) }}").unwrap(), "a\n  b\n\n  c");
+        assert_eq!(render_source("{{ 'a\nb'|indent(2, true) }}").unwrap(), "  a\n  b");
+        assert_eq!(
+            render_source("{{ 'a\n\nb'|indent(width=1, blank=true) }}").unwrap(),
+            "a\n \n b"
+        );
+        assert_eq!(render_source("{{ '{:>5}|{:.2f}'.format('x', 1.5) }}").unwrap(), "    x|1.50");
+        assert_eq!(render_source("{{ '-'.join(['a', 'b']) }}").unwrap(), "a-b");
+        assert_eq!(
+            render_source("{{ {'a': [1]}|tojson(indent=1) }}").unwrap(),
+            "{\n \"a\": [\n  1\n ]\n}"
+        );
+    }
 
     #[test]
     fn float_repr_matches_python() {
