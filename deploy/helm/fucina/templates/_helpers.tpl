@@ -86,6 +86,8 @@ app.kubernetes.io/component: {{ .component }}
 - name: tls
   secret:
     secretName: {{ include "fucina.tlsSecret" . }}
+    # Root owns the files and the pod's fsGroup reads them. Never open to other users (the
+    # Kubernetes default, 0644): fucina refuses a --tls-key that other users may read.
     defaultMode: 0440
 {{- end }}
 {{- end }}
@@ -98,17 +100,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* The model: exactly one source; where the coordinator reads it. */}}
+{{/* The model: at most one source ("url" also when none is set: model.default is pulled);
+where the coordinator reads it. */}}
 {{- define "fucina.modelSource" -}}
 {{- $m := .Values.model }}
 {{- $n := 0 }}
 {{- if $m.url }}{{ $n = add1 $n }}{{ end }}
 {{- if $m.existingClaim }}{{ $n = add1 $n }}{{ end }}
 {{- if $m.hostPath }}{{ $n = add1 $n }}{{ end }}
-{{- if ne $n 1 }}
-{{- fail "model: set exactly one of model.url, model.existingClaim, model.hostPath" }}
+{{- if gt $n 1 }}
+{{- fail "model: set at most one of model.url, model.existingClaim, model.hostPath" }}
 {{- end }}
-{{- if $m.url }}url{{ else if $m.existingClaim }}claim{{ else }}hostPath{{ end }}
+{{- if and (eq $n 0) (not $m.default.url) }}
+{{- fail "model: set one of model.url, model.existingClaim, model.hostPath (model.default.url is empty)" }}
+{{- end }}
+{{- if $m.existingClaim }}claim{{ else if $m.hostPath }}hostPath{{ else }}url{{ end }}
+{{- end }}
+
+{{/* What the pull-model init container fetches and checks: model.url, else model.default. */}}
+{{- define "fucina.modelUrl" -}}
+{{- if .Values.model.url }}{{ .Values.model.url }}{{ else }}{{ .Values.model.default.url }}{{ end }}
+{{- end }}
+
+{{- define "fucina.modelSha256" -}}
+{{- if .Values.model.url }}{{ .Values.model.sha256 }}{{ else }}{{ .Values.model.default.sha256 }}{{ end }}
 {{- end }}
 
 {{- define "fucina.modelPath" -}}
