@@ -162,6 +162,46 @@ int RunBench(Model& model, const std::vector<int32_t>& prompt, const RunArgs& ar
   return 0;
 }
 
+// --bench with --spec: prefill + `gen` greedy tokens through Session with speculation (the
+// path `--spec` decodes with), repeated; prints median rates and the last repeat's passes. The
+// decode rate counts the tokens the decode passes produce (all but the first, which the
+// prefill's logits give), as the plain bench does. `fucina bench spec` compares it with plain
+// decoding on fixed prompts.
+int RunSpecBench(Model& model, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
+                 const RunArgs& args, GgmlType cache_type,
+                 const std::vector<int32_t>& spec_reference) {
+  if (args.streams != 1) {
+    return Fail(absl::InvalidArgumentError(
+        "--bench --spec measures one stream: --streams runs lockstep plain decoding"));
+  }
+  GenerationOptions options;
+  options.max_tokens = args.gen;
+  options.sampling.temperature = 0;  // greedy, as the plain bench
+  options.ignore_eos = true;         // exactly `gen` tokens
+  options.speculative = true;
+  options.drafter.max_draft = args.spec_max;
+  options.spec_reference = spec_reference;
+  std::vector<double> prefill, decode;
+  GenerationResult last;
+  for (int rep = 0; rep < args.bench; ++rep) {
+    auto kv = model.NewKvCache(static_cast<int64_t>(prompt.size()) + args.gen, cache_type);
+    if (!kv.ok()) return Fail(kv.status());
+    Session session(model, tokenizer, *std::move(kv));
+    auto r = session.Generate(prompt, options, nullptr);
+    if (!r.ok()) return Fail(r.status());
+    prefill.push_back(prompt.size() / std::max(r->prefill_seconds, 1e-9));
+    decode.push_back((r->tokens.size() - 1) / std::max(r->decode_seconds, 1e-9));
+    last = *std::move(r);
+  }
+  std::printf("prefill: %.2f t/s\n", Median(prefill));
+  std::printf("decode: %.2f t/s\n", Median(decode));
+  std::printf("spec: %lld decode passes for %zu tokens; %lld drafts of %lld tokens, %lld "
+              "accepted\n",
+              (long long)last.forward_passes, last.tokens.size(), (long long)last.draft_passes,
+              (long long)last.draft_tokens, (long long)last.accepted_tokens);
+  return 0;
+}
+
 int RunModel(RunArgs args) {
   if (absl::Status s = ValidateRunArgs(args); !s.ok()) return Fail(s);
   auto cache_type = ParseKvCacheType(args.cache_type);
@@ -228,8 +268,20 @@ int RunModel(RunArgs args) {
   } else if (!args.prompt.empty()) {
     prompt = (*tokenizer)->Encode(args.prompt, true, true);
   }
+  const bool speculative = args.spec || !args.spec_ref.empty();
+  std::vector<int32_t> spec_reference;
+  if (!args.spec_ref.empty()) {
+    std::ifstream in(args.spec_ref, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError("--spec-ref: cannot open " + args.spec_ref));
+    std::stringstream text;
+    text << in.rdbuf();
+    spec_reference = (*tokenizer)->Encode(text.str(), false, false);
+  }
   if (args.bench > 0) {
     if (prompt.empty()) return Fail(absl::InvalidArgumentError("--bench needs a prompt"));
+    if (speculative) {
+      return RunSpecBench(**model, **tokenizer, prompt, args, *cache_type, spec_reference);
+    }
     return RunBench(**model, prompt, args, *cache_type);
   }
 
@@ -239,15 +291,9 @@ int RunModel(RunArgs args) {
   GenerationOptions options;
   options.max_tokens = args.gen;
   options.sampling = args.sampling;
-  options.speculative = args.spec || !args.spec_ref.empty();
+  options.speculative = speculative;
   options.drafter.max_draft = args.spec_max;
-  if (!args.spec_ref.empty()) {
-    std::ifstream in(args.spec_ref, std::ios::binary);
-    if (!in) return Fail(absl::NotFoundError("--spec-ref: cannot open " + args.spec_ref));
-    std::stringstream text;
-    text << in.rdbuf();
-    options.spec_reference = (*tokenizer)->Encode(text.str(), false, false);
-  }
+  options.spec_reference = std::move(spec_reference);
   // The grammar compiles once; each reply starts from a copy of its initial state.
   std::unique_ptr<GrammarMatcher> grammar, reply_grammar;
   {
@@ -372,7 +418,9 @@ void RegisterRunCommand(CLI::App& app, int* exit_code) {
                   "Print the token ids of FILE's whole content, comma-separated");
   run->add_flag("--print-ids", a->print_ids, "Print generated ids as 'ids: a,b,c'");
   run->add_flag("--info", a->info, "Print the model's configuration");
-  run->add_option("--bench", a->bench, "Repeat prefill + --gen decode N times; print medians");
+  run->add_option("--bench", a->bench,
+                  "Repeat prefill + --gen greedy decode N times; print medians (with --spec: "
+                  "speculative decoding, and its passes)");
   run->add_option("--streams", a->streams, "Lockstep streams for --bench")->capture_default_str();
   run->add_flag("--spec", a->spec,
                 "Speculative decoding without a draft model: suffix-automaton and token-recycling "

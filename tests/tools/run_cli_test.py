@@ -114,6 +114,26 @@ class RunTest(unittest.TestCase):
         self.assertRegex(out, r"(?m)^prefill: [0-9.]+ t/s$")
         self.assertRegex(out, r"(?m)^decode: [0-9.]+ t/s$")
 
+    def test_bench_with_spec_measures_speculative_decoding(self):
+        line = "The keeper trimmed the wick and wound the clock. "
+        out = run("--prompt", line * 4, "--gen", "24", "--bench", "1", "--spec",
+                  "--threads", "2").stdout
+        self.assertRegex(out, r"(?m)^prefill: [0-9.]+ t/s$")
+        self.assertRegex(out, r"(?m)^decode: [0-9.]+ t/s$")
+        stats = re.search(r"(?m)^spec: (\d+) decode passes for (\d+) tokens; (\d+) drafts of "
+                          r"(\d+) tokens, (\d+) accepted$", out)
+        self.assertIsNotNone(stats, out)
+        passes, tokens, _, drafted, accepted = map(int, stats.groups())
+        self.assertEqual(tokens, 24)
+        # The text repeats, so drafts land: fewer passes than tokens after the first.
+        self.assertGreater(accepted, 0, out)
+        self.assertLess(passes, tokens - 1, out)
+        self.assertLessEqual(accepted, drafted)
+        bad = run("1,504,3575", "--gen", "4", "--bench", "1", "--spec", "--streams", "2",
+                  check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--streams", bad.stderr)
+
     def test_grammar_flags_hold_the_reply(self):
         out = run("--prompt", "Is the sky blue? Answer:", "--temp", "0", "--gen", "16",
                   "--regex", r" (yes|no)\.", "--threads", "2").stdout
