@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -89,6 +91,15 @@ struct Fd {
 ModelFetcher::ModelFetcher(std::shared_ptr<wire::ModelSource::StubInterface> stub,
                            ClusterCredentials credentials, ModelFetchOptions options)
     : stub_(std::move(stub)), credentials_(std::move(credentials)), options_(std::move(options)) {}
+
+ModelFetcher::~ModelFetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (recheck_.joinable()) recheck_.join();
+}
 
 absl::StatusOr<Sha256::Digest> ModelFetcher::ReadRange(const std::string& model_path,
                                                        const std::string& digest, int fd,
@@ -196,6 +207,112 @@ absl::StatusOr<wire::ModelManifest> ModelFetcher::Manifest(
 }
 
 absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Watched loaded;
+  auto report = FetchLocked(request, &loaded);
+  if (!report.ok()) return report;
+  // Remember the shard's tensors for the recheck (several shards of a model share a folder).
+  auto same = std::find_if(watched_.begin(), watched_.end(),
+                           [&](const Watched& w) { return w.dir == loaded.dir; });
+  if (same == watched_.end() || same->digest_bytes != loaded.digest_bytes) {
+    if (same != watched_.end()) watched_.erase(same);
+    watched_.push_back(std::move(loaded));
+  } else {
+    for (WatchedTensor& t : loaded.tensors) {
+      if (std::none_of(same->tensors.begin(), same->tensors.end(),
+                       [&](const WatchedTensor& u) { return u.name == t.name; })) {
+        same->tensors.push_back(std::move(t));
+      }
+    }
+  }
+  if (options_.recheck_bytes_per_second > 0 && !recheck_.joinable()) {
+    recheck_ = std::thread([this] { RecheckLoop(); });
+  }
+  return report;
+}
+
+absl::StatusOr<bool> ModelFetcher::Recheck(const Watched& w, size_t index) {
+  const WatchedTensor& t = w.tensors[index];
+  // Across processes sharing the cache: not while another one fetches into this folder.
+  Fd lock{::open((w.dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+  if (lock.fd < 0) return ErrnoError(absl::StrCat(w.dir, "/lock: cannot open"));
+  while (::flock(lock.fd, LOCK_EX) != 0) {
+    if (errno != EINTR) return ErrnoError(absl::StrCat(w.dir, "/lock: cannot lock"));
+  }
+  const std::string path = w.dir + "/model.gguf";
+  Fd fd{::open(path.c_str(), O_RDWR | O_CLOEXEC)};
+  if (fd.fd < 0) return ErrnoError(absl::StrCat(path, ": cannot open"));
+  // pread goes through the page cache, the same pages the worker's mapping reads.
+  auto local = Sha256OfRange(fd.fd, t.offset, t.size, path);
+  if (local.ok() && *local == t.expected) return false;
+  const std::string what = absl::StrCat("tensor ", t.name);
+  std::fprintf(stderr, "model cache %s: %s changed after it was verified (%s); fetching it "
+               "again in place\n", path.c_str(), what.c_str(),
+               local.ok() ? absl::StrCat("SHA-256 ", DigestHex(*local)).c_str()
+                          : std::string(local.status().message()).c_str());
+  FetchReport report;
+  fetch_start_ = std::chrono::steady_clock::now();
+  for (int attempt = 0;; ++attempt) {
+    auto got = ReadRange(w.model_path, w.digest_bytes, fd.fd, t.offset, t.size, what, &report);
+    if (!got.ok()) return got.status();
+    if (*got == t.expected) break;
+    if (attempt == 1) {
+      return absl::DataLossError(absl::StrCat(
+          what, ": the SHA-256 of the bytes received is ", DigestHex(*got),
+          ", not the coordinator's ", DigestHex(t.expected), " (received twice)"));
+    }
+  }
+  ++tensors_repaired_;
+  return true;
+}
+
+absl::StatusOr<int> ModelFetcher::RecheckAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int repaired = 0;
+  for (const Watched& w : watched_) {
+    for (size_t i = 0; i < w.tensors.size(); ++i) {
+      auto changed = Recheck(w, i);
+      if (!changed.ok()) return changed.status();
+      repaired += *changed ? 1 : 0;
+    }
+  }
+  return repaired;
+}
+
+void ModelFetcher::RecheckLoop() {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(mu_);
+  size_t model = 0, tensor = 0;
+  auto sweep_start = Clock::now();
+  while (!stopping_) {
+    if (model >= watched_.size()) {
+      // A sweep is done: start the next one no sooner than a second after this one began.
+      model = tensor = 0;
+      wake_.wait_until(lock, sweep_start + std::chrono::seconds(1), [&] { return stopping_; });
+      sweep_start = Clock::now();
+      continue;
+    }
+    if (tensor >= watched_[model].tensors.size()) {
+      ++model;
+      tensor = 0;
+      continue;
+    }
+    const uint64_t bytes = watched_[model].tensors[tensor].size;
+    auto changed = Recheck(watched_[model], tensor);
+    if (!changed.ok()) {
+      // The coordinator may be away for now: the next sweep tries again.
+      std::fprintf(stderr, "model cache recheck: %s\n", changed.status().ToString().c_str());
+    }
+    ++tensor;
+    // Paced by the bytes hashed; Fetch may run meanwhile (the mutex is released while waiting).
+    const auto pause = std::chrono::microseconds(
+        static_cast<int64_t>(bytes * 1e6 / options_.recheck_bytes_per_second));
+    wake_.wait_for(lock, pause, [&] { return stopping_; });
+  }
+}
+
+absl::StatusOr<FetchReport> ModelFetcher::FetchLocked(const wire::LoadShardRequest& request,
+                                                      Watched* watched) {
   FetchReport report;
   fetch_start_ = std::chrono::steady_clock::now();
   const std::string& model_path = request.model_path();
@@ -262,6 +379,10 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
     return absl::AbortedError("the coordinator's model changed during the fetch; load again");
   }
 
+  watched->dir = dir;
+  watched->model_path = model_path;
+  watched->digest_bytes = digest_bytes;
+
   const std::string journal_path = dir + "/verified";
   absl::flat_hash_map<std::string, Sha256::Digest> verified = ReadVerified(journal_path);
   Fd journal{::open(journal_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)};
@@ -273,6 +394,7 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
     const gguf::TensorInfo* t = (*file)->FindTensor(name);
     const uint64_t offset = (*file)->data_offset() + t->offset;
     const std::string what = absl::StrCat("tensor ", name);
+    watched->tensors.push_back({name, offset, t->nbytes, expected});
     if (auto it = verified.find(name); it != verified.end() && it->second == expected) {
       auto local = Sha256OfRange(fd.fd, offset, t->nbytes, report.path);
       if (!local.ok()) return local.status();

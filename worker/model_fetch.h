@@ -15,15 +15,28 @@
 // and the bytes on disk still hash to it (a corrupted cache is refetched, not trusted). A
 // transfer cut short keeps every tensor verified so far: the next load continues from there.
 //
-// Threading: Fetch is called from one thread at a time (the worker actor's executor).
+// After the load the worker serves from a mapping of that file, so bytes changed in it later
+// (a stray write, a failing disk under the page cache) would be served as they are. A
+// background thread therefore hashes every tensor fetched or reused again, one tensor at a
+// time and at most `recheck_bytes_per_second` (the sweep over a shard takes its size over that
+// rate, at least a second), and writes a tensor whose bytes no longer match back in place from
+// the coordinator: the mapping shares the file's pages, so the served model is whole again
+// without a reload. Nothing is added to a load; the cost is that rate of SHA-256 (a few percent
+// of a core at the default) and the exposure one sweep.
+//
+// Threading: Fetch is called from one thread at a time (the worker actor's executor); the
+// recheck thread takes turns with it (a mutex, and the cache folder's lock across processes).
 #ifndef FUCINA_WORKER_MODEL_FETCH_H_
 #define FUCINA_WORKER_MODEL_FETCH_H_
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +53,8 @@ struct ModelFetchOptions {
   int manifest_deadline_ms = 600'000;  // hashing a large model's tensors on first request
   // A tensor's stream may take this long plus 1 s per MiB (slower: DEADLINE_EXCEEDED).
   int range_deadline_ms = 60'000;
+  // Rate of the background re-hash of fetched tensors (see above); 0: none.
+  int64_t recheck_bytes_per_second = 32 << 20;
 };
 
 // What one Fetch did, for the worker's log line.
@@ -57,6 +72,8 @@ class ModelFetcher {
   // `stub` reaches the coordinator's ModelSource; every call carries `credentials`' token.
   ModelFetcher(std::shared_ptr<::fucina::cluster::v1::ModelSource::StubInterface> stub,
                ClusterCredentials credentials, ModelFetchOptions options);
+  // Stops the recheck thread (waiting for the tensor it is on).
+  ~ModelFetcher();
 
   // The local path of a file holding the header and every tensor `request`'s shard reads,
   // each verified. Errors: DATA_LOSS naming the tensor when its bytes fail the checksum twice;
@@ -65,10 +82,37 @@ class ModelFetcher {
   // own status (UNAVAILABLE when it went away mid-transfer: what was verified stays cached).
   absl::StatusOr<FetchReport> Fetch(const wire::LoadShardRequest& request);
 
-  // Bytes transferred by every Fetch so far.
+  // Bytes transferred by every Fetch so far (and by repairs).
   uint64_t bytes_received() const { return bytes_received_.load(); }
 
+  // One sweep of the recheck now, without pauses: every tensor fetched or reused so far is
+  // hashed, and those that no longer match are fetched again in place. Returns how many were.
+  // The background thread does the same at its rate; a health check may call this.
+  absl::StatusOr<int> RecheckAll();
+  // Tensors rewritten by rechecks so far.
+  int tensors_repaired() const { return tensors_repaired_.load(); }
+
  private:
+  struct WatchedTensor {
+    std::string name;
+    uint64_t offset = 0, size = 0;
+    Sha256::Digest expected{};
+  };
+  // The cached tensors of one model (one cache folder) that loads have used.
+  struct Watched {
+    std::string dir;          // the cache folder (its lock) and model.gguf inside
+    std::string model_path;   // the coordinator's, for a repair
+    std::string digest_bytes;
+    std::vector<WatchedTensor> tensors;
+  };
+
+  absl::StatusOr<FetchReport> FetchLocked(const wire::LoadShardRequest& request,
+                                          Watched* watched);
+  // Hashes tensor `index` of `w` and rewrites it from the coordinator when it changed; true
+  // when it did. Called with mu_ held.
+  absl::StatusOr<bool> Recheck(const Watched& w, size_t index);
+  void RecheckLoop();
+
   // The coordinator's manifest with the digests of `tensors`, checked for sense.
   absl::StatusOr<::fucina::cluster::v1::ModelManifest> Manifest(
       const std::string& model_path, const std::vector<std::string>& tensors);
@@ -84,7 +128,14 @@ class ModelFetcher {
   const ClusterCredentials credentials_;
   const ModelFetchOptions options_;
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<int> tensors_repaired_{0};
   std::chrono::steady_clock::time_point fetch_start_;  // of the Fetch running (rate limit)
+
+  std::mutex mu_;  // held by a Fetch and by each recheck step
+  std::vector<Watched> watched_;  // guarded by mu_
+  std::condition_variable wake_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread recheck_;    // started by the first successful Fetch
 };
 
 // A ModelSource stub for the coordinator at `address`, dialled with `credentials`' channel

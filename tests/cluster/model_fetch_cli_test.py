@@ -1,7 +1,8 @@
 """Workers without the coordinator's filesystem: each `fucina worker` runs in its own mount
 namespace where a tmpfs hides the folder holding the model, so it fetches its shard's tensors
 from the coordinator (fucina.cluster.v1.ModelSource) into its --model-cache, and loads from that
-cache the next time. Also a cache corrupted on disk, and a transfer cut by kill -9 and resumed.
+cache the next time. Also a cache corrupted on disk (before a load, and under a loaded shard),
+and a transfer cut by kill -9 and resumed.
 
 Needs root's `unshare -m` (skipped with a message otherwise) and the SmolLM2 model
 (FUCINA_DEFAULT_MODEL). Reuses cluster_cli_test's process and gRPC helpers (same environment:
@@ -178,6 +179,38 @@ class ModelFetchTest(cc.ClusterTestCase):
         self.assertIn("model from the network", line)
         self.assertIn("1 tensors fetched, 1 of them to replace corrupted cache copies", line)
         self.assertLess(moved(line), 0.25 * size, line)
+        self.assertEqual(list(self.generate(c, cc.greedy(cc.PROMPT, 16)).token_ids), ref)
+
+    def test_a_tensor_changed_after_the_load_is_written_back_while_serving(self):
+        ref, _ = cc.reference(self.model, cc.PROMPT, 16)
+        c = self.cluster()
+        c.coordinator(self.model, *SMALL_KV)
+        cache = self.cache()
+        worker = self.worker(c, cache)
+        self.wait_ready(c, 1, timeout=FETCH_S)
+        self.assertEqual(list(self.generate(c, cc.greedy(cc.PROMPT, 16)).token_ids), ref)
+        # 64 KiB of garbage inside the tensors of the loaded cache, the worker running on.
+        path = os.path.join(cache, os.listdir(cache)[0], "model.gguf")
+        at, size = os.path.getsize(path) // 2, 64 << 10
+        with open(self.model, "rb") as f:
+            f.seek(at)
+            original = f.read(size)
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(b"\x7f" * size)
+        # The background recheck (32 MiB/s: the 98 MB model in about 3 s a sweep) finds it and
+        # writes the coordinator's bytes back into the file the shard is mapped from.
+        deadline = time.monotonic() + 60
+        while True:
+            with open(path, "rb") as f:
+                f.seek(at)
+                if f.read(size) == original:
+                    break
+            self.assertLess(time.monotonic(), deadline, f"not written back:\n{worker.stderr()}")
+            time.sleep(cc.POLL_S)
+        self.assertRegex(worker.stderr(), r"model cache .*: tensor \S+ changed after it was "
+                                          r"verified")
+        self.assertEqual(self.load_lines(worker)[1:], [])  # no reload
         self.assertEqual(list(self.generate(c, cc.greedy(cc.PROMPT, 16)).token_ids), ref)
 
     def test_a_train_job_on_workers_without_the_file_fetches_the_rest_of_the_model(self):
