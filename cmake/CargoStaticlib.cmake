@@ -9,19 +9,61 @@
 # Cargo keeps its whole target tree inside the build directory; --locked pins the dependency
 # versions to the committed Cargo.lock. Cargo tracks its own inputs, so the command lists the
 # crate's files only to make Ninja re-run it when they change.
-function(fucina_cargo_staticlib target lib_name crate_dir min_rust what)
-  find_program(FUCINA_CARGO cargo HINTS "$ENV{CARGO_HOME}/bin" "$ENV{HOME}/.cargo/bin")
-  if(NOT FUCINA_CARGO)
+
+# Sets `out_var` to the first cargo of at least `min_rust` among FUCINA_CARGO (a cache entry or
+# -D), $CARGO_HOME/bin, ~/.cargo/bin, every directory of PATH, /usr/local/bin and /usr/bin, in
+# that order. An older cargo earlier on PATH (a distribution's, beside a newer one) is passed
+# over rather than fatal; with none new enough the error lists every cargo seen and its version.
+function(fucina_find_cargo out_var min_rust what)
+  set(_candidates "")
+  if(FUCINA_CARGO)
+    list(APPEND _candidates "${FUCINA_CARGO}")
+  endif()
+  set(_dirs "")
+  if(DEFINED ENV{CARGO_HOME})
+    list(APPEND _dirs "$ENV{CARGO_HOME}/bin")
+  endif()
+  if(DEFINED ENV{HOME})
+    list(APPEND _dirs "$ENV{HOME}/.cargo/bin")
+  endif()
+  string(REPLACE ":" ";" _path "$ENV{PATH}")
+  foreach(_dir ${_dirs} ${_path} /usr/local/bin /usr/bin)
+    # Not REALPATH: rustup's cargo is a link to rustup, which acts on the name it is run by.
+    if(NOT _dir STREQUAL "" AND EXISTS "${_dir}/cargo" AND NOT IS_DIRECTORY "${_dir}/cargo")
+      list(APPEND _candidates "${_dir}/cargo")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES _candidates)
+  set(_seen "")
+  foreach(_cargo IN LISTS _candidates)
+    execute_process(COMMAND "${_cargo}" --version OUTPUT_VARIABLE _version
+                    RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    string(REGEX MATCH "^cargo ([0-9]+\\.[0-9]+\\.[0-9]+)" _match "${_version}")
+    if(NOT _rc EQUAL 0 OR NOT _match)
+      list(APPEND _seen "${_cargo} (--version failed)")
+    elseif(CMAKE_MATCH_1 VERSION_LESS min_rust)
+      list(APPEND _seen "cargo ${CMAKE_MATCH_1} at ${_cargo}")
+    else()
+      set(${out_var} "${_cargo}" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  if(NOT _seen)
     message(FATAL_ERROR "cargo not found: ${what} need cargo (Rust >= ${min_rust}, install with rustup)")
   endif()
-  execute_process(COMMAND "${FUCINA_CARGO}" --version OUTPUT_VARIABLE _version
-                  RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  string(REGEX MATCH "^cargo ([0-9]+\\.[0-9]+\\.[0-9]+)" _match "${_version}")
-  if(NOT _rc EQUAL 0 OR NOT _match)
-    message(FATAL_ERROR "${FUCINA_CARGO} --version failed: ${what} need cargo (Rust >= ${min_rust}, install with rustup)")
-  endif()
-  if(CMAKE_MATCH_1 VERSION_LESS min_rust)
-    message(FATAL_ERROR "found cargo ${CMAKE_MATCH_1} at ${FUCINA_CARGO}; ${what} need cargo (Rust >= ${min_rust}, install with rustup)")
+  list(JOIN _seen ", " _seen)
+  message(FATAL_ERROR "found ${_seen}; ${what} need cargo (Rust >= ${min_rust}, install with rustup)")
+endfunction()
+
+function(fucina_cargo_staticlib target lib_name crate_dir min_rust what)
+  fucina_find_cargo(_cargo "${min_rust}" "${what}")
+  set(FUCINA_CARGO "${_cargo}" CACHE FILEPATH "cargo for the Rust crates (Rust >= each crate's rust-version)" FORCE)
+  # Cargo runs the `rustc` first on PATH unless RUSTC names one: the one beside the chosen cargo
+  # (same toolchain), so an older rustc earlier on PATH is not used either.
+  get_filename_component(_bin "${_cargo}" DIRECTORY)
+  set(_rustc_env "")
+  if(EXISTS "${_bin}/rustc")
+    set(_rustc_env "RUSTC=${_bin}/rustc")
   endif()
 
   set(_target_dir "${CMAKE_CURRENT_BINARY_DIR}/cargo")
@@ -29,8 +71,8 @@ function(fucina_cargo_staticlib target lib_name crate_dir min_rust what)
   file(GLOB _sources CONFIGURE_DEPENDS "${crate_dir}/src/*.rs")
   add_custom_command(
     OUTPUT "${_lib}"
-    COMMAND ${CMAKE_COMMAND} -E env "CARGO_TARGET_DIR=${_target_dir}"
-            "${FUCINA_CARGO}" build --release --locked --quiet
+    COMMAND ${CMAKE_COMMAND} -E env "CARGO_TARGET_DIR=${_target_dir}" ${_rustc_env}
+            "${_cargo}" build --release --locked --quiet
             --manifest-path "${crate_dir}/Cargo.toml"
     DEPENDS "${crate_dir}/Cargo.toml" "${crate_dir}/Cargo.lock" ${_sources}
     WORKING_DIRECTORY "${crate_dir}"
