@@ -214,7 +214,8 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
   // Remember the shard's tensors for the recheck (several shards of a model share a folder).
   auto same = std::find_if(watched_.begin(), watched_.end(),
                            [&](const Watched& w) { return w.dir == loaded.dir; });
-  if (same == watched_.end() || same->digest_bytes != loaded.digest_bytes) {
+  if (same == watched_.end() || same->digest_bytes != loaded.digest_bytes ||
+      same->inode != loaded.inode || same->device != loaded.device) {
     if (same != watched_.end()) watched_.erase(same);
     watched_.push_back(std::move(loaded));
   } else {
@@ -231,20 +232,29 @@ absl::StatusOr<FetchReport> ModelFetcher::Fetch(const wire::LoadShardRequest& re
   return report;
 }
 
-absl::StatusOr<bool> ModelFetcher::Recheck(const Watched& w, size_t index) {
+absl::StatusOr<ModelFetcher::RecheckOutcome> ModelFetcher::Recheck(const Watched& w,
+                                                                   size_t index, bool wait) {
   const WatchedTensor& t = w.tensors[index];
   // Across processes sharing the cache: not while another one fetches into this folder.
-  Fd lock{::open((w.dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+  Fd lock{::open((w.dir + "/lock").c_str(), O_RDWR | O_CLOEXEC)};
+  if (lock.fd < 0 && errno == ENOENT) return RecheckOutcome::kGone;
   if (lock.fd < 0) return ErrnoError(absl::StrCat(w.dir, "/lock: cannot open"));
-  while (::flock(lock.fd, LOCK_EX) != 0) {
+  while (::flock(lock.fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return RecheckOutcome::kBusy;
     if (errno != EINTR) return ErrnoError(absl::StrCat(w.dir, "/lock: cannot lock"));
   }
   const std::string path = w.dir + "/model.gguf";
   Fd fd{::open(path.c_str(), O_RDWR | O_CLOEXEC)};
-  if (fd.fd < 0) return ErrnoError(absl::StrCat(path, ": cannot open"));
+  struct stat st;
+  if (fd.fd < 0 && errno == ENOENT) return RecheckOutcome::kGone;
+  if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0) return ErrnoError(absl::StrCat(path, ": cannot open"));
+  if (static_cast<uint64_t>(st.st_dev) != w.device ||
+      static_cast<uint64_t>(st.st_ino) != w.inode) {
+    return RecheckOutcome::kGone;
+  }
   // pread goes through the page cache, the same pages the worker's mapping reads.
   auto local = Sha256OfRange(fd.fd, t.offset, t.size, path);
-  if (local.ok() && *local == t.expected) return false;
+  if (local.ok() && *local == t.expected) return RecheckOutcome::kSame;
   const std::string what = absl::StrCat("tensor ", t.name);
   std::fprintf(stderr, "model cache %s: %s changed after it was verified (%s); fetching it "
                "again in place\n", path.c_str(), what.c_str(),
@@ -263,17 +273,24 @@ absl::StatusOr<bool> ModelFetcher::Recheck(const Watched& w, size_t index) {
     }
   }
   ++tensors_repaired_;
-  return true;
+  return RecheckOutcome::kRepaired;
 }
 
 absl::StatusOr<int> ModelFetcher::RecheckAll() {
   std::lock_guard<std::mutex> lock(mu_);
   int repaired = 0;
-  for (const Watched& w : watched_) {
-    for (size_t i = 0; i < w.tensors.size(); ++i) {
-      auto changed = Recheck(w, i);
-      if (!changed.ok()) return changed.status();
-      repaired += *changed ? 1 : 0;
+  for (size_t m = 0; m < watched_.size();) {
+    bool gone = false;
+    for (size_t i = 0; i < watched_[m].tensors.size() && !gone; ++i) {
+      auto outcome = Recheck(watched_[m], i, /*wait=*/true);
+      if (!outcome.ok()) return outcome.status();
+      repaired += *outcome == RecheckOutcome::kRepaired ? 1 : 0;
+      gone = *outcome == RecheckOutcome::kGone;
+    }
+    if (gone) {
+      watched_.erase(watched_.begin() + static_cast<ptrdiff_t>(m));
+    } else {
+      ++m;
     }
   }
   return repaired;
@@ -283,25 +300,37 @@ void ModelFetcher::RecheckLoop() {
   using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mu_);
   size_t model = 0, tensor = 0;
+  bool failed = false;  // a repair failed this sweep: the next one waits longer
   auto sweep_start = Clock::now();
   while (!stopping_) {
     if (model >= watched_.size()) {
-      // A sweep is done: start the next one no sooner than a second after this one began.
+      // A sweep is done: start the next one no sooner than a second after this one began
+      // (half a minute after one whose repair failed, so a coordinator away is not hammered).
       model = tensor = 0;
-      wake_.wait_until(lock, sweep_start + std::chrono::seconds(1), [&] { return stopping_; });
+      wake_.wait_until(lock, sweep_start + std::chrono::seconds(failed ? 30 : 1),
+                       [&] { return stopping_; });
       sweep_start = Clock::now();
+      failed = false;
       continue;
     }
-    if (tensor >= watched_[model].tensors.size()) {
+    Watched& w = watched_[model];
+    if (tensor >= w.tensors.size()) {
       ++model;
       tensor = 0;
       continue;
     }
-    const uint64_t bytes = watched_[model].tensors[tensor].size;
-    auto changed = Recheck(watched_[model], tensor);
-    if (!changed.ok()) {
-      // The coordinator may be away for now: the next sweep tries again.
-      std::fprintf(stderr, "model cache recheck: %s\n", changed.status().ToString().c_str());
+    const uint64_t bytes = w.tensors[tensor].size;
+    auto outcome = Recheck(w, tensor, /*wait=*/false);
+    if (!outcome.ok()) {
+      // The coordinator may be away for now: a later sweep tries again.
+      std::fprintf(stderr, "model cache recheck: %s\n", outcome.status().ToString().c_str());
+      failed = true;
+    } else if (*outcome == RecheckOutcome::kGone) {
+      std::fprintf(stderr, "model cache %s/model.gguf: deleted or replaced since it was loaded; "
+                   "no longer rechecked\n", w.dir.c_str());
+      watched_.erase(watched_.begin() + static_cast<ptrdiff_t>(model));
+      tensor = 0;
+      continue;
     }
     ++tensor;
     // Paced by the bytes hashed; Fetch may run meanwhile (the mutex is released while waiting).
@@ -382,6 +411,8 @@ absl::StatusOr<FetchReport> ModelFetcher::FetchLocked(const wire::LoadShardReque
   watched->dir = dir;
   watched->model_path = model_path;
   watched->digest_bytes = digest_bytes;
+  watched->device = static_cast<uint64_t>(st.st_dev);
+  watched->inode = static_cast<uint64_t>(st.st_ino);
 
   const std::string journal_path = dir + "/verified";
   absl::flat_hash_map<std::string, Sha256::Digest> verified = ReadVerified(journal_path);

@@ -87,7 +87,9 @@ class ModelFetcher {
 
   // One sweep of the recheck now, without pauses: every tensor fetched or reused so far is
   // hashed, and those that no longer match are fetched again in place. Returns how many were.
-  // The background thread does the same at its rate; a health check may call this.
+  // A model whose cache file was deleted or replaced since its loads is dropped from the
+  // recheck (its mapping cannot be reached by path). The background thread does the same at
+  // its rate; a health check may call this.
   absl::StatusOr<int> RecheckAll();
   // Tensors rewritten by rechecks so far.
   int tensors_repaired() const { return tensors_repaired_.load(); }
@@ -103,14 +105,22 @@ class ModelFetcher {
     std::string dir;          // the cache folder (its lock) and model.gguf inside
     std::string model_path;   // the coordinator's, for a repair
     std::string digest_bytes;
+    uint64_t device = 0, inode = 0;  // of the model.gguf loads mapped
     std::vector<WatchedTensor> tensors;
+  };
+  enum class RecheckOutcome {
+    kSame,      // the bytes still match
+    kRepaired,  // they did not; the coordinator's are back in place
+    kBusy,      // another process fetches into the folder: try again next sweep
+    kGone,      // the file the loads mapped is no longer at its path: nothing to repair
   };
 
   absl::StatusOr<FetchReport> FetchLocked(const wire::LoadShardRequest& request,
                                           Watched* watched);
-  // Hashes tensor `index` of `w` and rewrites it from the coordinator when it changed; true
-  // when it did. Called with mu_ held.
-  absl::StatusOr<bool> Recheck(const Watched& w, size_t index);
+  // Hashes tensor `index` of `w` and rewrites it from the coordinator when it changed. With
+  // `wait`, waits for another process's fetch into the folder instead of answering kBusy.
+  // Called with mu_ held.
+  absl::StatusOr<RecheckOutcome> Recheck(const Watched& w, size_t index, bool wait);
   void RecheckLoop();
 
   // The coordinator's manifest with the digests of `tensors`, checked for sense.

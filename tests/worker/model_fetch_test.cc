@@ -539,5 +539,32 @@ TEST_F(ModelFetchTest, RecheckAllRewritesOnlyWhatChanged) {
   EXPECT_NE(failed.status().message().find(name), std::string::npos) << failed.status();
 }
 
+TEST_F(ModelFetchTest, ACacheDeletedUnderTheShardIsNoLongerRechecked) {
+  auto fetcher = std::make_unique<ModelFetcher>(
+      MakeModelSourceStub(Serve(real_.get()), MakeClusterCredentials(std::nullopt, kToken)),
+      MakeClusterCredentials(std::nullopt, kToken),
+      ModelFetchOptions{.cache_dir = cache_, .recheck_bytes_per_second = 0});
+  const wire::LoadShardRequest shard = Shard(0, 0, 2, true, false);
+  ASSERT_TRUE(fetcher->Fetch(shard).ok());
+  // An operator clears the cache: the mapping keeps the old file alive, but no path reaches
+  // it any more, so there is nothing to hash or repair (and no error to repeat every sweep).
+  std::filesystem::remove_all(cache_);
+  auto none = fetcher->RecheckAll();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, 0);
+  // The next load fetches afresh and is rechecked again.
+  auto report = fetcher->Fetch(shard);
+  ASSERT_TRUE(report.ok()) << report.status();
+  const std::string name = "blk.0.attn_k.weight";
+  {
+    const int fd = ::open(report->path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const char junk = 0x33;
+    ASSERT_EQ(::pwrite(fd, &junk, 1, static_cast<off_t>(Offset(name) + 7)), 1);
+    ::close(fd);
+  }
+  EXPECT_EQ(*fetcher->RecheckAll(), 1);
+}
+
 }  // namespace
 }  // namespace fucina
