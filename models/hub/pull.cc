@@ -100,18 +100,7 @@ absl::StatusOr<ModelReference> ParseHf(std::string_view ref, std::string_view re
 
 absl::StatusOr<ModelReference> ParseUrl(std::string_view ref, std::string_view scheme,
                                         std::string_view rest, std::string_view hf_endpoint) {
-  // A fragment is never sent to the server; "#member=PATH" names a member of the archive.
-  std::string_view fragment;
-  if (const size_t hash = rest.find('#'); hash != std::string_view::npos) {
-    fragment = rest.substr(hash + 1);
-    rest = rest.substr(0, hash);
-  }
   ModelReference out;
-  if (fragment.starts_with("member=")) {
-    fragment.remove_prefix(7);
-    if (auto member = PathSegments(ref, fragment); !member.ok()) return member.status();
-    out.member = std::string(fragment);
-  }
   if (const size_t q = rest.find('?'); q != std::string_view::npos) {
     out.query = std::string(rest.substr(q));
     rest = rest.substr(0, q);
@@ -580,9 +569,21 @@ absl::StatusOr<ModelReference> ParseModelReference(std::string_view ref,
     return BadReference(ref, "expected http://, https:// or hf://");
   }
   const std::string scheme = absl::AsciiStrToLower(Av(ref.substr(0, sep)));
-  const std::string_view rest = ref.substr(sep + 3);
-  if (scheme == "hf") return ParseHf(ref, rest, hf_endpoint);
-  return ParseUrl(ref, scheme, rest, hf_endpoint);
+  std::string_view rest = ref.substr(sep + 3);
+  // A fragment is never sent to the server; "#member=PATH" names a member of the archive.
+  std::string_view fragment;
+  if (const size_t hash = rest.find('#'); hash != std::string_view::npos) {
+    fragment = rest.substr(hash + 1);
+    rest = rest.substr(0, hash);
+  }
+  auto out = scheme == "hf" ? ParseHf(ref, rest, hf_endpoint)
+                            : ParseUrl(ref, scheme, rest, hf_endpoint);
+  if (out.ok() && fragment.starts_with("member=")) {
+    fragment.remove_prefix(7);
+    if (auto member = PathSegments(ref, fragment); !member.ok()) return member.status();
+    out->member = std::string(fragment);
+  }
+  return out;
 }
 
 std::vector<ModelReference> ModelParts(const ModelReference& ref) {

