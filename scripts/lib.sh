@@ -18,7 +18,7 @@ FUCINA_APT_PACKAGES=(
   cmake ninja-build g++ pkg-config ccache python3-venv python3-pip
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
+  prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev libre2-dev
   clang libclang-rt-14-dev
 )
 # Only the test suite needs these: Debian's grpcio (an independent gRPC client), PyYAML,

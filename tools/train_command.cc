@@ -321,7 +321,7 @@ void AddJobFlags(CLI::App* cmd, JobArgs* a) {
                   "greedy completion; rule: --rule found in the greedy completion")
       ->check(CLI::IsMember({"nll", "acc", "rule"}))
       ->capture_default_str();
-  cmd->add_option("--rule", a->rule, "rule: ECMAScript regex searched in each completion");
+  cmd->add_option("--rule", a->rule, "rule: RE2 regex searched in each completion (no lookaround or backreferences)");
   cmd->add_option("--max-tokens", a->max_tokens,
                   "acc / rule: completion length bound (0: the reward's default)");
   cmd->add_option("--mode", a->mode,

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/engine/lora.h"
 #include "models/engine/model_size.h"
 #include "models/gguf/writer.h"
+#include "models/train/pattern.h"
 
 namespace fucina {
 namespace {
@@ -81,10 +81,8 @@ absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size) {
         absl::StrCat("mode '", job.mode(), "' is not one of full, lora"));
   }
   if (job.mode() == "full") {
-    try {
-      std::regex re(job.tensors());
-    } catch (const std::regex_error& e) {
-      return absl::InvalidArgumentError(absl::StrCat("tensors: ", e.what()));
+    if (auto re = train::Pattern::Compile(job.tensors(), "tensors"); !re.ok()) {
+      return re.status();
     }
   } else {
     if (job.lora_rank() < 1 || job.lora_rank() > kMaxLoraRank) {
@@ -152,9 +150,10 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
   }
   const bool lora = job.mode() == "lora";
   if (!lora) {
-    auto pattern = std::make_shared<std::regex>(job.tensors());
-    load.f32_tensors = [pattern](std::string_view name) {
-      return std::regex_match(name.begin(), name.end(), *pattern);
+    auto pattern = train::Pattern::Compile(job.tensors(), "tensors");
+    if (!pattern.ok()) return pattern.status();
+    load.f32_tensors = [pattern = *std::move(pattern)](std::string_view name) {
+      return pattern.FullMatch(name);
     };
   }
   auto model = Model::Load(model_path, load, *r->pool_);

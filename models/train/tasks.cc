@@ -6,11 +6,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "models/train/pattern.h"
 
 namespace fucina::train {
 namespace {
@@ -170,14 +170,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyCompletions(
   return out;
 }
 
-absl::StatusOr<std::regex> CompileRule(std::string_view rule) {
+absl::StatusOr<Pattern> CompileRule(std::string_view rule) {
   if (rule.empty()) return absl::InvalidArgumentError("rule: the rule reward needs a regex");
-  try {
-    return std::regex(rule.begin(), rule.end(), std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rule: \"", std::string(rule), "\" is not a valid regex: ", e.what()));
-  }
+  return Pattern::Compile(rule, "rule");
 }
 
 absl::Status CheckMaxTokens(int max_tokens) {
@@ -320,7 +315,7 @@ absl::StatusOr<float> ScoreTasks(ScoringForward& forward, const Tokenizer& token
   if (tasks.empty()) return absl::InvalidArgumentError("no tasks");
   if (absl::Status s = CheckMaxTokens(spec.max_tokens); !s.ok()) return s;
   int max_tokens = spec.max_tokens;
-  std::optional<std::regex> rule;
+  std::optional<Pattern> rule;
   switch (spec.kind) {
     case RewardKind::kNll:
       return MeanAnswerLogProb(forward, tasks);
@@ -349,13 +344,7 @@ absl::StatusOr<float> ScoreTasks(ScoringForward& forward, const Tokenizer& token
       hits += got == TrimAscii(tasks[i].answer_text);
       continue;
     }
-    try {
-      hits += std::regex_search(got.begin(), got.end(), *rule);
-    } catch (const std::regex_error& e) {
-      // libstdc++ gives up on some patterns over long text (error_complexity, error_stack).
-      return absl::InvalidArgumentError(
-          absl::StrCat("rule: matching \"", spec.rule, "\" failed: ", e.what()));
-    }
+    hits += rule->Search(got);
   }
   return static_cast<float>(static_cast<double>(hits) / static_cast<double>(tasks.size()));
 }

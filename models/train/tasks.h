@@ -54,7 +54,7 @@ enum class RewardKind { kNll, kAcc, kRule };
 
 struct RewardSpec {
   RewardKind kind = RewardKind::kNll;
-  std::string rule;    // kRule: an ECMAScript regex (std::regex) searched in each completion
+  std::string rule;    // kRule: an RE2 regex (train/pattern.h) searched in each completion
   int max_tokens = 0;  // acc / rule: completion length cap; 0 = the kind's default (below)
 };
 
@@ -65,7 +65,7 @@ inline constexpr int kRuleDefaultTokens = 64;
 inline constexpr int kMaxRewardTokens = 4096;
 
 // `kind` is "nll", "acc" or "rule". Errors (INVALID_ARGUMENT, naming the field): an unknown
-// kind; rule without a rule, or a rule std::regex rejects (with its error); max_tokens outside
+// kind; rule without a rule, or a rule Pattern::Compile refuses (with its error); max_tokens outside
 // [0, kMaxRewardTokens]. The rule is ignored by the other kinds.
 absl::StatusOr<RewardSpec> MakeRewardSpec(std::string_view kind, std::string_view rule,
                                           int max_tokens);

@@ -224,7 +224,7 @@ TEST(TaskRewardSpecTest, ErrorsNameTheField) {
     EXPECT_TRUE(absl::StartsWith(spec.status().message(), c.want)) << spec.status();
   }
   // The regex library's own explanation is passed on.
-  EXPECT_NE(MakeRewardSpec("rule", "(", 0).status().message().find("not a valid regex: "),
+  EXPECT_NE(MakeRewardSpec("rule", "(", 0).status().message().find("not a valid RE2 regex: "),
             std::string::npos);
 
   auto nll = MakeRewardSpec("nll", "ignored(", 0);
@@ -368,7 +368,11 @@ TEST_F(TaskGreedyRewardTest, RuleCountsMatches) {
   const std::string text = Trim(tasks[0].answer_text);
   std::string escaped = "^";
   for (char c : text) {
-    if (std::isalnum(static_cast<unsigned char>(c))) {
+    // RE2 reads patterns as UTF-8 (\xHH is code point U+00HH) and a random model's text need
+    // not be UTF-8: a byte past ASCII is matched by \C (any one byte).
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      escaped += "\\C";
+    } else if (std::isalnum(static_cast<unsigned char>(c))) {
       escaped += c;
     } else {
       char hex[8];
