@@ -2,14 +2,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +25,7 @@
 #include "models/gguf/writer.h"
 #include "models/train/es.h"
 #include "worker/es_replica.h"
+#include "worker/file_digest.h"
 
 namespace fucina {
 namespace {
@@ -30,7 +36,29 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-constexpr int kStateVersion = 1;
+// Version 2 adds "model_sha256"; version 1 checkpoints resume without the identity check.
+constexpr int kStateVersion = 2;
+// What a snapshot may hold beyond its values' f32 bytes (the GGUF header, names, padding).
+constexpr int64_t kSnapshotSlack = 16 << 20;
+
+// The only file a replica's snapshot may be: the name is joined onto out_dir.
+std::string SnapshotFileName(const wire::EsJob& job) {
+  return job.mode() == "lora" ? "adapters.gguf" : "tensors.gguf";
+}
+
+// The model's identity in a checkpoint: the SHA-256 of its GGUF header (metadata and tensor
+// table), as workers name the model they fetch. Hex.
+absl::StatusOr<std::string> ModelHeaderSha256(const std::string& path) {
+  auto file = gguf::File::Open(path);
+  if (!file.ok()) return file.status();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+  auto digest = Sha256OfRange(fd, 0, std::min((*file)->data_offset(), (*file)->file_size()),
+                              path);
+  ::close(fd);
+  if (!digest.ok()) return digest.status();
+  return DigestHex(*digest);
+}
 
 // Writes `bytes` to `path` through a temporary file renamed into place: a reader sees the old
 // file or the new one, never half of one.
@@ -109,9 +137,16 @@ absl::StatusOr<std::vector<wire::EsShard>> EvenStages(const ModelConfig& config,
 EsDriver::EsDriver(EsDriverOptions options, EsGroupSource groups, EsJobMetrics* metrics)
     : options_(std::move(options)), groups_(std::move(groups)), metrics_(metrics) {}
 
-EsDriver::~EsDriver() {
+EsDriver::~EsDriver() { ReleaseReplicas(); }
+
+void EsDriver::ReleaseReplicas() {
   // Replicas hold a model each: free them on the workers still reachable.
-  for (auto& [id, replica] : replicas_) Release(replica);
+  std::map<std::string, Replica> replicas;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    replicas.swap(replicas_);
+  }
+  for (auto& [id, replica] : replicas) Release(replica);
 }
 
 void EsDriver::Release(const EsGroup& group) {
@@ -232,6 +267,7 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.wait_for_workers_ms);
   absl::Status last_error;
   for (;;) {
+    if (abort_) return absl::CancelledError("the job was stopped at a shutdown deadline");
     std::vector<EsGroup> available = groups_();
     std::vector<EsGroup> fresh;
     {
@@ -301,7 +337,10 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
 }
 
 absl::StatusOr<float> EsDriver::EvaluateCenter(bool holdout) {
-  for (;;) {
+  // As a member: a few replicas may fail under it, then it is the job's failure.
+  absl::Status last;
+  for (int attempt = 0; attempt < options_.max_member_attempts; ++attempt) {
+    if (stop_) return absl::CancelledError("the job was stopped");
     auto ready = Join();
     if (!ready.ok()) return ready.status();
     wire::EsEvaluateRequest request;
@@ -310,10 +349,24 @@ absl::StatusOr<float> EsDriver::EvaluateCenter(bool holdout) {
     request.add_members(train::EsTrainer::kCenter);
     request.set_holdout(holdout);
     auto reply = ready->front().second.workers[0].client->EsEvaluate(request);
-    if (reply.ok()) return reply->fitness(0);
+    if (reply.ok() && reply->fitness_size() != 1) {
+      reply = absl::InternalError(
+          absl::StrCat(reply->fitness_size(), " fitness values for the center"));
+    }
+    if (reply.ok()) {
+      if (!std::isfinite(reply->fitness(0))) {
+        return absl::InvalidArgumentError(train::NonFiniteFitness(
+            train::EsTrainer::kCenter, generation(), reply->fitness(0)));
+      }
+      return reply->fitness(0);
+    }
     if (!IsWorkerFailure(reply.status())) return reply.status();
+    last = reply.status();
     Drop(ready->front().first, reply.status());
   }
+  return absl::Status(last.code(), absl::StrCat("the center of generation ", generation(),
+                                                " failed on ", options_.max_member_attempts,
+                                                " replicas; the last: ", last.message()));
 }
 
 absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& on_generation) {
@@ -350,7 +403,9 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
             int member;
             {
               std::lock_guard<std::mutex> lock(qmu);
-              if (queue.empty() || !job_error.ok()) return;
+              // A stop takes effect between members: the generation is dropped, and the
+              // checkpoint holds the one before.
+              if (queue.empty() || !job_error.ok() || stop_) return;
               member = queue.front();
               queue.pop_front();
               ++attempts[member];
@@ -368,7 +423,11 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
             }
             Count(static_cast<int64_t>(request.ByteSizeLong()),
                   reply.ok() ? static_cast<int64_t>(reply->ByteSizeLong()) : 0);
-            std::lock_guard<std::mutex> lock(qmu);
+            if (reply.ok() && !std::isfinite(reply->fitness(0))) {
+              reply = absl::InvalidArgumentError(
+                  train::NonFiniteFitness(member, g, reply->fitness(0)));
+            }
+            std::unique_lock<std::mutex> lock(qmu);
             if (reply.ok()) {
               fitness[member] = reply->fitness(0);
               ++done;
@@ -390,6 +449,7 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
             queue.push_front(member);
             ++retried;
             if (metrics_ != nullptr) metrics_->OnMemberRetried();
+            lock.unlock();  // dropping calls the group's other workers: not under the queue's lock
             Drop(id, reply.status());
             return;
           }
@@ -491,7 +551,21 @@ absl::Status EsDriver::Stopped() {
 absl::StatusOr<wire::EsSnapshotChunk> EsDriver::SnapshotGroup(const EsGroup& group) {
   wire::EsSnapshotRequest request;
   request.set_job_id(options_.job.job_id());
-  if (group.workers.size() == 1) return group.workers[0].client->EsSnapshot(request);
+  // The values as f32 and a header naming each tensor: nothing a replica sends is larger.
+  request.set_max_bytes(num_values_ * static_cast<int64_t>(sizeof(float)) + kSnapshotSlack);
+  const std::string expected = SnapshotFileName(options_.job);
+  // Only the one name the mode writes is taken: the name is joined onto out_dir.
+  auto check = [&](const absl::StatusOr<wire::EsSnapshotChunk>& part,
+                   size_t stage) -> absl::Status {
+    if (!part.ok() || part->file_name() == expected) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat(
+        "the snapshot of replica ", group.workers[stage].id, " is not named ", expected));
+  };
+  if (group.workers.size() == 1) {
+    auto whole = group.workers[0].client->EsSnapshot(request);
+    if (absl::Status s = check(whole, 0); !s.ok()) return s;
+    return whole;
+  }
   // Each stage saves its own layers' values; one file holds them all, in stage order (the
   // order a whole replica saves them in).
   std::vector<std::unique_ptr<gguf::File>> parts;
@@ -499,6 +573,7 @@ absl::StatusOr<wire::EsSnapshotChunk> EsDriver::SnapshotGroup(const EsGroup& gro
   for (size_t i = 0; i < group.workers.size(); ++i) {
     auto part = group.workers[i].client->EsSnapshot(request);
     if (!part.ok()) return part.status();
+    if (absl::Status s = check(part, i); !s.ok()) return s;
     if (i == 0) {
       merged.set_file_name(part->file_name());
       merged.set_generation(part->generation());
@@ -553,7 +628,10 @@ absl::Status EsDriver::WriteCheckpoint() {
     return s;
   }
   nlohmann::json state;
+  auto model = ModelHeaderSha256(options_.job.model_path());
+  if (!model.ok()) return model.status();
   state["version"] = kStateVersion;
+  state["model_sha256"] = *model;
   state["job"] = absl::Base64Escape(options_.job.SerializeAsString());
   state["generation"] = generation();
   state["checksum"] = absl::StrFormat("%016x", checksum_);
@@ -580,8 +658,27 @@ absl::Status EsDriver::Resume(const std::string& dir) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
   };
   if (state.is_discarded() || !state.is_object()) return bad("not a JSON object");
-  if (!state.contains("version") || state["version"] != kStateVersion) {
-    return bad(absl::StrCat("\"version\" is not ", kStateVersion));
+  if (!state.contains("version") || !state["version"].is_number_integer() ||
+      state["version"].get<int64_t>() < 1 || state["version"].get<int64_t>() > kStateVersion) {
+    return bad(absl::StrCat("\"version\" is not 1 to ", kStateVersion));
+  }
+  // The served model is trained, whatever the checkpoint names: no path from the file is ever
+  // opened, and a checkpoint of another model is refused by its identity.
+  const std::string& model_path = options_.job.model_path();
+  if (model_path.empty()) {
+    return absl::FailedPreconditionError("resuming needs the served model's path");
+  }
+  if (state["version"].get<int64_t>() >= 2) {
+    if (!state.contains("model_sha256") || !state["model_sha256"].is_string()) {
+      return bad("\"model_sha256\" is missing");
+    }
+    auto served = ModelHeaderSha256(model_path);
+    if (!served.ok()) return served.status();
+    if (state["model_sha256"].get<std::string>() != *served) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": the checkpoint was trained on another model (its header SHA-256 differs "
+          "from the served model's, ", *served, ")"));
+    }
   }
   std::string job_bytes;
   wire::EsJob job;
@@ -603,8 +700,12 @@ absl::Status EsDriver::Resume(const std::string& dir) {
     }
     std::vector<float> shaped;
     for (const nlohmann::json& v : row) {
-      if (!v.is_number()) return bad(absl::StrCat("\"shaped\"[", g, "] holds a non-number"));
-      shaped.push_back(v.get<float>());
+      // Read as double: 1e300 is a valid JSON number but no float.
+      const double d = v.is_number() ? v.get<double>() : 0.0;
+      if (!v.is_number() || !(std::abs(d) <= std::numeric_limits<float>::max())) {
+        return bad(absl::StrCat("\"shaped\"[", g, "] holds a non-number or one no float holds"));
+      }
+      shaped.push_back(static_cast<float>(d));
     }
     log.push_back(std::move(shaped));
     const nlohmann::json& c = state["checksums"][g];
@@ -618,6 +719,11 @@ absl::Status EsDriver::Resume(const std::string& dir) {
     sums.push_back(sum);
   }
   job.set_job_id(options_.job.job_id());  // the id is the running job's, not the math's
+  job.set_model_path(model_path);
+  // Checked as a new job is: the file may have been edited (step sizes, regexes, tasks).
+  if (absl::Status s = ValidateEsJob(job); !s.ok()) {
+    return bad(absl::StrCat("\"job\": ", s.message()));
+  }
   options_.job = std::move(job);
   log_ = std::move(log);
   checksums_ = std::move(sums);

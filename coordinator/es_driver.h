@@ -111,11 +111,22 @@ class EsDriver {
   absl::Status Resume(const std::string& dir);
 
   // Runs generations until `iterations`, calling `on_generation` after each; writes the final
-  // checkpoint when out_dir is set. Stop() ends it after the generation in flight (CANCELLED,
-  // with that generation checkpointed).
+  // checkpoint when out_dir is set. Stop() ends it after the members in flight (CANCELLED,
+  // checkpointed at the last whole generation; an unfinished generation is dropped).
   absl::Status Run(const std::function<void(const EsGenerationEvent&)>& on_generation);
   // From any thread.
   void Stop() { stop_ = true; }
+  // Stop() now, not after the generation in flight: the replicas are released, which ends
+  // their scoring within one pass, and Run returns CANCELLED without a checkpoint (the last
+  // one written stays). From any thread; for a shutdown deadline.
+  void Abort() {
+    stop_ = true;
+    abort_ = true;
+    ReleaseReplicas();
+  }
+  // Frees the job's replica on every worker that holds one (best effort); a later Run or
+  // EvaluateCenter loads them again. What a finished job does, whichever way it ended.
+  void ReleaseReplicas();
 
   // The reward of the current parameters (no perturbation) on the training or holdout tasks,
   // scored by one replica.
@@ -155,6 +166,7 @@ class EsDriver {
   EsGroupSource groups_;
   EsJobMetrics* metrics_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> abort_{false};
   mutable std::mutex mu_;  // replicas_, byte counters (members run on several threads)
   std::map<std::string, Replica> replicas_;
   // Groups that refused a replica for lack of memory (by id, with the first worker's client then).

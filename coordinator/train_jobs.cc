@@ -1,5 +1,7 @@
 #include "coordinator/train_jobs.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,8 @@ namespace v1 = ::fucina::v1;
 
 constexpr int kMaxTasks = 100'000;
 constexpr int kMaxIterations = 1'000'000;
+// Ended jobs kept for GetJob/ListJobs/WatchJob; older ones are forgotten.
+constexpr size_t kRetainedJobs = 64;
 
 bool ValidJobId(const std::string& id) {
   if (id.empty() || id.size() > 64) return false;
@@ -150,6 +154,8 @@ absl::Status RunEsJob(EsDriver& driver,
                    : absl::IsCancelled(status) ? v1::JOB_STATE_STOPPED
                                                : v1::JOB_STATE_FAILED);
     if (!status.ok()) last.set_error(status.ToString());
+    // An ended job holds no replica: freed before anyone is told it ended.
+    driver.ReleaseReplicas();
     on_event(last);
     return status;
   };
@@ -172,18 +178,42 @@ TrainJobs::TrainJobs(std::string model_path, std::string train_dir, const Tokeni
       placement_(std::move(placement)),
       metrics_(metrics) {}
 
-TrainJobs::~TrainJobs() {
-  std::vector<Job*> jobs;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, job] : jobs_) {
-      job->driver->Stop();
-      jobs.push_back(job.get());
+TrainJobs::~TrainJobs() { Shutdown(std::chrono::steady_clock::time_point::max()); }
+
+void TrainJobs::Shutdown(std::chrono::steady_clock::time_point deadline) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::unique_lock<std::mutex> lock(mu_);
+  shutting_down_ = true;
+  for (auto& [id, job] : jobs_) {
+    job->driver->Stop();
+    jobs.push_back(job);
+  }
+  auto all_ended = [&] {
+    return std::all_of(jobs.begin(), jobs.end(), [](const auto& j) { return j->ended(); });
+  };
+  if (deadline == std::chrono::steady_clock::time_point::max()) {
+    changed_.wait(lock, all_ended);
+  } else if (!changed_.wait_until(lock, deadline, all_ended)) {
+    for (const auto& job : jobs) {
+      if (!job->ended()) job->driver->Abort();
     }
   }
-  for (Job* job : jobs) {
+  lock.unlock();
+  for (const auto& job : jobs) {
     if (job->thread.joinable()) job->thread.join();
   }
+}
+
+std::vector<std::shared_ptr<TrainJobs::Job>> TrainJobs::ForgetEndedLocked() {
+  std::vector<std::shared_ptr<Job>> forgotten;
+  while (ended_.size() > kRetainedJobs) {
+    auto it = jobs_.find(ended_.front());
+    ended_.erase(ended_.begin());
+    if (it == jobs_.end()) continue;
+    forgotten.push_back(std::move(it->second));
+    jobs_.erase(it);
+  }
+  return forgotten;
 }
 
 absl::StatusOr<std::string> TrainJobs::JobDir(const std::string& name, const char* field) const {
@@ -193,14 +223,26 @@ absl::StatusOr<std::string> TrainJobs::JobDir(const std::string& name, const cha
   }
   bool ok = !name.empty() && name.size() <= 200 && name.front() != '/';
   for (absl::string_view part : absl::StrSplit(name, '/')) {
-    ok = ok && part != "." && part != ".." && ValidJobId(std::string(part.data(), part.size()));
+    // A part of dots only ("..", "...") is refused: no name that a path walk treats specially.
+    ok = ok && part.find_first_not_of('.') != absl::string_view::npos &&
+         ValidJobId(std::string(part.data(), part.size()));
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, " must be a relative folder name of [A-Za-z0-9._-] parts (under the "
-        "coordinator's --train-dir), without '..'"));
+        "coordinator's --train-dir), none of dots only"));
   }
-  return absl::StrCat(train_dir_, "/", name);
+  // No part may be a symbolic link: a link planted under --train-dir would lead elsewhere.
+  std::string dir = train_dir_;
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    absl::StrAppend(&dir, "/", part);
+    std::error_code ec;
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(dir, ec))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": '", name, "' leads through a symbolic link"));
+    }
+  }
+  return dir;
 }
 
 absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
@@ -215,6 +257,7 @@ absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
     if (id.empty()) {
       while (jobs_.contains(absl::StrCat("job-", next_id_))) ++next_id_;
       id = absl::StrCat("job-", next_id_++);
@@ -243,12 +286,14 @@ absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
     if (!job.ok()) return job.status();
     options.job = *std::move(job);
   } else {
-    options.job.set_job_id(id);  // the rest comes from the checkpoint
+    options.job.set_job_id(id);  // the rest comes from the checkpoint,
+    options.job.set_model_path(model_path_);  // but the model is the served one
     if (request.checkpoint_every() < 0) {
       return absl::InvalidArgumentError("checkpoint_every must not be negative");
     }
   }
-  auto record = std::make_unique<Job>();
+  auto record = std::make_shared<Job>();
+  record->out_dir = options.out_dir;
   if (metrics_ != nullptr) record->metrics = metrics_->ForJob(id);
   record->driver = std::make_unique<EsDriver>(
       std::move(options),
@@ -263,25 +308,42 @@ absl::StatusOr<v1::Job> TrainJobs::Start(const v1::StartJobRequest& request) {
   record->info.set_out_dir(request.out_dir());
   record->info.set_generation(record->driver->generation());
   Job* job = record.get();
+  std::vector<std::shared_ptr<Job>> forgotten;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
     if (jobs_.contains(id)) {
       return absl::AlreadyExistsError(absl::StrCat("a job named '", id, "' exists"));
     }
-    jobs_[id] = std::move(record);
+    // One running job per folder: two would overwrite each other's checkpoints.
+    for (const auto& [other_id, other] : jobs_) {
+      if (!other->ended() && !other->out_dir.empty() &&
+          (other->out_dir == record->out_dir || other->out_dir == resume_dir)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            record->out_dir == other->out_dir ? "out_dir" : "resume_from", " '",
+            record->out_dir == other->out_dir ? request.out_dir() : request.resume_from(),
+            "' is the folder of running job '", other_id, "'"));
+      }
+    }
+    jobs_[id] = record;
+    job->thread = std::thread([this, job] {
+      RunEsJob(*job->driver, [&](const v1::JobEvent& event) {
+        std::lock_guard<std::mutex> lock(mu_);
+        job->events.push_back(event);
+        job->info.set_generation(event.generation());
+        job->info.set_checksum(event.checksum());
+        job->info.set_state(event.state());
+        job->info.set_error(event.error());
+        *job->info.mutable_last() = event;
+        if (job->ended()) ended_.push_back(job->info.job_id());
+        changed_.notify_all();
+      }).IgnoreError();  // the last event carries it
+    });
+    forgotten = ForgetEndedLocked();
   }
-  job->thread = std::thread([this, job] {
-    RunEsJob(*job->driver, [&](const v1::JobEvent& event) {
-      std::lock_guard<std::mutex> lock(mu_);
-      job->events.push_back(event);
-      job->info.set_generation(event.generation());
-      job->info.set_checksum(event.checksum());
-      job->info.set_state(event.state());
-      job->info.set_error(event.error());
-      *job->info.mutable_last() = event;
-      changed_.notify_all();
-    }).IgnoreError();  // the last event carries it
-  });
+  for (const auto& old : forgotten) {
+    if (old->thread.joinable()) old->thread.join();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   return Info(id);
 }
@@ -321,7 +383,8 @@ absl::Status TrainJobs::Watch(const std::string& job_id,
   std::unique_lock<std::mutex> lock(mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job named '", job_id, "'"));
-  const Job& job = *it->second;  // jobs are never erased while this object lives
+  const std::shared_ptr<const Job> held = it->second;  // alive even if forgotten meanwhile
+  const Job& job = *held;
   for (size_t sent = 0;;) {
     while (sent < job.events.size()) {
       const v1::JobEvent event = job.events[sent++];

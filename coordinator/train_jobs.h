@@ -4,9 +4,10 @@
 // same jobs over in-process workers.
 //
 // Policy with serving: a job's replicas live on the serving workers beside their shards, and
-// each worker runs one member evaluation at a time between its forward steps (time-sliced on
-// the worker's executor): generate requests keep flowing while a job runs, each step waiting
-// at most one member's evaluation (a pipelined member: one pass of one stage).
+// each worker runs one scoring pass at a time between its forward steps (time-sliced on the
+// worker's executor): generate requests keep flowing while a job runs, each step waiting at
+// most one pass of one stage. An ended job holds no replica; ended jobs are kept for GetJob
+// and WatchJob up to a count, then forgotten.
 //
 // Placement: a job asks for whole replicas (every worker scores members alone) or for the
 // pipeline (StartJobRequest.pipeline: one replica over the serving plan's stages, each worker
@@ -14,6 +15,7 @@
 #ifndef FUCINA_COORDINATOR_TRAIN_JOBS_H_
 #define FUCINA_COORDINATOR_TRAIN_JOBS_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -58,7 +60,13 @@ class TrainJobs {
   // refused.
   TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
             const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics);
-  ~TrainJobs();  // stops the jobs and waits for them
+  ~TrainJobs();  // Shutdown with no deadline
+
+  // Stops every job now (each ends after its generation in flight, checkpointed) and waits
+  // until `deadline`; jobs still running then are aborted (EsDriver::Abort: their replicas are
+  // freed and they end within one scoring pass). Returns when every job's thread has ended.
+  // New jobs are refused from the first call on.
+  void Shutdown(std::chrono::steady_clock::time_point deadline);
 
   absl::StatusOr<::fucina::v1::Job> Start(const ::fucina::v1::StartJobRequest& request);
   absl::StatusOr<::fucina::v1::Job> Get(const std::string& job_id) const;
@@ -76,9 +84,14 @@ class TrainJobs {
     std::vector<::fucina::v1::JobEvent> events;
     std::unique_ptr<EsJobMetrics> metrics;
     std::unique_ptr<EsDriver> driver;
+    std::string out_dir;  // the folder it writes (one running job per folder); may be empty
     std::thread thread;
+    bool ended() const { return info.state() != ::fucina::v1::JOB_STATE_RUNNING; }
   };
   absl::StatusOr<::fucina::v1::Job> Info(const std::string& job_id) const;  // under mu_
+  // Takes the oldest ended jobs beyond kRetainedJobs out of jobs_ (under mu_); the caller
+  // joins their threads outside the lock.
+  std::vector<std::shared_ptr<Job>> ForgetEndedLocked();
 
   // `name` (a request's out_dir or resume_from, non-empty) as a folder under train_dir_;
   // INVALID_ARGUMENT / FAILED_PRECONDITION naming `field` otherwise.
@@ -92,7 +105,10 @@ class TrainJobs {
   EsMetrics* metrics_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // an event or a state change
-  std::map<std::string, std::unique_ptr<Job>> jobs_;
+  // Shared: a watcher keeps its job alive after it is forgotten.
+  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  std::vector<std::string> ended_;  // ids of ended jobs still in jobs_, oldest first
+  bool shutting_down_ = false;
   int next_id_ = 1;
 };
 

@@ -340,8 +340,12 @@ int RunCoordinator(ModelArgs a, bool embedded) {
     std::thread grpc_drain([&] {
       server->server->Shutdown(std::chrono::system_clock::now() + grace);
     });
+    // Train jobs stop now and are cut at the same deadline (their watchers' streams end then).
+    std::thread train_drain(
+        [&] { c.train_jobs().Shutdown(std::chrono::steady_clock::now() + grace); });
     if (http) http->Drain(std::chrono::steady_clock::now() + grace);
     grpc_drain.join();
+    train_drain.join();
   }
   http.reset();
   // Before the server goes: the coordinator's threads (heartbeat watcher, scheduler) call the

@@ -264,6 +264,7 @@ int RunTrain(const TrainArgs& a) {
     options.job = *std::move(job);
   } else {
     options.job.set_job_id("train");
+    options.job.set_model_path(*path);  // the checkpoint's own path is never used
   }
   // In-process workers, each with its share of the threads (the serve command's split).
   const int total = a.job.threads > 0 ? a.job.threads : ThreadPool::Default().num_threads();

@@ -89,7 +89,9 @@ absl::Status ValidateEsJob(const wire::EsJob& job, int64_t vocab_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("lora_rank (", job.lora_rank(), ") must be in [1, ", kMaxLoraRank, "]"));
     }
-    if (!(job.lora_alpha() > 0.0f)) return absl::InvalidArgumentError("lora_alpha must be > 0");
+    if (!(job.lora_alpha() > 0.0f) || !std::isfinite(job.lora_alpha())) {
+      return absl::InvalidArgumentError("lora_alpha must be positive and finite");
+    }
     auto targets = ParseLoraTargets(absl::StrJoin(job.lora_targets(), ","));
     if (!targets.ok()) {
       return absl::InvalidArgumentError(
@@ -190,8 +192,10 @@ absl::StatusOr<std::unique_ptr<EsReplica>> EsReplica::Create(const wire::EsJob& 
                                      trainer.status().message()));
   }
   r->trainer_ = *std::move(trainer);
+  // Every replica scores through passes (StagePass), a whole one as a pipeline of one stage,
+  // so the worker can run each pass as its own executor task.
+  r->stage_ = std::make_unique<train::StageScorer>(*r->model_);
   if (job.has_shard()) {
-    r->stage_ = std::make_unique<train::StageScorer>(*r->model_);
     // A tied head holds the token embeddings too; the stage with the embeddings reports them.
     if (!job.shard().embeddings()) {
       r->trainer_->SetReported([](std::string_view name) { return name != kTokenEmbeddings; });
@@ -219,24 +223,13 @@ wire::EsState EsReplica::State() const {
   return state;
 }
 
-absl::StatusOr<float> EsReplica::Evaluate(int member, bool holdout) {
-  if (is_stage()) {
-    return absl::FailedPreconditionError(
-        "a stage replica scores members only through its pipeline");
-  }
-  const std::vector<train::Task>& tasks = holdout ? holdout_ : tasks_;
-  if (tasks.empty()) return absl::InvalidArgumentError("the job has no holdout tasks");
-  return trainer_->Evaluate(generation_, member, [&](Model& model) {
-    return train::ScoreTasks(model, *tokenizer_, tasks, reward_);
-  });
-}
-
-absl::StatusOr<float> EsReplica::Score(train::ScoringForward& forward, bool holdout) const {
+absl::StatusOr<float> EsReplica::Score(train::ScoringForward& forward, int member,
+                                       bool holdout) const {
   const std::vector<train::Task>& tasks = holdout ? holdout_ : tasks_;
   if (tasks.empty()) return absl::InvalidArgumentError("the job has no holdout tasks");
   auto f = train::ScoreTasks(forward, *tokenizer_, tasks, reward_);
   if (f.ok() && !std::isfinite(*f)) {
-    return absl::InternalError("the member's fitness is not finite");
+    return absl::InvalidArgumentError(train::NonFiniteFitness(member, generation_, *f));
   }
   return f;
 }
@@ -245,7 +238,6 @@ absl::StatusOr<std::vector<train::ScoringForward::Verdict>> EsReplica::StagePass
     int64_t generation, int member, std::span<const int64_t> new_streams,
     std::span<const train::ScoringForward::Segment> segments, std::vector<float>& x,
     std::span<const train::ScoringForward::Row> rows) {
-  if (!is_stage()) return absl::FailedPreconditionError("a whole replica is not a stage");
   if (generation != generation_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a pass of generation ", generation, " for a replica at ", generation_));
@@ -265,6 +257,10 @@ absl::Status EsReplica::Update(const wire::EsUpdateRequest& request) {
     return absl::FailedPreconditionError(
         absl::StrCat("update of generation ", request.generation(), " for a replica at ",
                      generation_));
+  }
+  for (float v : request.shaped()) {
+    // One non-finite value would turn every trainable value into NaN for good.
+    if (!std::isfinite(v)) return absl::InvalidArgumentError("shaped: a value is not finite");
   }
   if (absl::Status s = trainer_->ApplyUpdate(
           generation_, {request.shaped().data(), static_cast<size_t>(request.shaped_size())});

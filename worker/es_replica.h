@@ -9,6 +9,7 @@
 #ifndef FUCINA_WORKER_ES_REPLICA_H_
 #define FUCINA_WORKER_ES_REPLICA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -51,14 +52,18 @@ class EsReplica {
   // Whether this replica is one stage of a pipelined replica (EsJob.shard).
   bool is_stage() const { return job_.has_shard(); }
 
-  // The fitness of one member of the current generation (EsTrainer::kCenter: the parameters
-  // themselves), on the training tasks or the holdout ones. A whole replica only.
-  absl::StatusOr<float> Evaluate(int member, bool holdout);
-  // The fitness of the member `forward` holds, scored through it: a pipeline whose first stage
-  // is this replica. Runs on the caller's thread, reading only what Create set (the tasks, the
-  // tokenizer, the reward); the passes reach this replica through StagePass.
-  absl::StatusOr<float> Score(train::ScoringForward& forward, bool holdout) const;
-  // This stage's part of one pass of member `member`'s scoring (a stage replica only): the
+  // The fitness of the member `forward` holds (EsTrainer::kCenter: the parameters themselves),
+  // on the training tasks or the holdout ones, scored through it: a pipeline whose first stage
+  // is this replica (a whole replica is a pipeline of one). Runs on the caller's thread,
+  // reading only what Create set (the tasks, the tokenizer, the reward); the passes reach this
+  // replica through StagePass. A non-finite fitness is INVALID_ARGUMENT (the job's fault).
+  absl::StatusOr<float> Score(train::ScoringForward& forward, int member, bool holdout) const;
+  // One scoring at a time per replica (a member's passes select its parameters and restart the
+  // streams): false when one is running already.
+  bool BeginScoring() { return !scoring_.exchange(true); }
+  void EndScoring() { scoring_ = false; }
+  // This replica's part of one pass of member `member`'s scoring (all of it for a whole
+  // replica, its layers for a stage): the
   // member's parameters are selected (once per member: they stay until another is asked for),
   // the streams restarted when `new_streams` is not empty, and the segments' rows run through
   // the stage's layers in `x` (activations from the stage before, or embedded here). With the
@@ -94,6 +99,7 @@ class EsReplica {
   int64_t generation_ = 0;
   int64_t owned_bytes_ = 0;
   int64_t mapped_bytes_ = 0;
+  std::atomic<bool> scoring_{false};
 };
 
 }  // namespace fucina

@@ -81,11 +81,11 @@ class WorkerActor : public WorkerClient {
       const wire::ReleaseSessionRequest& request) override;
   absl::StatusOr<wire::WorkerStats> GetStats() override;
   // Train jobs: each holds its own replica beside the shard (the whole model, or one stage of a
-  // pipelined replica). A whole replica evaluates one member per executor task, so the shard's
-  // forward steps interleave with them. A pipelined member's scoring runs on the calling thread
-  // (the first stage's EsEvaluate, a later stage's EsForward): each stage's part of a pass is
-  // one executor task, and calls to the next stage wait off the executor, so no stage holds its
-  // executor while another computes (two jobs' pipelines may cross the same workers).
+  // pipelined replica). A member's scoring runs on the calling thread (the first stage's
+  // EsEvaluate, a later stage's EsForward): each stage's part of a pass is one executor task,
+  // so the shard's forward steps wait for one pass at most, never for a whole member, and calls
+  // to the next stage wait off the executor, so no stage holds its executor while another
+  // computes (two jobs' pipelines may cross the same workers).
   absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override;
   absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
       const wire::EsEvaluateRequest& request) override;

@@ -1,5 +1,5 @@
-// The worker actor's train jobs (worker_actor.h): replicas beside the shard, one member's
-// evaluation per executor task, pipelined members' passes through the stages, and the
+// The worker actor's train jobs (worker_actor.h): replicas beside the shard, one scoring pass
+// per executor task, pipelined members' passes through the stages, and the
 // replicas' bytes against the memory budget.
 #include "worker/worker_actor.h"
 
@@ -11,9 +11,10 @@
 
 namespace fucina {
 
-// One member's scoring seen from the first stage of a pipelined replica: each pass runs this
-// stage's part on the executor, then goes to the next stage (off the executor), whose reply
-// comes from the last. New streams ride along with the next pass.
+// One member's scoring seen from the first stage of a replica: each pass runs this stage's
+// part on the executor, then, in a pipeline, goes to the next stage (off the executor), whose
+// reply comes from the last. New streams ride along with the next pass. A whole replica is a
+// pipeline of one stage.
 class WorkerActor::EsPipeline : public train::ScoringForward {
  public:
   EsPipeline(WorkerActor& actor, EsJobState stage, const wire::EsEvaluateRequest& request,
@@ -21,6 +22,7 @@ class WorkerActor::EsPipeline : public train::ScoringForward {
       : actor_(actor), stage_(std::move(stage)), request_(request), member_(member) {}
 
   int64_t vocab_size() const override { return stage_.replica->config().vocab_size; }
+  int64_t pass_rows() const override { return train::ScoringPassRows(stage_.replica->config()); }
 
   absl::Status ResetStreams(std::span<const int64_t> capacities) override {
     new_streams_.assign(capacities.begin(), capacities.end());
@@ -30,10 +32,18 @@ class WorkerActor::EsPipeline : public train::ScoringForward {
   absl::StatusOr<std::vector<Verdict>> Pass(std::span<const Segment> segments,
                                             std::span<const Row> rows) override {
     std::vector<float> x;
-    auto own = actor_.executor_.Call([&] {
-      return stage_.replica->StagePass(request_.generation(), member_, new_streams_, segments,
-                                       x, rows);
-    });
+    auto own = actor_.executor_.Call(
+        [&]() -> absl::StatusOr<std::vector<train::ScoringForward::Verdict>> {
+          // A job released meanwhile (stopped, or its coordinator's shutdown deadline) ends
+          // its scoring here, within one pass.
+          auto current = actor_.Stage(request_.job_id());
+          if (!current.ok() || current->replica != stage_.replica) {
+            return absl::CancelledError(
+                absl::StrCat("train job '", request_.job_id(), "' was released"));
+          }
+          return stage_.replica->StagePass(request_.generation(), member_, new_streams_,
+                                           segments, x, rows);
+        });
     if (!own.ok() || stage_.next == nullptr) return own;
     wire::EsForwardRequest next;
     next.set_job_id(request_.job_id());
@@ -137,28 +147,30 @@ absl::StatusOr<wire::EsEvaluateResponse> WorkerActor::EsEvaluate(
   wire::EsEvaluateResponse response;
   const auto start = std::chrono::steady_clock::now();
   for (int32_t member : request.members()) {
-    absl::StatusOr<EsJobState> stage = absl::UnknownError("");
-    // A whole replica: one executor task per member, so forward steps queued meanwhile run
-    // between members. A stage: the pipeline, from this thread.
-    absl::StatusOr<float> fitness = executor_.Call([&]() -> absl::StatusOr<float> {
-      stage = Stage(request.job_id());
+    // Scored from this thread, one executor task per pass (a whole replica is a pipeline of
+    // one stage), so a forward step queued meanwhile waits for one pass, never for a member.
+    auto stage = executor_.Call([&]() -> absl::StatusOr<EsJobState> {
+      auto stage = Stage(request.job_id());
       if (!stage.ok()) return stage.status();
-      EsReplica& replica = *stage->replica;
+      const EsReplica& replica = *stage->replica;
       if (replica.generation() != request.generation()) {
         return absl::FailedPreconditionError(
             absl::StrCat("evaluation of generation ", request.generation(),
                          " for a replica at ", replica.generation()));
       }
-      if (!replica.is_stage()) return replica.Evaluate(member, request.holdout());
-      if (!replica.job().shard().embeddings()) {
+      if (replica.is_stage() && !replica.job().shard().embeddings()) {
         return absl::FailedPreconditionError(
             "members are scored from the first stage of a pipeline, this is a later one");
       }
-      return 0.0f;
+      return stage;
     });
-    if (fitness.ok() && stage.ok() && stage->replica->is_stage()) {
-      fitness = ScoreThroughPipeline(*stage, request, member);
+    if (!stage.ok()) return stage.status();
+    if (!stage->replica->BeginScoring()) {
+      return absl::AbortedError(absl::StrCat("train job '", request.job_id(),
+                                             "' is scoring another member on this worker"));
     }
+    absl::StatusOr<float> fitness = ScoreThroughPipeline(*stage, request, member);
+    stage->replica->EndScoring();
     if (!fitness.ok()) return fitness.status();
     response.add_fitness(*fitness);
   }
@@ -171,7 +183,7 @@ absl::StatusOr<float> WorkerActor::ScoreThroughPipeline(const EsJobState& stage,
                                                         const wire::EsEvaluateRequest& request,
                                                         int member) {
   EsPipeline pipeline(*this, stage, request, member);
-  return stage.replica->Score(pipeline, request.holdout());
+  return stage.replica->Score(pipeline, member, request.holdout());
 }
 
 absl::StatusOr<wire::EsForwardResponse> WorkerActor::EsForward(

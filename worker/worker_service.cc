@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "worker/grpc_util.h"
 
 namespace fucina {
@@ -78,15 +79,27 @@ class GrpcWorkerClient final : public WorkerClient {
     std::unique_ptr<grpc::ClientReader<wire::EsSnapshotChunk>> reader =
         stub_->EsSnapshot(&context, request);
     wire::EsSnapshotChunk whole, chunk;
+    bool too_big = false;
     for (bool first = true; reader->Read(&chunk); first = false) {
       if (first) {
         whole.set_file_name(chunk.file_name());
         whole.set_generation(chunk.generation());
       }
+      if (request.max_bytes() > 0 && static_cast<int64_t>(whole.data().size() +
+                                                          chunk.data().size()) >
+                                         request.max_bytes()) {
+        too_big = true;  // a worker sending more than the values' size is not buffered
+        context.TryCancel();
+        break;
+      }
       whole.mutable_data()->append(chunk.data());
     }
     grpc::Status status = reader->Finish();
     Finish(&context);
+    if (too_big) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "EsSnapshot: the worker sent more than ", request.max_bytes(), " bytes"));
+    }
     if (!status.ok()) return FromGrpc(status);
     return whole;
   }

@@ -252,20 +252,40 @@ absl::Status Model::AddLora(std::span<const LoraTarget> targets, int64_t rank, f
   if (!lora_.empty()) return absl::FailedPreconditionError("the model has adapters already");
   if (experts_only_) return absl::FailedPreconditionError("an experts-only shard has no layers");
   const ModelConfig& c = config_;
-  for (int64_t l = first_; l < last_; ++l) {
+  // The matrix [out, in] a target adapts in layer l; 0 x 0 where the layer has none.
+  auto shape = [&](int64_t l, LoraTarget t) {
     const LayerSpec& s = c.layers[l];
+    int64_t in = c.hidden, out = 0;
+    switch (t) {
+      case LoraTarget::kQ: out = s.q_dim(); break;
+      case LoraTarget::kK:
+      case LoraTarget::kV: out = s.kv_source < 0 ? s.kv_dim() : 0; break;
+      case LoraTarget::kO: in = s.q_dim(); out = c.hidden; break;
+      case LoraTarget::kGate:
+      case LoraTarget::kUp: out = s.ffn; break;
+      case LoraTarget::kDown: in = s.ffn; out = s.ffn > 0 ? c.hidden : 0; break;
+    }
+    return out > 0 && in > 0 ? std::pair<int64_t, int64_t>{out, in}
+                             : std::pair<int64_t, int64_t>{0, 0};
+  };
+  // A rank above a matrix's smaller side adds nothing but memory (rank x (in + out) floats per
+  // adapter, plus the trainer's copies): refused before anything is allocated.
+  int64_t max_rank = 0;
+  for (int64_t l = first_; l < last_; ++l) {
     for (LoraTarget t : targets) {
-      int64_t in = c.hidden, out = 0;
-      switch (t) {
-        case LoraTarget::kQ: out = s.q_dim(); break;
-        case LoraTarget::kK:
-        case LoraTarget::kV: out = s.kv_source < 0 ? s.kv_dim() : 0; break;
-        case LoraTarget::kO: in = s.q_dim(); out = c.hidden; break;
-        case LoraTarget::kGate:
-        case LoraTarget::kUp: out = s.ffn; break;
-        case LoraTarget::kDown: in = s.ffn; out = s.ffn > 0 ? c.hidden : 0; break;
-      }
-      if (out <= 0 || in <= 0) continue;
+      const auto [out, in] = shape(l, t);
+      if (out > 0) max_rank = max_rank == 0 ? std::min(out, in) : std::min({max_rank, out, in});
+    }
+  }
+  if (max_rank > 0 && rank > max_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LoRA rank ", rank, " exceeds ", max_rank,
+        ", the smallest side of the matrices it adapts (a higher rank adds nothing)"));
+  }
+  for (int64_t l = first_; l < last_; ++l) {
+    for (LoraTarget t : targets) {
+      const auto [out, in] = shape(l, t);
+      if (out == 0) continue;
       LoraAdapter& ad = lora_.Add(l, t);
       ad.rank = rank;
       ad.in = in;

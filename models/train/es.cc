@@ -16,10 +16,16 @@ absl::Status EsOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("population (", population, ") must be even and at least 2"));
   }
-  if (!(sigma > 0.0f)) return absl::InvalidArgumentError("sigma must be positive");
-  if (!(lr > 0.0f)) return absl::InvalidArgumentError("lr must be positive");
-  if (!(weight_decay >= 0.0f)) {
-    return absl::InvalidArgumentError("weight_decay must not be negative");
+  // Finite too: an infinite step makes every member's fitness non-finite, a job that can only
+  // fail after it has spent its workers' time.
+  if (!(sigma > 0.0f) || !std::isfinite(sigma)) {
+    return absl::InvalidArgumentError("sigma must be positive and finite");
+  }
+  if (!(lr > 0.0f) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError("lr must be positive and finite");
+  }
+  if (!(weight_decay >= 0.0f) || !std::isfinite(weight_decay)) {
+    return absl::InvalidArgumentError("weight_decay must be finite and not negative");
   }
   if (!(sigma_decay > 0.0f && sigma_decay <= 1.0f)) {
     return absl::InvalidArgumentError("sigma_decay must be in (0, 1]");
@@ -28,6 +34,13 @@ absl::Status EsOptions::Validate() const {
     return absl::InvalidArgumentError("lr_decay must be in (0, 1]");
   }
   return absl::OkStatus();
+}
+
+std::string NonFiniteFitness(int member, int64_t generation, float fitness) {
+  return absl::StrCat(member == EsTrainer::kCenter ? std::string("the center")
+                                                   : absl::StrCat("member ", member),
+                      " of generation ", generation + 1, " has a non-finite fitness (", fitness,
+                      "): the job's sigma, lr or reward drove the model out of range");
 }
 
 namespace {
@@ -143,8 +156,9 @@ absl::StatusOr<float> EsTrainer::Evaluate(int64_t generation, int member,
   absl::StatusOr<float> f = fitness(model_);
   (void)Select(generation, kCenter);
   if (f.ok() && !std::isfinite(*f)) {
-    return absl::InternalError(absl::StrCat("member ", member, " of generation ", generation,
-                                            " has a non-finite fitness"));
+    // The job's fault (its step sizes or rule), not the worker's: INVALID_ARGUMENT, which no
+    // caller takes for a failed worker to re-plan around.
+    return absl::InvalidArgumentError(NonFiniteFitness(member, generation, *f));
   }
   return f;
 }

@@ -52,6 +52,10 @@ struct EsOptions {
   float LrAt(int64_t generation) const;
 };
 
+// "member 3 of generation 2 has a non-finite fitness (nan): ..." (kCenter: "the center"), the
+// message every scorer and the driver give for a fitness that is NaN or infinite.
+std::string NonFiniteFitness(int member, int64_t generation, float fitness);
+
 // A member's fitness (higher is better) given the model holding its perturbed parameters.
 using FitnessFn = std::function<absl::StatusOr<float>(Model& model)>;
 

@@ -6,6 +6,17 @@
 #include "absl/strings/str_cat.h"
 
 namespace fucina::train {
+
+int64_t ScoringPassRows(const ModelConfig& c) {
+  constexpr double kPassMacs = 8e9;
+  double macs = 0;  // per row
+  for (const LayerSpec& l : c.layers) {
+    macs += static_cast<double>(c.hidden) * (2 * l.q_dim() + 2 * l.kv_dim() + 3 * l.ffn);
+    if (l.moe) macs += 3.0 * c.hidden * c.expert_ffn * c.num_experts_used;
+  }
+  const double rows = macs > 0 ? kPassMacs / macs : 512;
+  return std::clamp<int64_t>(static_cast<int64_t>(rows) / 16 * 16, 32, 512);
+}
 namespace {
 
 // Rows of one head call: bounds the logits held at once to kHeadRows x vocab floats (39 MB for

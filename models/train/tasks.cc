@@ -15,14 +15,11 @@
 namespace fucina::train {
 namespace {
 
-// Rows of one batched pass (teacher forcing, prefill): bounds the activations and the forward
-// scratch whatever the number of tasks.
-constexpr int64_t kPassRows = 512;
 // Greedy decoding holds the caches of a group of tasks for the whole decode: at most this many
 // positions (a task longer alone is a group of its own) and this many lockstep streams.
 constexpr int64_t kDecodePositions = 4096;
 constexpr size_t kDecodeStreams = 64;
-static_assert(kPassRows <= kMaxPassRows && kDecodeStreams <= kMaxScoringStreams);
+static_assert(512 <= kMaxPassRows && kDecodeStreams <= kMaxScoringStreams);
 
 // One sequence fed through the model, teacher-forced, into stream `index` of the group.
 struct Stream {
@@ -36,10 +33,10 @@ using RowFn = std::function<void(size_t stream, int64_t pos, const ScoringForwar
 using TargetFn = std::function<int32_t(size_t stream, int64_t pos)>;
 
 // Starts one stream per entry of `streams` (with room for `room[i]` positions, or for its tokens
-// when `room` is empty) and feeds them through `forward`, rows of consecutive
-// streams packed into passes of at most kPassRows rows (a stream that does not fit continues
-// in the next pass from where its cache stands), and calls `row` for each wanted position,
-// streams and positions ascending. The pass shapes depend on the streams alone.
+// when `room` is empty) and feeds them through `forward`, rows of consecutive streams packed
+// into passes of at most forward.pass_rows() rows (a stream that does not fit continues in the
+// next pass from where its cache stands), and calls `row` for each wanted position, streams
+// and positions ascending. The pass shapes depend on the streams and the model alone.
 absl::Status ForwardPacked(ScoringForward& forward, std::span<const Stream> streams,
                            const TargetFn& target, const RowFn& row,
                            std::span<const int64_t> room = {}) {
@@ -52,6 +49,7 @@ absl::Status ForwardPacked(ScoringForward& forward, std::span<const Stream> stre
   std::vector<ScoringForward::Segment> segments;
   std::vector<std::pair<size_t, int64_t>> wanted;  // (stream, position)
   std::vector<ScoringForward::Row> rows;           // their rows in the pass
+  const int64_t pass_rows = forward.pass_rows();
   size_t s = 0;
   int64_t done = 0;  // positions of stream s fed in earlier passes
   while (s < streams.size()) {
@@ -59,10 +57,10 @@ absl::Status ForwardPacked(ScoringForward& forward, std::span<const Stream> stre
     wanted.clear();
     rows.clear();
     int64_t used = 0;
-    while (s < streams.size() && used < kPassRows) {
+    while (s < streams.size() && used < pass_rows) {
       const Stream& st = streams[s];
       const int64_t len = static_cast<int64_t>(st.tokens.size());
-      const int64_t n = std::min(len - done, kPassRows - used);
+      const int64_t n = std::min(len - done, pass_rows - used);
       segments.push_back({static_cast<int32_t>(s), st.tokens.subspan(done, n)});
       for (int64_t p = std::max(done, st.first_out); p < done + n; ++p) {
         wanted.emplace_back(s, p);
@@ -270,7 +268,7 @@ absl::StatusOr<float> MeanAnswerLogProb(ScoringForward& forward, std::span<const
   };
   std::vector<double> sums(tasks.size(), 0.0);
   for (size_t g0 = 0; g0 < tasks.size();) {
-    const size_t g1 = GroupEnd(tasks, g0, kPassRows, tasks.size(), positions);
+    const size_t g1 = GroupEnd(tasks, g0, forward.pass_rows(), tasks.size(), positions);
     std::vector<std::vector<int32_t>> sequences;
     std::vector<Stream> streams;
     sequences.reserve(g1 - g0);  // streams borrow them

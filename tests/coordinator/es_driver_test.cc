@@ -15,7 +15,9 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <map>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -92,7 +94,11 @@ class DyingClient : public WorkerClient {
     if (start_after_.valid()) start_after_.wait();
     if (++evaluations_ == die_at_) death_.set_value();
     if (evaluations_ >= die_at_) return Gone();
-    return actor_->EsEvaluate(r);
+    auto reply = actor_->EsEvaluate(r);
+    if (reply.ok() && fitness_.has_value()) {
+      for (int i = 0; i < reply->fitness_size(); ++i) reply->set_fitness(i, *fitness_);
+    }
+    return reply;
   }
   absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& r) override {
     if (dead()) return Gone();
@@ -102,7 +108,9 @@ class DyingClient : public WorkerClient {
   }
   absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(const wire::EsSnapshotRequest& r) override {
     if (dead()) return Gone();
-    return actor_->EsSnapshot(r);
+    auto chunk = actor_->EsSnapshot(r);
+    if (chunk.ok() && !snapshot_name_.empty()) chunk->set_file_name(snapshot_name_);
+    return chunk;
   }
   absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& r) override {
     return actor_->EsRelease(r);
@@ -117,6 +125,9 @@ class DyingClient : public WorkerClient {
   }
   void DieOnForward() { die_on_forward_ = true; }
   void CorruptChecksums() { corrupt_checksum_ = true; }
+  // A worker that lies: every fitness it reports is `f`; its snapshots are named `name`.
+  void ReportFitness(float f) { fitness_ = f; }
+  void NameSnapshots(std::string name) { snapshot_name_ = std::move(name); }
 
  private:
   bool dead() const { return evaluations_ >= die_at_; }
@@ -126,6 +137,8 @@ class DyingClient : public WorkerClient {
   std::atomic<int> evaluations_{0};
   std::atomic<bool> corrupt_checksum_{false};
   bool die_on_forward_ = false;
+  std::optional<float> fitness_;
+  std::string snapshot_name_;
   std::promise<void> death_;
   std::shared_future<void> start_after_;
 };
@@ -398,6 +411,7 @@ TEST_F(EsDriverTest, ResumeFromACheckpointEndsLikeAnUninterruptedRun) {
   std::vector<EsWorker> workers = {{"b", Actor(2)}};
   EsDriverOptions o = Options(wire::EsJob(), 4);
   o.job.set_job_id("resumed");
+  o.job.set_model_path(job.model_path());
   EsDriver resumed(o, WholeReplicas([&] { return workers; }));
   ASSERT_TRUE(resumed.Resume(dir).ok());
   EXPECT_EQ(resumed.generation(), 2);
@@ -462,6 +476,43 @@ TEST_F(EsDriverTest, DivergingReplicasFailTheJob) {
   absl::Status s = driver.Run(nullptr);
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_NE(s.message().find("diverged"), std::string::npos) << s;
+}
+
+TEST_F(EsDriverTest, ANonFiniteFitnessFailsTheJobNamingTheMember) {
+  for (float f : {std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::infinity()}) {
+    auto liar = std::make_shared<DyingClient>(Actor(), 1 << 30);
+    liar->ReportFitness(f);
+    std::vector<EsWorker> workers = {{"a", liar}};
+    EsDriver driver(Options(Job(), 2), WholeReplicas([&] { return workers; }));
+    // Not a worker failure: no retry on another replica, no reload, the job fails at once.
+    absl::Status s = driver.Run(nullptr);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("member "), std::string::npos) << s;
+    EXPECT_NE(s.message().find("non-finite fitness"), std::string::npos) << s;
+    auto center = driver.EvaluateCenter(false);
+    EXPECT_TRUE(absl::IsInvalidArgument(center.status())) << center.status();
+    EXPECT_NE(center.status().message().find("the center"), std::string::npos);
+  }
+}
+
+TEST_F(EsDriverTest, ASnapshotNamedOutsideTheCheckpointFolderIsRefused) {
+  const std::string dir = TempPath("escape/ckpt");
+  std::filesystem::remove_all(TempPath("escape"));
+  for (const char* name : {"../escaped.gguf", "tensors.gguf/../../x", "adapters.gguf"}) {
+    auto liar = std::make_shared<DyingClient>(Actor(), 1 << 30);
+    liar->NameSnapshots(name);
+    std::vector<EsWorker> workers = {{"a", liar}};
+    EsDriverOptions o = Options(Job(), 1);  // a full-mode job: tensors.gguf
+    o.out_dir = dir;
+    EsDriver driver(o, WholeReplicas([&] { return workers; }));
+    absl::Status s = driver.Run(nullptr);
+    EXPECT_TRUE(absl::IsDataLoss(s)) << name << ": " << s;
+    EXPECT_NE(s.message().find("tensors.gguf"), std::string::npos) << s;
+  }
+  EXPECT_FALSE(std::filesystem::exists(TempPath("escape/escaped.gguf")));
+  EXPECT_FALSE(std::filesystem::exists(TempPath("x")));
+  std::filesystem::remove_all(TempPath("escape"));
 }
 
 TEST_F(EsDriverTest, BadJobsNameTheField) {
