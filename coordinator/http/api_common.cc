@@ -185,7 +185,15 @@ absl::StatusOr<std::shared_ptr<Request>> StartJob(
 
 Outcome Relay(Request& request, HttpExchange& ex,
               const std::function<bool(const Delta&)>& on_delta) {
-  return RelayRequest(request, [&ex] { return ex.ClientGone(); }, on_delta);
+  Outcome o = RelayRequest(request, [&ex] { return ex.ClientGone(); }, on_delta);
+  if (!o.status.ok() && ex.Cut()) {
+    // The reply is cancelled by shutdown, not by its client: say so (as an error event when
+    // streaming, the headers being gone).
+    o.status = absl::UnavailableError(
+        "the server is shutting down: its drain deadline (--drain-timeout) passed before this "
+        "reply was finished");
+  }
+  return o;
 }
 
 absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,

@@ -66,7 +66,8 @@ absl::StatusOr<std::shared_ptr<Request>> StartJob(
     const std::function<absl::StatusOr<std::vector<int32_t>>()>& tokenize);
 
 // Relays the request's output to `on_delta` until it finishes or the client goes away (then
-// the request is cancelled). Returns the outcome; `on_delta` returning false also cancels.
+// the request is cancelled). Returns the outcome; `on_delta` returning false also cancels. A
+// request cut by the server's drain deadline (ex.Cut()) fails with UNAVAILABLE saying so.
 Outcome Relay(Request& request, HttpExchange& ex, const std::function<bool(const Delta&)>& on_delta);
 
 // Whether a reply may open with a think block (the template knows <think>) and whether the

@@ -115,8 +115,10 @@ http::response<http::string_body> MakeResponse(int status, unsigned version, boo
 // headers (Content-Length included) and no body.
 class BeastExchange : public HttpExchange {
  public:
-  BeastExchange(tcp::socket& socket, unsigned version, bool keep_alive, bool head)
-      : socket_(socket), version_(version), keep_alive_(keep_alive), head_(head) {}
+  // `cut`: set once the server's drain deadline has passed (see Cut()).
+  BeastExchange(tcp::socket& socket, unsigned version, bool keep_alive, bool head,
+                const std::atomic<bool>* cut = nullptr)
+      : socket_(socket), version_(version), keep_alive_(keep_alive), head_(head), cut_(cut) {}
 
   void Respond(int status, const std::string& content_type, std::string body,
                const std::map<std::string, std::string>& headers) override {
@@ -166,7 +168,7 @@ class BeastExchange : public HttpExchange {
   // would keep its place until its first event.) HTTP/1.0 gets no probe: a closed client is
   // then noticed at the response's first write.
   bool ClientGone() override {
-    if (gone_) return true;
+    if (gone_ || Cut()) return true;
     pollfd p{socket_.native_handle(), POLLIN | POLLRDHUP, 0};
     if (::poll(&p, 1, 0) <= 0) return false;
     if (p.revents & (POLLHUP | POLLERR)) {
@@ -192,6 +194,8 @@ class BeastExchange : public HttpExchange {
     return gone_;
   }
 
+  bool Cut() const override { return cut_ != nullptr && cut_->load(); }
+
   // Ends a chunked event stream.
   void Finish() {
     if (!streaming_ || gone_) return;
@@ -208,6 +212,7 @@ class BeastExchange : public HttpExchange {
   unsigned version_;
   bool keep_alive_;
   bool head_;
+  const std::atomic<bool>* cut_;
   bool streaming_ = false;
   bool responded_ = false;
   bool probed_ = false;
@@ -289,6 +294,8 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{io};
   std::string address;
   std::atomic<bool> stopping{false};
+  // Set when Drain's deadline passes: exchanges still running report Cut().
+  std::atomic<bool> cut{false};
   // Readable once draining: wakes connections idle between requests (never read, so it stays
   // readable).
   int drain_fd = ::eventfd(0, EFD_CLOEXEC);
@@ -498,7 +505,7 @@ void HttpServer::Impl::Serve(Connection& conn) {
     }
     const HttpRequest& req = parser.get();
     BeastExchange ex(conn.socket, req.version(), req.keep_alive(),
-                     req.method() == http::verb::head);
+                     req.method() == http::verb::head, &cut);
     try {
       Route(req, ex, /*overflow=*/false);
     } catch (const std::exception& e) {
@@ -532,7 +539,7 @@ void HttpServer::Impl::Route(const HttpRequest& req, HttpExchange& ex, bool over
     const std::string host = HostOnly(std::string(req[http::field::host]));
     if (std::find(options.allow_hosts.begin(), options.allow_hosts.end(), host) ==
         options.allow_hosts.end()) {
-      SendError(ex, dialect, 403, "host '" + host + "' is not allowed (--allow-host)");
+      SendError(ex, dialect, 403, "host '" + Echo(host) + "' is not allowed (--allow-host)");
       return;
     }
   }
@@ -583,11 +590,12 @@ void HttpServer::Impl::Route(const HttpRequest& req, HttpExchange& ex, bool over
              path == "/tokenize" || path == "/detokenize") {
     const bool gettable = open || path == "/v1/models";
     SendError(ex, dialect, 405,
-              absl::StrCat(std::string(req.method_string()), " is not allowed on ", path),
+              absl::StrCat(Echo(std::string(req.method_string())), " is not allowed on ", path),
               "", "", gettable ? "GET, HEAD" : "POST");
   } else {
     SendError(ex, dialect, 404,
-              absl::StrCat("no route for ", std::string(req.method_string()), " ", path));
+              absl::StrCat("no route for ", Echo(std::string(req.method_string())), " ",
+                           Echo(path)));
   }
 }
 
@@ -651,10 +659,15 @@ void HttpServer::Drain(std::chrono::steady_clock::time_point deadline) {
   // Should the write fail, idle connections still close at their idle timeout or the deadline.
   if (impl_->drain_fd >= 0) (void)!::write(impl_->drain_fd, &one, sizeof(one));
   std::unique_lock<std::mutex> lock(impl_->mu);
-  impl_->finished.wait_until(lock, deadline, [&] {
+  const auto all_done = [&] {
     return std::all_of(impl_->connections.begin(), impl_->connections.end(),
                        [](const auto& c) { return c->done.load(); });
-  });
+  };
+  if (impl_->finished.wait_until(lock, deadline, all_done)) return;
+  // Requests still running are cancelled (their exchanges say Cut()); each reply then ends with
+  // an error its client can read, and the connection closes.
+  impl_->cut = true;
+  impl_->finished.wait_for(lock, kCutGrace, all_done);
 }
 
 HttpServer::~HttpServer() {

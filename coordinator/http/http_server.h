@@ -11,7 +11,8 @@
 // A client that disconnects has its request cancelled (its KV freed) within one poll interval; a
 // client that only half-closes (shutdown(SHUT_WR) after its request) still gets its response.
 // Drain (SIGTERM, a pod being stopped) stops accepting, lets every request already received run
-// to its last byte, and closes idle keep-alive connections at once.
+// to its last byte until the drain deadline, and closes idle keep-alive connections at once; a
+// reply still running at the deadline ends with an error, never mid-stream in silence.
 #ifndef FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
 #define FUCINA_COORDINATOR_HTTP_HTTP_SERVER_H_
 
@@ -56,8 +57,12 @@ class HttpExchange {
   // Sends bytes of the event stream; false when the client is gone.
   virtual bool SendEvents(const std::string& data) = 0;
   // True once the client is gone: a reset or a closed socket, not a half-close (the client may
-  // still read). Polled while a request waits for output.
+  // still read). Polled while a request waits for output. Also true once the server stops
+  // waiting for this request (Cut()), so the request is cancelled the same way.
   virtual bool ClientGone() = 0;
+  // True once the server's drain deadline has passed with this request unfinished: its reply is
+  // to end with an error the client can read (an error event in a stream) rather than be cut.
+  virtual bool Cut() const { return false; }
 };
 
 class HttpServer {
@@ -68,8 +73,11 @@ class HttpServer {
   ~HttpServer();
 
   // Stops accepting connections and waits until every request already being read or answered
-  // has finished, or until `deadline`; connections idle between requests close at once. The
-  // destructor then cuts whatever is left.
+  // has finished, or until `deadline`; connections idle between requests close at once. At the
+  // deadline, requests still running are cancelled and their replies end with a 503 error (an
+  // error event, then `data: [DONE]` for OpenAI streams), for which it waits up to
+  // kCutGrace more; the destructor then closes whatever is left.
+  static constexpr std::chrono::milliseconds kCutGrace{2000};
   void Drain(std::chrono::steady_clock::time_point deadline);
 
   const std::string& address() const;  // host:bound-port

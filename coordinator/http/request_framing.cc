@@ -13,6 +13,13 @@ namespace fucina {
 namespace beast = boost::beast;
 namespace http = beast::http;
 
+std::string Echo(std::string_view s) {
+  if (s.size() <= kEchoBytes) return std::string(s);
+  size_t cut = kEchoBytes;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(std::string(s.substr(0, cut)), "... (", s.size(), " bytes, cut)");
+}
+
 absl::Status CheckFraming(const http::request_header<>& header) {
   // Every Transfer-Encoding field line, joined: "TE: gzip" + "TE: chunked" is "gzip, chunked".
   std::vector<std::string> codings;
@@ -33,13 +40,13 @@ absl::Status CheckFraming(const http::request_header<>& header) {
     }
     if (codings.empty() || codings.back() != "chunked") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Transfer-Encoding '", absl::StrJoin(codings, ", "),
+          "Transfer-Encoding '", Echo(absl::StrJoin(codings, ", ")),
           "' does not end with chunked: the body's length cannot be determined (RFC 9112 6.3)"));
     }
     if (codings.size() > 1) {
       codings.pop_back();
       return absl::UnimplementedError(absl::StrCat("transfer coding '",
-                                                   absl::StrJoin(codings, ", "),
+                                                   Echo(absl::StrJoin(codings, ", ")),
                                                    "' is not supported (only chunked)"));
     }
   }

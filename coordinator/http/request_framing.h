@@ -43,6 +43,12 @@ struct ReadError {
   std::string message;
 };
 
+// What an error message may quote of a client's request (a path, a method, a Host, a field
+// value): its first kEchoBytes (not splitting a UTF-8 sequence), then how long it was. A request
+// line or field can be as long as the header limit, and an error must not mirror it back.
+inline constexpr size_t kEchoBytes = 100;
+std::string Echo(std::string_view s);
+
 // Maps a Beast read error to what to answer.
 ReadError ReadErrorFor(const boost::beast::error_code& ec, const RequestLimits& limits);
 
@@ -64,8 +70,9 @@ std::optional<ReadError> ReadRequest(
     return ReadError{absl::IsUnimplemented(s) ? 501 : 400, std::string(s.message())};
   }
   if (boost::beast::iequals(parser.get()[http::field::expect], "100-continue") &&
-      !parser.is_done()) {
-    // Clients that wait for a go-ahead before sending the body (curl does above 1 KiB).
+      parser.get().version() >= 11 && !parser.is_done()) {
+    // Clients that wait for a go-ahead before sending the body (curl does above 1 KiB). An
+    // HTTP/1.0 client has no 1xx responses: its expectation is ignored (RFC 9110 10.1.1).
     http::response<http::empty_body> go{http::status::continue_, parser.get().version()};
     http::write(stream, go, ec);
     if (ec) return ReadError{};
