@@ -32,11 +32,32 @@ std::string Env(const char* name) {
   return v == nullptr ? std::string() : std::string(v);
 }
 
+enum class FileKind { kPublic, kSecret };
+
+// A secret others can read is no longer a secret; ssh refuses such a private key and so do we,
+// loudly, instead of running on with it. Any access for others is refused. Group access is
+// refused when this process's user owns the file (then nobody needs the group to read it); a
+// file another user owns may be group-readable, since that group is how this process reads it
+// (a Kubernetes secret volume: root owns the files, the pod's fsGroup reads them).
+absl::Status CheckPrivate(const struct stat& st, const std::string& path,
+                          const std::string& what) {
+  const mode_t open_bits = st.st_uid == geteuid() ? (st.st_mode & 077) : (st.st_mode & 007);
+  if (open_bits == 0) return absl::OkStatus();
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " ", path, " has mode ", mode, ", open to ",
+                   (open_bits & 007) != 0 ? "other users" : "its group",
+                   "; it holds a secret, so it must be private to its owner: chmod 600 ", path));
+}
+
 // Reads a regular file of at most `limit` bytes. Opening does not block (a FIFO with no writer
 // would), and anything but a regular file is refused, so a wrong path cannot hang or exhaust
-// the process. `what` names the file in errors; NOT_FOUND when it does not exist.
+// the process. A kSecret file must be private (CheckPrivate). `what` names the file in errors;
+// NOT_FOUND when it does not exist.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit,
-                                          const std::string& what) {
+                                          const std::string& what,
+                                          FileKind kind = FileKind::kPublic) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const std::string message = absl::StrCat(what, " ", path, ": ", Errno());
@@ -46,6 +67,12 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit,
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is not a regular file"));
+  }
+  if (kind == FileKind::kSecret) {
+    if (absl::Status s = CheckPrivate(st, path, what); !s.ok()) {
+      close(fd);
+      return s;
+    }
   }
   if (static_cast<uint64_t>(st.st_size) > limit) {
     close(fd);
@@ -113,7 +140,10 @@ bool IsSpace(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag,
                                     std::string_view label) {
-  auto text = ReadSmallFile(path, kMaxPemBytes, flag);
+  // A private key must be private; certificates are public.
+  auto text = ReadSmallFile(path, kMaxPemBytes, flag,
+                            label.find("PRIVATE") != std::string_view::npos ? FileKind::kSecret
+                                                                             : FileKind::kPublic);
   if (!text.ok()) return text.status();
   if (!HasPemBlock(*text, label)) {
     return absl::InvalidArgumentError(
@@ -161,7 +191,8 @@ absl::StatusOr<std::string> NewRandomToken() {
 
 absl::StatusOr<std::string> ReadOrCreateTokenFile(const std::string& path) {
   const std::string what = "cluster token file " + path;
-  auto existing = ReadSmallFile(path, kMaxTokenChars + 64, "cluster token file");
+  auto existing =
+      ReadSmallFile(path, kMaxTokenChars + 64, "cluster token file", FileKind::kSecret);
   if (existing.ok()) return ParseToken(*existing, what);
   if (!absl::IsNotFound(existing.status())) return existing.status();
 
@@ -198,7 +229,8 @@ absl::StatusOr<std::string> ReadOrCreateTokenFile(const std::string& path) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create ", path, ": ", std::strerror(link_errno)));
   }
-  auto winner = ReadSmallFile(path, kMaxTokenChars + 64, "cluster token file");
+  auto winner =
+      ReadSmallFile(path, kMaxTokenChars + 64, "cluster token file", FileKind::kSecret);
   if (!winner.ok()) return winner.status();
   return ParseToken(*winner, what);
 }
@@ -207,7 +239,8 @@ absl::StatusOr<ClusterToken> ResolveClusterToken(const std::string& token_file) 
   ClusterToken out;
   if (!token_file.empty()) {
     out.source = "--cluster-token-file " + token_file;
-    auto text = ReadSmallFile(token_file, kMaxTokenChars + 64, "--cluster-token-file");
+    auto text = ReadSmallFile(token_file, kMaxTokenChars + 64, "--cluster-token-file",
+                              FileKind::kSecret);
     if (!text.ok()) return text.status();
     auto token = ParseToken(*text, out.source);
     if (!token.ok()) return token.status();

@@ -49,7 +49,8 @@ struct ClusterToken {
 // not empty, else $FUCINA_CLUSTER_TOKEN, else $FUCINA_CACHE/cluster-token (FUCINA_CACHE
 // defaults to ~/.cache/fucina), created with a fresh random 256-bit token (mode 0600) when it
 // does not exist yet. A coordinator and workers on one machine thus share a token with no flags,
-// whichever starts first. Errors name the file or variable and what was expected.
+// whichever starts first. Errors name the file or variable and what was expected; a token file
+// that other users (or, when this user owns it, its group) may open is PERMISSION_DENIED.
 absl::StatusOr<ClusterToken> ResolveClusterToken(const std::string& token_file);
 
 // A token as stored in a file or variable: surrounding whitespace is trimmed; the rest must be
@@ -90,7 +91,8 @@ struct TlsMaterial {
 };
 
 // The PEM file at `path` (at most 1 MiB) if it holds a `label` block ("CERTIFICATE",
-// "PRIVATE KEY"); errors name `flag` and the file.
+// "PRIVATE KEY"); errors name `flag` and the file. A private key file must be private to its
+// owner (PERMISSION_DENIED naming its mode otherwise, as ssh refuses an open key).
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag,
                                     std::string_view label);
 

@@ -33,9 +33,11 @@ class TempDir : public testing::Test {
   }
   void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
 
-  std::string Write(const std::string& name, const std::string& text) {
+  // Private to this user, as secrets must be (see SecretsOthersMayOpenAreRefused).
+  std::string Write(const std::string& name, const std::string& text, mode_t mode = 0600) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path) << text;
+    EXPECT_EQ(chmod(path.c_str(), mode), 0) << path;
     return path;
   }
 
@@ -339,6 +341,51 @@ TEST_F(TlsFilesTest, FlagsGoTogetherAndFilesMustHoldPem) {
   auto missing = LoadTls({.cert = cert, .key = key, .ca = dir_ + "/missing.pem"}, true);
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(missing.status().message(), HasSubstr("--tls-ca"));
+}
+
+// A token file or private key that other users may open is refused with its mode and the fix,
+// as ssh refuses an open private key; certificates are public.
+TEST_F(TlsFilesTest, SecretsOthersMayOpenAreRefused) {
+  constexpr char kKey[] = "-----BEGIN EC PRIVATE KEY-----\nx\n-----END EC PRIVATE KEY-----\n";
+  const std::string cert =
+      Write("c.pem", "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n", 0644);
+  for (const auto& [mode, text] : std::vector<std::pair<mode_t, std::string>>{
+           {0644, "mode 0644, open to other users"},
+           {0604, "mode 0604, open to other users"},
+           {0640, "mode 0640, open to its group"},
+           {0660, "mode 0660, open to its group"}}) {
+    SCOPED_TRACE(text);
+    const std::string key = Write("k.pem", kKey, mode);
+    auto tls = LoadTls({.cert = cert, .key = key, .ca = cert}, true);
+    ASSERT_FALSE(tls.ok());
+    EXPECT_EQ(tls.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(tls.status().message(), HasSubstr("--tls-key " + key + " has " + text));
+    EXPECT_THAT(tls.status().message(), HasSubstr("chmod 600 " + key));
+
+    const std::string token = Write("token", "from-the-flag-file-0123\n", mode);
+    auto resolved = ResolveClusterToken(token);
+    ASSERT_FALSE(resolved.ok());
+    EXPECT_EQ(resolved.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(resolved.status().message(),
+                HasSubstr("--cluster-token-file " + token + " has " + text));
+    EXPECT_THAT(resolved.status().message(), HasSubstr("chmod 600 " + token));
+    // The shared token file in the cache directory too.
+    EXPECT_EQ(ReadOrCreateTokenFile(token).status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  for (mode_t mode : {0600, 0400}) {
+    const std::string key = Write("k.pem", kKey, mode);
+    EXPECT_TRUE(LoadTls({.cert = cert, .key = key, .ca = cert}, true).ok()) << mode;
+    EXPECT_TRUE(ResolveClusterToken(Write("token", "from-the-flag-file-0123\n", mode)).ok());
+  }
+  // A file another user owns (a Kubernetes secret volume: root's files, the pod's fsGroup
+  // reads them) may be group-readable; never world-readable. Only root can make one here.
+  if (geteuid() == 0) {
+    const std::string key = Write("k.pem", kKey, 0640);
+    ASSERT_EQ(chown(key.c_str(), 12345, 12345), 0);
+    EXPECT_TRUE(LoadTls({.cert = cert, .key = key, .ca = cert}, true).ok());
+    ASSERT_EQ(chmod(key.c_str(), 0644), 0);
+    EXPECT_FALSE(LoadTls({.cert = cert, .key = key, .ca = cert}, true).ok());
+  }
 }
 
 }  // namespace
