@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/http/request_framing.h"
 
 namespace fucina::http_api {
 namespace {
@@ -87,8 +88,8 @@ absl::Status CheckModel(const json& j, const Coordinator& c) {
   auto model = OptString(j, "model");
   if (!model.ok()) return model.status();
   if (*model && !c.Serves(**model)) {
-    return absl::NotFoundError(absl::StrCat("the model '", **model, "' does not exist (serving '",
-                                            c.served_name(), "')"));
+    return absl::NotFoundError(absl::StrCat("the model '", Echo(**model),
+                                            "' does not exist (serving '", c.served_name(), "')"));
   }
   return absl::OkStatus();
 }

@@ -165,6 +165,18 @@ class HostileHttpTest(HttpServerTestCase):
         self.assertTrue(head.startswith(b"HTTP/1.1 501 "), head)
         self.assertLess(len(body), 500, body[:600])
         self.assertIn("(30000 bytes, cut)", json.loads(body)["error"]["message"])
+        # So is a model name that is not served.
+        request = json.dumps({"model": "m" * 60000, "max_tokens": 1,
+                              "messages": [{"role": "user", "content": "Hi"}]}).encode()
+        with connect(server) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                      % (len(request), request))
+            reply = read_until_closed(s)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 404 "), head)
+        self.assertLess(len(body), 500, body[:600])
+        self.assertIn("(60000 bytes, cut)", json.loads(body)["error"]["message"])
 
 
 @unittest.skipUnless(cc.HAVE_SMOLLM2, cc.NO_SMOLLM2)
