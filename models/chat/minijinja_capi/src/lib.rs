@@ -17,6 +17,10 @@
 //!     string our filters and Python methods build, is capped (`output_limit`), and width-like
 //!     arguments (`tojson` indent, `indent` width, `str.format` widths) are capped at MAX_WIDTH.
 //!     Past a cap the render fails with an error naming it; a failed allocation would abort.
+//!     Not bounded here: the engine's own text of a list or map (`x ~ ''`, `join`, `string`,
+//!     `pprint`, `format`) is built before fuel pays for it, so a list holding many references
+//!     to one large string (`[s] * 100000`) still makes it allocate their whole length; closing
+//!     that needs the engine to bound its Display of containers.
 //!
 //! Ownership: every `char*` handed out (rendered text, error messages) is allocated here and must
 //! be released with `fucina_jinja_free`. No pointer passed in is retained after a call returns.
