@@ -56,6 +56,12 @@ inline constexpr std::chrono::milliseconds kDefaultGrammarCompileLimit{2000};
 
 class GrammarMatcher;
 
+// Compiles run on a small pool of threads shared by the process. Those queued or running now,
+// ones past their deadline included (a compile cannot be stopped once started), and the most
+// there may be before Compile refuses more.
+int GrammarCompilesInFlight();
+int MaxGrammarCompilesInFlight();
+
 class GrammarVocab : public std::enable_shared_from_this<GrammarVocab> {
  public:
   // The token table of `tokenizer` (bytes of every token; control, unknown and unused tokens
@@ -64,9 +70,12 @@ class GrammarVocab : public std::enable_shared_from_this<GrammarVocab> {
   ~GrammarVocab();
 
   // A matcher at the start of `spec`'s grammar. INVALID_ARGUMENT with the engine's own message
-  // for a grammar or schema it rejects; DEADLINE_EXCEEDED when compiling takes longer than
-  // `limit` (a grammar too expensive to serve; the compile finishes on a thread of its own and
-  // is dropped), and at once when `limit` is not positive.
+  // for a grammar or schema it rejects, or naming the limit one is past (grammar bytes, Lark
+  // rules and literals, $ref chain depth: see llguidance_capi/src/checks.rs); DEADLINE_EXCEEDED
+  // when compiling takes longer than `limit` (a grammar too expensive to serve; the compile
+  // finishes on its pool thread and is dropped), and at once when `limit` is not positive;
+  // RESOURCE_EXHAUSTED while MaxGrammarCompilesInFlight() compiles are queued or running in
+  // this process (the caller may retry later).
   absl::StatusOr<std::unique_ptr<GrammarMatcher>> Compile(
       const GrammarSpec& spec,
       std::chrono::milliseconds limit = kDefaultGrammarCompileLimit) const;

@@ -4,11 +4,15 @@
 #include "models/grammar/grammar.h"
 
 #include <cstdlib>
+#include <latch>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
 
 #include "models/engine/model.h"
 #include "models/engine/session.h"
@@ -96,7 +100,8 @@ TEST_F(GrammarTest, ARefusedTokenIsAnErrorAndValidateCountsWithoutAdvancing) {
   const int32_t maybe = tokenizer_->Encode(" maybe", false, false).front();
   absl::Status s = m->Accept(maybe);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.message(), HasSubstr("not allowed"));
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("could not be held to its grammar at token ",
+                                                   maybe)));
 }
 
 TEST_F(GrammarTest, CloneKeepsTheStateAndDivergesIndependently) {
@@ -139,6 +144,125 @@ TEST_F(GrammarTest, ACompileOverItsDeadlineIsRefused) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
   EXPECT_THAT(m.status().message(), HasSubstr("took longer than 0 ms"));
+}
+
+// Grammars whose compile recursed past the thread's stack (and killed the process) are refused
+// before compiling, naming the limit; the same shapes within the limits compile.
+TEST_F(GrammarTest, DeepGrammarsAreRefusedNamingTheLimit) {
+  auto chain = [](int rules) {
+    std::string g = "start: r0\n";
+    for (int i = 0; i < rules; ++i) absl::StrAppend(&g, "r", i, ": r", i + 1, " | \"x\"\n");
+    absl::StrAppend(&g, "r", rules, ": \"y\"\n");
+    return g;
+  };
+  auto refs = [](int links) {
+    nlohmann::json defs = nlohmann::json::object();
+    for (int i = 0; i < links; ++i) {
+      defs[absl::StrCat("d", i)] = {
+          {"type", "object"},
+          {"properties", {{"n", {{"$ref", absl::StrCat("#/$defs/d", i + 1)}}}}}};
+    }
+    defs[absl::StrCat("d", links)] = {{"type", "string"}};
+    return nlohmann::json{{"$ref", "#/$defs/d0"}, {"$defs", defs}}.dump();
+  };
+  struct Case {
+    GrammarSpec spec;
+    const char* says;
+  };
+  for (const Case& c : {
+           Case{GrammarSpec::Lark(chain(5000)), "at most 2000 are allowed"},
+           Case{GrammarSpec::JsonSchema(refs(1000)), "at most 2000 are allowed"},
+           Case{GrammarSpec::Regex(std::string(1 << 20, 'a') + "b"), "at most 1048576 are allowed"},
+       }) {
+    auto m = vocab().Compile(c.spec);
+    ASSERT_FALSE(m.ok()) << c.spec.text.size();
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+    EXPECT_THAT(m.status().message(), HasSubstr(c.says));
+  }
+  EXPECT_NE(Compile(GrammarSpec::Lark(chain(1500))), nullptr);
+  EXPECT_NE(Compile(GrammarSpec::JsonSchema(refs(400))), nullptr);
+}
+
+// Compiles cannot be stopped, so they are counted until they end, late ones included; past the
+// most at once a new one is refused (RESOURCE_EXHAUSTED: the caller retries), not queued behind
+// a thread of its own.
+TEST_F(GrammarTest, CompilesInFlightAreBoundedAndRefusedWhenFull) {
+  // ~9,000 literals: within the limits, a compile of some tens of milliseconds at least.
+  std::string slow = "start: \"c0\"";
+  for (int i = 1; i < 9000; ++i) slow += " | \"choice " + std::to_string(i) + "\"";
+  const int n = MaxGrammarCompilesInFlight() + 8;
+  std::vector<absl::Status> got(n);
+  std::latch start(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      start.arrive_and_wait();
+      got[i] = vocab().Compile(GrammarSpec::Lark(slow), std::chrono::seconds(60)).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int refused = 0;
+  for (const absl::Status& s : got) {
+    if (absl::IsResourceExhausted(s)) {
+      ++refused;
+      EXPECT_THAT(s.message(), HasSubstr("try again")) << s;
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+  EXPECT_GE(refused, 1);
+  // One refused at its deadline still counts while it runs, then the count drains.
+  auto late = vocab().Compile(GrammarSpec::Lark(slow), std::chrono::milliseconds(1));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (GrammarCompilesInFlight() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(GrammarCompilesInFlight(), 0);
+}
+
+// JSON has one space after ',' and ':' and no other whitespace, so a reply cannot run on in
+// newlines until max_tokens; a schema's own "x-guidance" options win.
+TEST_F(GrammarTest, JsonWhitespaceIsFixedUnlessTheSchemaAsksOtherwise) {
+  const std::string schema =
+      R"({"type":"object","properties":{"steps":{"type":"array","items":{"type":"string"}}}})";
+  const int32_t newline = tokenizer_->Encode("\n", false, false).front();
+  const int32_t space = tokenizer_->Encode(" ", false, false).front();
+  auto after = [&](const GrammarSpec& spec, const std::string& prefix) {
+    auto m = Compile(spec);
+    for (int32_t id : tokenizer_->Encode(prefix, false, false)) EXPECT_TRUE(m->Accept(id).ok()) << prefix;
+    return MaskOf(*m);
+  };
+  const std::string lark = "start: \"> \" %json " + schema + "\n";
+  for (const GrammarSpec& spec : {GrammarSpec::JsonSchema(schema), GrammarSpec::Lark(lark)}) {
+    const std::string lead = spec.kind == GrammarSpec::Kind::kLark ? "> " : "";
+    for (const std::string prefix : {"{", "{\"steps\":", "{\"steps\": [\"tea\"", "{\"steps\": [\"tea\","}) {
+      const std::vector<uint32_t> mask = after(spec, lead + prefix);
+      EXPECT_FALSE(MaskAllows(mask, newline)) << GrammarKindName(spec.kind) << " after " << prefix;
+      EXPECT_EQ(MaskAllows(mask, space), prefix.back() == ':' || prefix.back() == ',')
+          << GrammarKindName(spec.kind) << " after " << prefix;
+    }
+  }
+  const std::string own = R"({"x-guidance":{"whitespace_flexible":true},"type":"object"})";
+  EXPECT_TRUE(MaskAllows(after(GrammarSpec::JsonSchema(own), "{"), newline));
+}
+
+// A grammar whose lexer outgrows the engine's per-token limits mid-reply: the error a client
+// reads says so in plain words, without the engine's prefixes or its state dump.
+TEST_F(GrammarTest, AGrammarFailingMidReplySaysWhyInPlainWords) {
+  auto m = Compile(GrammarSpec::Regex("(a{1,1000}){1,1000}(b{1,1000}){1,1000}"));
+  const int32_t a = tokenizer_->Encode("a", false, false).front();
+  absl::Status failed;
+  std::vector<uint32_t> mask;
+  for (int step = 0; step < 200 && failed.ok(); ++step) {
+    failed = m->Mask(&mask);
+    if (failed.ok()) failed = m->Accept(a);
+  }
+  ASSERT_FALSE(failed.ok()) << "the lexer never outgrew its limits";
+  EXPECT_THAT(failed.message(), HasSubstr("could not be held to its grammar")) << failed;
+  for (const char* internal : {"grammar mask", "lexer error:", "parser error:", "<state>", "\n"}) {
+    EXPECT_THAT(failed.message(), ::testing::Not(HasSubstr(internal))) << failed;
+  }
 }
 
 // A schema reply from the real model, greedy and speculative: valid JSON with the schema's
