@@ -212,8 +212,43 @@ absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
   return ids;
 }
 
+void SetJsonWhitespace(json& schema, const std::string& pattern) {
+  if (schema.is_object()) schema["x-guidance"] = {{"whitespace_pattern", pattern}};
+}
+
+namespace {
+
+// A tool's parameters sit at `at` (a JSON pointer) in the call's schema, whose root is not
+// theirs: their local references ("#/$defs/Color", what Pydantic writes, or "#" itself) are
+// rewritten to point there. Values that are data (const, enum, default, examples) are left as
+// they are. Iterative: the body's nesting limit bounds the depth, not the stack.
+void RebaseLocalRefs(json& schema, const std::string& at) {
+  std::vector<json*> todo = {&schema};
+  while (!todo.empty()) {
+    json* v = todo.back();
+    todo.pop_back();
+    if (v->is_array()) {
+      for (json& item : *v) todo.push_back(&item);
+      continue;
+    }
+    if (!v->is_object()) continue;
+    for (auto it = v->begin(); it != v->end(); ++it) {
+      const std::string& key = it.key();
+      if (key == "$ref") {
+        if (it->is_string() && it->get_ref<const std::string&>().starts_with('#')) {
+          *it = "#" + at + it->get_ref<const std::string&>().substr(1);
+        }
+      } else if (key != "const" && key != "enum" && key != "default" && key != "examples") {
+        todo.push_back(&*it);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::string& name,
-                           GenerateJob* job) {
+                           GenerateJob* job, const std::optional<std::string>& json_whitespace) {
   if (!job->grammar.empty()) {
     return absl::InvalidArgumentError(
         "tool_choice forces a tool call: the reply cannot also follow response_format or "
@@ -227,17 +262,27 @@ absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::s
     json params = fn.contains("parameters") && fn["parameters"].is_object()
                       ? fn["parameters"]
                       : json{{"type", "object"}};
+    params.erase("x-guidance");  // options apply to the whole schema, set below
     calls.push_back({{"type", "object"},
                      {"properties", {{"name", {{"const", fn["name"]}}}, {"arguments", params}}},
                      {"required", {"name", "arguments"}},
                      {"additionalProperties", false}});
   }
-  const json schema = calls.size() == 1 ? calls[0] : json{{"anyOf", calls}};
+  // Where each tool's parameters end up: the references in them are rebased there.
+  for (size_t i = 0; i < calls.size(); ++i) {
+    RebaseLocalRefs(calls[i]["properties"]["arguments"],
+                    (calls.size() == 1 ? std::string() : absl::StrCat("/anyOf/", i)) +
+                        "/properties/arguments");
+  }
+  json schema = calls.size() == 1 ? calls[0] : json{{"anyOf", calls}};
+  if (json_whitespace.has_value()) SetJsonWhitespace(schema, *json_whitespace);
   std::string lark = "start: ";
   if (think) lark += "(\"</think>\\n\\n\")? ";
   lark += "\"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json " + schema.dump() + "\n";
   job->grammar = GrammarSpec::Lark(std::move(lark));
   if (absl::Status s = c.CheckGrammar(job->grammar); !s.ok()) {
+    // Busy compiling is not the schema's fault: kept so the client retries.
+    if (absl::IsResourceExhausted(s)) return s;
     return absl::InvalidArgumentError(absl::StrCat("tools: a parameters schema: ", s.message()));
   }
   return absl::OkStatus();

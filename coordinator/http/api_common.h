@@ -89,9 +89,16 @@ std::string RandomId(const std::string& prefix);
 // reply to a hermes `<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>` block, N one
 // of `tools` (OpenAI's shape) or `name` when not empty, its arguments to that tool's parameter
 // schema; the reply parser then reads it as any call. A template with a think block may first
-// close one the prompt opened. INVALID_ARGUMENT when a schema does not compile.
+// close one the prompt opened. Local "$ref"s in a parameters schema (Pydantic's "#/$defs/...")
+// are rebased to where it sits in the call's schema. `json_whitespace`: the request's
+// guided_whitespace_pattern (else one space after ',' and ':' only). INVALID_ARGUMENT when a
+// schema does not compile; RESOURCE_EXHAUSTED when too many grammars are compiling.
 absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::string& name,
-                           GenerateJob* job);
+                           GenerateJob* job,
+                           const std::optional<std::string>& json_whitespace = std::nullopt);
+// Lets JSON output have whitespace matching `pattern` (a regex) between its tokens, as
+// llguidance's "x-guidance" option in `schema` says (an object; anything else is left alone).
+void SetJsonWhitespace(json& schema, const std::string& pattern);
 int64_t UnixTime();
 // Both serialize with Dump (invalid UTF-8 replaced, never thrown).
 std::string SseData(const json& j);                          // "data: {...}\n\n"

@@ -215,6 +215,8 @@ describe("structured outputs", {skip: SKIP}, () => {
       assert.equal(b.status, 400, JSON.stringify(b.json));
       assert.match(b.json.error.message, /grammar|lexer|regex/);
       assert.ok(b.json.error.message.length < 3000, "the engine's state dump is left out");
+      // In plain words: not the engine's own prefixes or the matcher's internal ones.
+      assert.doesNotMatch(b.json.error.message, /grammar mask|lexer error:|parser error:|<state>/);
     }
     assert.equal(ok.status, 200, JSON.stringify(ok.json));
     assert.match(ok.json.choices[0].text, /^ (yes|no)\.$/);
