@@ -1,15 +1,19 @@
-"""Hostile clients and an operator's shutdown against `fucina serve`'s HTTP front end, over raw
-sockets on 127.0.0.1: an HTTP/1.0 request with `Expect: 100-continue` (no interim response is
-allowed), error messages that would echo a 60 KB path or field back, and streams still running
-when SIGTERM's drain deadline passes (they must end with an error the client can read).
+"""Hostile clients, a hostile model file and an operator's shutdown against `fucina serve`'s HTTP
+front end, over raw sockets on 127.0.0.1: an HTTP/1.0 request with `Expect: 100-continue` (no
+interim response is allowed), error messages that would echo a 60 KB path or field back, a chat
+template asking for 100 GB, and streams still running when SIGTERM's drain deadline passes (they
+must end with an error the client can read).
 
-Reuses cluster_cli_test's process helpers (same environment: FUCINA_BIN, FUCINA_DEFAULT_MODEL).
+Reuses cluster_cli_test's process helpers (same environment: FUCINA_BIN, FUCINA_DEFAULT_MODEL,
+FUCINA_QWEN3_TOKENIZER for the random-weight model that carries the hostile template).
 """
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import unittest
@@ -31,8 +35,8 @@ def tearDownModule():
 class HttpServe(cc.Proc):
     """`fucina serve` with its HTTP front end on an ephemeral port (`self.http`)."""
 
-    def __init__(self, *extra):
-        super().__init__(["serve", cc.SMOLLM2, "--threads", "1", "--listen", "127.0.0.1:0",
+    def __init__(self, *extra, model=None):
+        super().__init__(["serve", model or cc.SMOLLM2, "--threads", "1", "--listen", "127.0.0.1:0",
                           "--metrics", "127.0.0.1:0", "--http", "127.0.0.1:0", *extra], "serve")
         host, port = re.search(r" http=(\S+)", self.line).group(1).rsplit(":", 1)
         self.http = (host, int(port))
@@ -177,6 +181,44 @@ class HostileHttpTest(HttpServerTestCase):
         self.assertTrue(head.startswith(b"HTTP/1.1 404 "), head)
         self.assertLess(len(body), 500, body[:600])
         self.assertIn("(60000 bytes, cut)", json.loads(body)["error"]["message"])
+
+
+@unittest.skipUnless(cc.HAVE_TOKENIZER, cc.NO_TOKENIZER)
+class HostileTemplateTest(HttpServerTestCase):
+    def test_a_template_asking_for_100_gb_fails_the_request_not_the_process(self):
+        # A model file whose chat template asks the engine for 100 GB of indent: the failed
+        # allocation used to abort the server. The request is refused naming the limit; the
+        # server answers on.
+        tokenizer = os.path.join(cc.TMP.name, "hostile-template-tokenizer")
+        os.makedirs(tokenizer, exist_ok=True)
+        shutil.copyfile(os.path.join(cc.TOKENIZER, "tokenizer.json"),
+                        os.path.join(tokenizer, "tokenizer.json"))
+        with open(os.path.join(cc.TOKENIZER, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        config["chat_template"] = "{{ messages | tojson(indent=100000000000) }}"
+        with open(os.path.join(tokenizer, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        model = os.path.join(cc.TMP.name, "hostile-template.gguf")
+        p = subprocess.run([cc.BIN, "gguf", "make-fixture", model, *cc.FIXTURES["dense"],
+                            "--tokenizer", tokenizer, "--threads", "1"], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        server = HttpServe(model=model)
+        self.addCleanup(server.kill)
+        self.wait_healthy(server)
+        request = json.dumps({"max_tokens": 2,
+                              "messages": [{"role": "user", "content": "Hi"}]}).encode()
+        with connect(server) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                      % (len(request), request))
+            reply = read_until_closed(s)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 400 "), reply[:500])
+        self.assertIn("tojson: indent 100000000000 exceeds the limit of 4096",
+                      json.loads(body)["error"]["message"])
+        self.assertIsNone(server.p.poll(), f"the server died\n{server.stderr()}")
+        self.wait_healthy(server)
 
 
 @unittest.skipUnless(cc.HAVE_SMOLLM2, cc.NO_SMOLLM2)
