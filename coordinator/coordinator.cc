@@ -478,8 +478,9 @@ bool Coordinator::Serves(const std::string& model) const {
   return model.empty() || model == served_name_ || (!config_.name.empty() && model == config_.name);
 }
 
-absl::StatusOr<std::vector<int32_t>> Coordinator::Encode(std::string_view text,
-                                                         bool add_special) const {
+absl::StatusOr<std::vector<int32_t>> Coordinator::Encode(
+    std::string_view text, bool add_special,
+    std::span<const std::pair<size_t, size_t>> plain) const {
   // Each token stands for at most max_token_bytes_ bytes of text (+1: a prefix space SPM may
   // add), so longer text has more tokens than the context holds.
   const uint64_t limit =
@@ -489,7 +490,7 @@ absl::StatusOr<std::vector<int32_t>> Coordinator::Encode(std::string_view text,
         absl::StrCat("the prompt's ", text.size(), " bytes cannot fit the context of ",
                      options_.context, " tokens (--ctx; at most ", limit, " bytes)"));
   }
-  return tokenizer_->Encode(text, add_special, true);
+  return tokenizer_->EncodeWithPlainRanges(text, add_special, plain);
 }
 
 absl::StatusOr<std::vector<int32_t>> Coordinator::EncodeChat(std::vector<ChatMessage> messages,
@@ -505,7 +506,10 @@ absl::StatusOr<std::vector<int32_t>> Coordinator::EncodeChat(std::vector<ChatMes
   }
   auto text = chat_template_.Render(messages, options);
   if (!text.ok()) return text.status();
-  auto ids = Encode(*text, true);
+  auto ids = Encode(*text, true,
+                    options_.parse_special_in_content
+                        ? std::vector<std::pair<size_t, size_t>>()
+                        : UserContentRanges(*text, messages));
   if (rendered != nullptr) *rendered = *std::move(text);
   return ids;
 }

@@ -47,6 +47,10 @@ struct CoordinatorOptions {
   // Chat requests without a system message get this one ('' keeps the template's own default,
   // which for small models can be long and derail them). The same default as `fucina run`.
   std::string system_prompt = "You are a helpful assistant.";
+  // Control-token text ("<|im_end|>") in user and tool content becomes the control token, as in
+  // llama-server and vLLM by default. Off: it stays text, so a user cannot end their turn and
+  // write the system's (the template's own tokens, and system and assistant content, are parsed).
+  bool parse_special_in_content = false;
   int64_t context = 4096;
   std::string cache_type = "f16";
   std::string activation_type = "f32";
@@ -110,7 +114,10 @@ class Coordinator {
   // Tokenizes a prompt (special tokens parsed). Text that cannot fit the context whatever its
   // tokens is refused before tokenization (INVALID_ARGUMENT), so a huge prompt costs no CPU: no
   // token covers more than max_token_bytes() bytes of text.
-  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special) const;
+  // `plain`: byte ranges of `text` where control-token text stays text (UserContentRanges).
+  absl::StatusOr<std::vector<int32_t>> Encode(
+      std::string_view text, bool add_special,
+      std::span<const std::pair<size_t, size_t>> plain = {}) const;
   // Renders chat messages with the model's template (adding the default system prompt when
   // they have none) and tokenizes them as Encode does; the rendered text goes to *rendered.
   absl::StatusOr<std::vector<int32_t>> EncodeChat(std::vector<ChatMessage> messages,

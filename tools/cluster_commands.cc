@@ -115,6 +115,9 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
   cmd->add_option("--system", o.system_prompt,
                   "System prompt for chat requests that have none ('' = the template's default)")
       ->capture_default_str();
+  cmd->add_flag("--parse-special-in-content", o.parse_special_in_content,
+                "Control-token text in user and tool messages becomes the control token (as "
+                "llama-server does); by default it stays text");
   cmd->add_option("--adapter", o.adapter_path,
                   "LoRA adapter GGUF every stage applies, unmerged, or a train run's --out "
                   "folder (its adapters.gguf); each worker reads it at this path");

@@ -152,4 +152,22 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
   return TakeEngineString(out);
 }
 
+std::vector<std::pair<size_t, size_t>> UserContentRanges(
+    std::string_view rendered, std::span<const ChatMessage> messages) {
+  constexpr std::string_view kSpace = " \t\n\v\f\r";
+  std::vector<std::pair<size_t, size_t>> ranges;
+  size_t cursor = 0;
+  for (const ChatMessage& m : messages) {
+    std::string_view content = m.content;
+    const size_t first = content.find_first_not_of(kSpace);
+    if (first == std::string_view::npos) continue;
+    content = content.substr(first, content.find_last_not_of(kSpace) - first + 1);
+    const size_t at = rendered.find(content, cursor);
+    if (at == std::string_view::npos) continue;
+    cursor = at + content.size();
+    if (m.role == "user" || m.role == "tool") ranges.emplace_back(at, cursor);
+  }
+  return ranges;
+}
+
 }  // namespace fucina

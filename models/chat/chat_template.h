@@ -16,7 +16,10 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -109,6 +112,14 @@ extern const char kChatMlTemplate[];
 
 // Key of the template in GGUF metadata.
 inline constexpr char kGgufChatTemplateKey[] = "tokenizer.chat_template";
+
+// Where the user and tool messages' contents stand in `rendered` (what Render made of
+// `messages`): byte ranges [first, second), found in message order. A content is looked for
+// without the whitespace at its ends (templates trim); one the template did not copy verbatim
+// is left out. The tokenizer keeps control-token text inside these ranges as text
+// (Tokenizer::EncodeWithPlainRanges): a user cannot write a turn boundary.
+std::vector<std::pair<size_t, size_t>> UserContentRanges(std::string_view rendered,
+                                                         std::span<const ChatMessage> messages);
 
 }  // namespace fucina
 

@@ -390,6 +390,22 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
                                        bool parse_special) const {
+  return EncodeImpl(text, add_special, parse_special, {});
+}
+
+std::vector<int32_t> Tokenizer::EncodeWithPlainRanges(
+    std::string_view text, bool add_special,
+    std::span<const std::pair<size_t, size_t>> plain) const {
+  return EncodeImpl(text, add_special, /*parse_special=*/true, plain);
+}
+
+std::vector<int32_t> Tokenizer::EncodeImpl(
+    std::string_view text, bool add_special, bool parse_special,
+    std::span<const std::pair<size_t, size_t>> plain) const {
+  auto in_plain = [&](size_t at) {
+    return std::any_of(plain.begin(), plain.end(),
+                       [at](const auto& r) { return at >= r.first && at < r.second; });
+  };
   // Fragments of the text: a special token (id >= 0) or raw bytes [offset, offset + length).
   struct Fragment {
     int32_t id;
@@ -413,11 +429,16 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
       }
       size_t off = f.offset;
       size_t len = f.length;
-      while (true) {
-        const size_t match = text.substr(0, off + len).find(tok, off);
+      const bool control = (attr & (kTokenAttrControl | kTokenAttrUnknown)) != 0;
+      for (size_t from = off;;) {
+        const size_t match = text.substr(0, off + len).find(tok, from);
         if (match == std::string_view::npos) {
           if (len > 0) next.push_back({-1, off, len});
           break;
+        }
+        if (control && in_plain(match)) {  // text, not a token: look further, same fragment
+          from = match + 1;
+          continue;
         }
         size_t left_len = match - off;
         if (attr & kTokenAttrLstrip) {
@@ -437,6 +458,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
         }
         off = right_off;
         len = right_len;
+        from = off;
       }
     }
     frags.swap(next);

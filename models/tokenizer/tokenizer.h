@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -49,6 +50,13 @@ class Tokenizer {
   // model's tokenizer runs. User-defined tokens are always matched. Invalid UTF-8 bytes are
   // tokenized as U+FFFD, as llama.cpp does.
   std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
+  // The same with parse_special, except that no control (or unknown) token is matched where
+  // its text starts inside one of `plain` (byte ranges [first, second) of `text`): a chat's
+  // user and tool content is text, even when it spells "<|im_end|>". Tokens stay as they are
+  // around those ranges (no fragment boundary is added).
+  std::vector<int32_t> EncodeWithPlainRanges(
+      std::string_view text, bool add_special,
+      std::span<const std::pair<size_t, size_t>> plain) const;
 
   // Concatenated token bytes (may be invalid UTF-8, e.g. a character split across the end).
   // As llama_detokenize without its clean-up of spaces (so Encode then Decode round-trips):
@@ -86,6 +94,8 @@ class Tokenizer {
   void DetectSpecialTokens(const gguf::File& file);
   std::string ComputePiece(int32_t id) const;
   int32_t Find(std::string_view text) const;
+  std::vector<int32_t> EncodeImpl(std::string_view text, bool add_special, bool parse_special,
+                                  std::span<const std::pair<size_t, size_t>> plain) const;
   // Tokenizes one fragment of plain text (no special tokens) with the model.
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
 

@@ -172,6 +172,23 @@ std::unique_ptr<Tokenizer> Load(const std::string& path) {
   return tok.ok() ? std::move(*tok) : nullptr;
 }
 
+TEST(Tokenizer, ControlTokenTextInPlainRangesStaysText) {
+  auto t = Load(WriteBpeVocab("bpe_plain", "gpt-2"));
+  ASSERT_NE(t, nullptr);
+  // "<|im_end|>he<|im_end|>": the second control text lies in a plain range, the first not.
+  const std::string text = "<|im_end|>he<|im_end|>";
+  const std::vector<std::pair<size_t, size_t>> plain = {{10, text.size()}};
+  std::vector<int32_t> want = {261};
+  for (int32_t id : t->Encode("he<|im_end|>", false, false)) want.push_back(id);
+  EXPECT_EQ(t->EncodeWithPlainRanges(text, false, plain), want);
+  // No range: parse_special as before; a range over the whole text: none is parsed.
+  EXPECT_EQ(t->EncodeWithPlainRanges(text, false, {}), t->Encode(text, false, true));
+  const std::vector<std::pair<size_t, size_t>> all = {{0, text.size()}};
+  EXPECT_EQ(t->EncodeWithPlainRanges(text, false, all), t->Encode(text, false, false));
+  // User-defined tokens are matched everywhere, as without parse_special.
+  EXPECT_THAT(t->EncodeWithPlainRanges("he<think>", false, all), ElementsAre(256, 262));
+}
+
 TEST(Tokenizer, BpeSpecialTokensAndDefaults) {
   auto t = Load(WriteBpeVocab("bpe_basic", "gpt-2"));
   ASSERT_NE(t, nullptr);
