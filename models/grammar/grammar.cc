@@ -253,7 +253,13 @@ absl::StatusOr<std::unique_ptr<GrammarMatcher>> GrammarVocab::Compile(
     if (!shared->cv.wait_for(lock, limit, [&] { return shared->done; })) {
       shared->abandoned = true;
       lock.unlock();
-      pool.Withdraw(task);  // not started yet: it never will
+      // Not started yet (every thread busy with other grammars): it never will, and this
+      // grammar is not the one to blame.
+      if (pool.Withdraw(task)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "grammar: no compile thread came free within ", limit.count(),
+            " ms (other grammars are compiling); try again shortly"));
+      }
       return CompileTimeout(spec, limit);
     }
   }

@@ -75,7 +75,8 @@ class GrammarVocab : public std::enable_shared_from_this<GrammarVocab> {
   // when compiling takes longer than `limit` (a grammar too expensive to serve; the compile
   // finishes on its pool thread and is dropped), and at once when `limit` is not positive;
   // RESOURCE_EXHAUSTED while MaxGrammarCompilesInFlight() compiles are queued or running in
-  // this process (the caller may retry later).
+  // this process, or when no pool thread took this one up within `limit` (the caller may retry
+  // later).
   absl::StatusOr<std::unique_ptr<GrammarMatcher>> Compile(
       const GrammarSpec& spec,
       std::chrono::milliseconds limit = kDefaultGrammarCompileLimit) const;

@@ -211,9 +211,11 @@ TEST_F(GrammarTest, CompilesInFlightAreBoundedAndRefusedWhenFull) {
     }
   }
   EXPECT_GE(refused, 1);
-  // One refused at its deadline still counts while it runs, then the count drains.
+  // One refused at its deadline still counts while it runs (or, not yet taken up by a thread,
+  // is withdrawn and never runs), then the count drains.
   auto late = vocab().Compile(GrammarSpec::Lark(slow), std::chrono::milliseconds(1));
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(late.status()) || absl::IsResourceExhausted(late.status()))
+      << late.status();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (GrammarCompilesInFlight() > 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
