@@ -227,11 +227,26 @@ std::vector<WorkerRecord> Coordinator::Workers() const {
 }
 
 void Coordinator::WatchHeartbeats() {
+  const auto period = std::chrono::milliseconds(std::max(50, options_.heartbeat_ms / 2));
   std::unique_lock<std::mutex> lock(mu_);
+  auto last_pass = std::chrono::steady_clock::now();
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(std::max(50, options_.heartbeat_ms / 2)));
+    cv_.wait_for(lock, period);
     if (stopping_) break;
     const auto now = std::chrono::steady_clock::now();
+    // Liveness counts only the time this process ran: a pass far later than its period means
+    // the coordinator itself did not run (stopped, suspended, starved), and the heartbeats of
+    // that time could not be read. The gap beyond two periods is forgiven to every worker, so
+    // on waking it does not declare dead the workers it was the one not listening to.
+    const auto stalled = now - last_pass - 2 * period;
+    last_pass = now;
+    if (stalled > std::chrono::steady_clock::duration::zero()) {
+      for (WorkerRecord& w : workers_) w.last_seen = std::min(now, w.last_seen + stalled);
+      std::fprintf(stderr, "heartbeat watcher: this process did not run for %lld ms; "
+                   "workers' silence of that time is not counted\n",
+                   static_cast<long long>(
+                       std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count()));
+    }
     std::vector<std::string> silent;
     for (const WorkerRecord& w : workers_) {
       if (w.alive && !w.address.empty() &&
@@ -400,7 +415,7 @@ Pipeline Coordinator::BuildPipeline() {
       std::fprintf(stderr, "placement: %s%s\n", plan.status.c_str(), where.c_str());
       return pipeline;
     }
-    if (absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) {
+    if (FailureOriginOf(failed) == FailureOrigin::kTransport) {
       Forget(failed_worker, failed);  // and plan again without it, here
       continue;
     }

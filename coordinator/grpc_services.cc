@@ -1,7 +1,9 @@
 #include "coordinator/grpc_services.h"
 
 #include <algorithm>
+#include <cstdio>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/grpc_util.h"
@@ -43,6 +45,16 @@ void SetFinal(const Outcome& o, api::GenerateResponse* out) {
 
 }  // namespace
 
+absl::StatusOr<CallCap::Hold> CallCap::Take() {
+  if (in_use_.fetch_add(1) >= limit_) {
+    in_use_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        limit_, " ", method_, " calls are being served, the most this server takes at once; "
+        "try again later"));
+  }
+  return Hold(this);
+}
+
 grpc::Status GenerationService::Admit(const grpc::ServerContext* context,
                                       std::string_view method) const {
   return gate_.Admit(*context, "/fucina.v1.Generation/" + std::string(method));
@@ -65,6 +77,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const api::GenerateRequest* request,
                                          api::GenerateResponse* response) {
   if (grpc::Status s = Admit(context, "Generate"); !s.ok()) return s;
+  auto hold = generate_cap_.Take();
+  if (!hold.ok()) return ToGrpc(hold.status());
   auto running = Start(*request);
   if (!running.ok()) return ToGrpc(running.status());
   const Outcome o = RelayRequest(
@@ -82,6 +96,8 @@ grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context,
                                                const api::GenerateRequest* request,
                                                grpc::ServerWriter<api::GenerateResponse>* writer) {
   if (grpc::Status s = Admit(context, "GenerateStream"); !s.ok()) return s;
+  auto hold = stream_cap_.Take();
+  if (!hold.ok()) return ToGrpc(hold.status());
   auto running = Start(*request);
   if (!running.ok()) return ToGrpc(running.status());
   const Outcome o = RelayRequest(
@@ -184,6 +200,8 @@ grpc::Status TrainService::WatchJob(grpc::ServerContext* context,
                                     const ::fucina::v1::WatchJobRequest* request,
                                     grpc::ServerWriter<::fucina::v1::JobEvent>* writer) {
   if (grpc::Status s = Admit(context, "WatchJob"); !s.ok()) return s;
+  auto hold = watch_cap_.Take();
+  if (!hold.ok()) return ToGrpc(hold.status());
   absl::Status s = c_.train_jobs().Watch(
       request->job_id(), [&](const ::fucina::v1::JobEvent& e) { return writer->Write(e); },
       [&] { return context->IsCancelled(); });
@@ -238,6 +256,41 @@ absl::Status ValidateRegistration(const wire::RegisterRequest& request) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether a failed dial is TLS refusing the peer (its certificate does not name the address
+// dialled, or another CA signed it): gRPC reports it only in the message.
+bool IsTlsRefusal(const absl::Status& s) {
+  const std::string m = absl::AsciiStrToLower(s.message());
+  for (const char* sign : {"ssl", "handshake", "certificate", "tsi_", "peer name"}) {
+    if (m.find(sign) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+grpc::Status RegistryService::ProbeWorker(const std::string& address) const {
+  if (worker_credentials_.channel == nullptr) return grpc::Status::OK;  // plaintext: no names
+  // Under TLS the coordinator dials the worker at the address it registers, and the worker's
+  // certificate must name that host. One that does not would be accepted here, fail its first
+  // LoadShard, be forgotten and register again, in a loop: refused once, clearly, instead.
+  WorkerDeadlines probe;
+  probe.stats_ms = 1500;  // inside the worker's own deadline for Register
+  absl::StatusOr<wire::WorkerStats> stats =
+      MakeGrpcWorkerClient(address, worker_credentials_, probe)->GetStats();
+  if (stats.ok() || !IsTlsRefusal(stats.status())) return grpc::Status::OK;
+  const std::string host = address.substr(0, address.rfind(':'));
+  const std::string why = absl::StrCat(
+      "the coordinator cannot verify this worker's TLS certificate when dialling it at ",
+      address, ": the certificate must name ", host,
+      " (a subject alternative name; scripts/make-cluster-certs.sh DIR ... ", host,
+      ") and be signed by the cluster CA; or register another address with --advertise (",
+      stats.status().message().substr(0, 300), ")");
+  std::fprintf(stderr, "register refused: %s\n", why.c_str());
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
+}
+
 grpc::Status RegistryService::Register(grpc::ServerContext* context,
                                        const wire::RegisterRequest* request,
                                        wire::RegisterResponse* response) {
@@ -245,6 +298,7 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
     return s;
   }
   if (absl::Status s = ValidateRegistration(*request); !s.ok()) return ToGrpc(s);
+  if (grpc::Status s = ProbeWorker(request->address()); !s.ok()) return s;
   WorkerInfo info;
   info.cores = request->capabilities().cores();
   info.memory_budget = request->capabilities().memory_budget();

@@ -5,6 +5,9 @@
 #ifndef FUCINA_COORDINATOR_GRPC_SERVICES_H_
 #define FUCINA_COORDINATOR_GRPC_SERVICES_H_
 
+#include <atomic>
+#include <string>
+
 #include "coordinator/coordinator.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
 #include "fucina/v1/generate.grpc.pb.h"
@@ -13,11 +16,62 @@
 
 namespace fucina {
 
+// How many calls of each long-lived method are served at once. gRPC's synchronous server gives
+// every call a thread for as long as it runs: without a bound, a client opening streams (a
+// WatchJob stays open while its job runs) makes a thread each, and a single quota of threads
+// would let those streams take every thread and starve Generate. Beyond its cap a method
+// answers RESOURCE_EXHAUSTED at once, naming the cap; the other methods are unaffected.
+struct CallLimits {
+  int generate = 512;         // unary Generate calls (each runs its whole generation)
+  int generate_stream = 512;  // GenerateStream calls
+  int watch_job = 64;         // WatchJob streams
+};
+
+// One method's cap: Take() holds a place until the returned hold is destroyed.
+class CallCap {
+ public:
+  CallCap(std::string method, int limit) : method_(std::move(method)), limit_(limit) {}
+
+  class Hold {
+   public:
+    Hold() = default;
+    explicit Hold(CallCap* cap) : cap_(cap) {}
+    Hold(Hold&& other) noexcept : cap_(other.cap_) { other.cap_ = nullptr; }
+    Hold& operator=(Hold&& other) noexcept {
+      if (this != &other) {
+        if (cap_ != nullptr) cap_->in_use_.fetch_sub(1);
+        cap_ = other.cap_;
+        other.cap_ = nullptr;
+      }
+      return *this;
+    }
+    ~Hold() {
+      if (cap_ != nullptr) cap_->in_use_.fetch_sub(1);
+    }
+
+   private:
+    CallCap* cap_ = nullptr;
+  };
+
+  // A place, or RESOURCE_EXHAUSTED when `limit` calls of this method are being served.
+  absl::StatusOr<Hold> Take();
+  int in_use() const { return in_use_.load(); }
+
+ private:
+  const std::string method_;
+  const int limit_;
+  std::atomic<int> in_use_{0};
+};
+
 class GenerationService final : public ::fucina::v1::Generation::Service {
  public:
   // Borrows both; they outlive the server.
-  GenerationService(Coordinator& coordinator, const CallGate& gate)
-      : c_(coordinator), gate_(gate) {}
+  GenerationService(Coordinator& coordinator, const CallGate& gate,
+                    const CallLimits& limits = {})
+      : c_(coordinator),
+        gate_(gate),
+        generate_cap_("Generate", limits.generate),
+        stream_cap_("GenerateStream", limits.generate_stream) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const ::fucina::v1::GenerateRequest* request,
                         ::fucina::v1::GenerateResponse* response) override;
@@ -44,13 +98,16 @@ class GenerationService final : public ::fucina::v1::Generation::Service {
 
   Coordinator& c_;
   const CallGate& gate_;
+  CallCap generate_cap_;
+  CallCap stream_cap_;
 };
 
 // fucina.v1.Train over the coordinator's train jobs (coordinator/train_jobs.h).
 class TrainService final : public ::fucina::v1::Train::Service {
  public:
   // Borrows both; they outlive the server.
-  TrainService(Coordinator& coordinator, const CallGate& gate) : c_(coordinator), gate_(gate) {}
+  TrainService(Coordinator& coordinator, const CallGate& gate, const CallLimits& limits = {})
+      : c_(coordinator), gate_(gate), watch_cap_("WatchJob", limits.watch_job) {}
 
   grpc::Status StartJob(grpc::ServerContext* context, const ::fucina::v1::StartJobRequest* request,
                         ::fucina::v1::Job* response) override;
@@ -70,6 +127,7 @@ class TrainService final : public ::fucina::v1::Train::Service {
 
   Coordinator& c_;
   const CallGate& gate_;
+  CallCap watch_cap_;
 };
 
 class RegistryService final : public ::fucina::cluster::v1::Registry::Service {
@@ -88,6 +146,11 @@ class RegistryService final : public ::fucina::cluster::v1::Registry::Service {
                          ::fucina::cluster::v1::HeartbeatResponse* response) override;
 
  private:
+  // Under TLS, dials a registering worker at its address: FAILED_PRECONDITION naming the host
+  // its certificate lacks when TLS refuses it; OK otherwise (a worker merely slow to answer is
+  // accepted, as before).
+  grpc::Status ProbeWorker(const std::string& address) const;
+
   Coordinator& c_;
   const CallGate& gate_;
   const ClusterCredentials worker_credentials_;

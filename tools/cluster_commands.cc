@@ -73,6 +73,7 @@ struct ModelArgs {
   SecurityArgs security;
   CoordinatorOptions options;
   HttpOptions http;
+  CallLimits call_limits;  // gRPC calls of the long-lived methods served at once
 };
 
 void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
@@ -173,6 +174,14 @@ void AddModelFlags(CLI::App* cmd, ModelArgs* a) {
       ->capture_default_str();
   cmd->add_option("--dead-after-ms", o.dead_after_ms, "Silence after which a worker is dead")
       ->capture_default_str();
+  // Each call of these holds a gRPC thread while it runs; beyond its cap a method answers
+  // RESOURCE_EXHAUSTED, so streams of one kind cannot take the threads the others need.
+  cmd->add_option("--max-generate-calls", a->call_limits.generate,
+                  "gRPC Generate calls served at once (GenerateStream has as many)")
+      ->capture_default_str();
+  cmd->add_option("--max-watch-streams", a->call_limits.watch_job,
+                  "gRPC WatchJob streams served at once")
+      ->capture_default_str();
 }
 
 // Flags that would start a server that cannot work (or abort it later) are refused up front.
@@ -193,6 +202,8 @@ absl::Status ValidateModelArgs(const ModelArgs& a, bool embedded) {
            range("--expert-workers", o.expert_workers, 0, 1024),
            range("--gen", o.max_tokens, 1, kMaxContext),
            range("--heartbeat-ms", o.heartbeat_ms, 10, 60'000),
+           range("--max-generate-calls", a.call_limits.generate, 1, 1 << 16),
+           range("--max-watch-streams", a.call_limits.watch_job, 1, 1 << 16),
            range("--dead-after-ms", o.dead_after_ms, o.heartbeat_ms + 1, 3'600'000),
            range("--max-connections", a.http.max_connections, 1, 1 << 16),
            range("--max-body", static_cast<int64_t>(a.http.max_body_bytes), 1, int64_t{1} << 32),
@@ -284,8 +295,10 @@ int RunCoordinator(ModelArgs a, bool embedded) {
   auto coordinator = Coordinator::Create(a.options, registry);
   if (!coordinator.ok()) return Fail(coordinator.status());
   Coordinator& c = **coordinator;
-  GenerationService generation(c, gate);
-  TrainService train(c, gate);
+  CallLimits limits = a.call_limits;
+  limits.generate_stream = limits.generate;
+  GenerationService generation(c, gate, limits);
+  TrainService train(c, gate, limits);
   RegistryService registry_service(c, gate, MakeClusterCredentials(*tls, token.value));
   std::vector<grpc::Service*> services = {&generation, &train};
   // Workers without the model file fetch their shards' tensors from here.
@@ -522,7 +535,13 @@ int RunWorker(const WorkerArgs& a) {
                                    2.5, 5, 10});
   WorkerOptions wo;
   wo.threads = a.threads;
-  wo.memory_budget = *budget;
+  // Without --memory-budget, the memory this process may actually use: a worker with no
+  // budget at all would take any context or step it is sent until the kernel kills it.
+  wo.memory_budget = *budget > 0 ? *budget : DefaultMemoryBudget();
+  if (*budget <= 0) {
+    std::fprintf(stderr, "memory budget %lld bytes (80%% of the memory available here; "
+                 "--memory-budget sets it)\n", static_cast<long long>(wo.memory_budget));
+  }
   wo.on_forward = [&latency](double s) { latency.Observe(s); };
   wo.locate_model = [&fetcher](const wire::LoadShardRequest& r) -> absl::StatusOr<std::string> {
     const std::string shard = ShardName(r);
@@ -585,6 +604,7 @@ int RunWorker(const WorkerArgs& a) {
     std::string id;
     int interval_ms = 1000;
     bool warned = false;
+    int refused_ms = 0;  // back-off after a FAILED_PRECONDITION refusal
     std::unique_lock<std::mutex> lock(mu);
     while (!stopping) {
       lock.unlock();
@@ -602,10 +622,18 @@ int RunWorker(const WorkerArgs& a) {
         grpc::Status s = stub->Register(&ctx, req, &resp);
         if (s.ok()) {
           id = resp.worker_id();
+          refused_ms = 0;
           interval_ms = std::max(50, resp.heartbeat_interval_ms());
           std::fprintf(stderr, "registered with %s as %s\n", a.coordinator.c_str(), id.c_str());
           warned = false;
           wait_ms = interval_ms;
+        } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+          // Refused for what this process is (its certificate does not name the address it
+          // registers): retrying soon cannot help, so each try is logged and they back off.
+          refused_ms = std::min(60'000, std::max(5'000, refused_ms * 2));
+          std::fprintf(stderr, "cannot register with %s: %s (next try in %d s)\n",
+                       a.coordinator.c_str(), s.error_message().c_str(), refused_ms / 1000);
+          wait_ms = refused_ms;
         } else {
           if (!warned) {
             const std::string hint =

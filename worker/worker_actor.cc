@@ -1,12 +1,18 @@
 #include "worker/worker_actor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "models/engine/model_size.h"
 #include "models/speculative/verify.h"
@@ -229,6 +235,11 @@ int64_t WorkerActor::UsedBytes() const {
   return total;
 }
 
+int64_t WorkerActor::FreeBudgetBytes() const {
+  if (options_.memory_budget <= 0) return std::numeric_limits<int64_t>::max() / 4;
+  return std::max<int64_t>(0, options_.memory_budget - UsedBytes());
+}
+
 int64_t WorkerActor::KvBytes() const {
   int64_t total = 0;
   for (const auto& [id, s] : sessions_) total += static_cast<int64_t>(s.kv->bytes());
@@ -257,6 +268,42 @@ wire::WorkerStats WorkerActor::DoStats() const {
   return stats;
 }
 
+namespace {
+
+// A cgroup's memory limit in bytes, or 0 where none is set or none can be read: v2's
+// memory.max ("max" when unlimited), else v1's memory.limit_in_bytes (a huge number then).
+int64_t CgroupMemoryLimit() {
+  for (const char* path : {"/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::FILE* f = std::fopen(path, "r");
+    if (f == nullptr) continue;
+    char line[64] = {};
+    const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+    std::fclose(f);
+    if (!read) continue;
+    int64_t bytes = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &bytes) && bytes > 0 &&
+        bytes < (int64_t{1} << 60)) {
+      return bytes;
+    }
+    return 0;  // "max", or v1's "unlimited" sentinel
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t DefaultMemoryBudget(int64_t cgroup_limit, int64_t physical) {
+  int64_t limit = physical > 0 ? physical : 0;
+  if (cgroup_limit > 0 && (limit == 0 || cgroup_limit < limit)) limit = cgroup_limit;
+  return limit / 5 * 4;
+}
+
+int64_t DefaultMemoryBudget() {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return DefaultMemoryBudget(CgroupMemoryLimit(), pages > 0 && page > 0 ? pages * page : 0);
+}
+
 LoadOptions LoadOptionsFor(const wire::LoadShardRequest& request) {
   LoadOptions options;
   options.first_layer = request.first_layer();
@@ -267,23 +314,39 @@ LoadOptions LoadOptionsFor(const wire::LoadShardRequest& request) {
   return options;
 }
 
-absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
-    const wire::LoadShardRequest& request) {
-  // The old shard and its sessions go first: the new one may need their memory.
+void WorkerActor::ClearShard() {
   sessions_.clear();
-  remote_experts_.reset();
   next_stage_.reset();
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
     peers_.clear();
   }
-  model_.reset();
+  model_.reset();  // before the expert FFN it points to
+  remote_experts_.reset();
+  shard_ = wire::LoadShardRequest();
   weight_bytes_ = kv_bytes_per_session_ = 0;
+  expert_counts_.clear();
+  grammar_vocab_.reset();
+}
+
+absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
+    const wire::LoadShardRequest& request) {
+  // The old shard and its sessions go first: the new one may need their memory.
+  ClearShard();
+  absl::StatusOr<wire::LoadShardResponse> loaded = LoadNewShard(request);
+  // A load that failed part way leaves no shard: no peers for CancelInFlight to reach, no
+  // weights counted against the budget, nothing pointing into the model it built.
+  if (!loaded.ok()) ClearShard();
+  return loaded;
+}
+
+absl::StatusOr<wire::LoadShardResponse> WorkerActor::LoadNewShard(
+    const wire::LoadShardRequest& request) {
   auto cache_type = ParseKvCacheType(request.cache_type().empty() ? "f16" : request.cache_type());
   if (!cache_type.ok()) return cache_type.status();
-  if (request.context() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("context must be positive, got ",
-                                                   request.context()));
+  if (request.context() <= 0 || request.context() > kMaxContext) {
+    return absl::InvalidArgumentError(absl::StrCat("context must be in [1, ", kMaxContext,
+                                                   "], got ", request.context()));
   }
   const LoadOptions options = LoadOptionsFor(request);
   std::string path = request.model_path();
@@ -328,10 +391,21 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
                                                      " bytes of weights; budget is ",
                                                      options_.memory_budget));
   }
+  if (options_.memory_budget > 0 &&
+      kv_bytes_per_session_ > options_.memory_budget - weight_bytes_) {
+    // Refused here rather than at the first session: a shard that can hold none serves nothing.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "context ", request.context(), " needs ", kv_bytes_per_session_,
+        " bytes of KV cache for one session; the memory budget (", options_.memory_budget,
+        ") leaves ", options_.memory_budget - weight_bytes_, " after the weights"));
+  }
   expert_counts_.assign(c.num_experts, 0);
   if (request.expert_peers_size() > 0 && !c.IsMoe()) {
     return absl::InvalidArgumentError("expert peers for a dense model");
   }
+  // Built here and kept only once the whole shard is: a failure below drops them with the model.
+  std::unique_ptr<RemoteExperts> remote;
+  std::vector<std::shared_ptr<WorkerClient>> all_peers;  // expert peers, then the next stage
   if (c.IsMoe() && !options.experts_only) {
     // Experts go through RemoteExperts even when all are local, so they are counted.
     std::vector<int> owner(c.num_experts, -1);
@@ -354,13 +428,10 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
       }
       peers.push_back(std::move(client));
     }
-    {
-      std::lock_guard<std::mutex> lock(peers_mu_);
-      peers_ = peers;
-    }
-    remote_experts_ = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(names),
-                                                      std::move(owner), &expert_counts_);
-    (*model)->SetExpertFfn(remote_experts_.get());
+    all_peers = peers;
+    remote = std::make_unique<RemoteExperts>(**model, std::move(peers), std::move(names),
+                                             std::move(owner), &expert_counts_);
+    (*model)->SetExpertFfn(remote.get());
   }
   std::shared_ptr<WorkerClient> next_stage;
   if (request.has_next_stage()) {
@@ -373,10 +444,14 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::DoLoadShard(
                                         request.next_stage().worker_id() + " " +
                                         request.next_stage().address());
     }
+    all_peers.push_back(next_stage);
+  }
+  {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    peers_.push_back(next_stage);
+    peers_ = std::move(all_peers);
   }
   next_stage_ = std::move(next_stage);
+  remote_experts_ = std::move(remote);
   model_ = *std::move(model);
   grammar_vocab_.reset();  // another model's tokens
   shard_ = request;
@@ -481,32 +556,42 @@ absl::StatusOr<std::unique_ptr<GrammarMatcher>> WorkerActor::CompileGrammar(
 
 absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     const wire::ForwardRequest& request) {
+  // A worker without the shard the plan gave it (it restarted, or a load failed) cannot serve
+  // until a re-plan: the worker's failure.
   if (model_ == nullptr || model_->experts_only()) {
-    return absl::FailedPreconditionError("this worker holds no pipeline stage");
+    return WorkerDeclaredFailure(
+        absl::FailedPreconditionError("this worker holds no pipeline stage"));
   }
   if (request.stage() != shard_.stage()) {
-    return absl::InvalidArgumentError(absl::StrCat("stage ", request.stage(),
-                                                   " is not this worker's stage ",
-                                                   shard_.stage()));
+    return RequestFailure(absl::InvalidArgumentError(absl::StrCat(
+        "stage ", request.stage(), " is not this worker's stage ", shard_.stage())));
   }
   // A model file truncated while served must fail the step, not SIGBUS the process.
-  if (absl::Status s = model_->file().CheckMappedIntact(); !s.ok()) return s;
+  if (absl::Status s = model_->file().CheckMappedIntact(); !s.ok()) {
+    return WorkerDeclaredFailure(s);
+  }
   const ModelConfig& c = model_->config();
   const int64_t hidden = c.hidden;
   const bool first = model_->has_embeddings();
   if (first == request.has_activations()) {
-    return absl::InvalidArgumentError(first ? "stage 0 embeds tokens and takes no activations"
-                                            : "this stage needs activations");
+    return RequestFailure(absl::InvalidArgumentError(
+        first ? "stage 0 embeds tokens and takes no activations" : "this stage needs activations"));
   }
   int64_t total_rows = 0;
   for (const wire::Segment& seg : request.segments()) total_rows += seg.token_ids_size();
+  const int64_t free_bytes = FreeBudgetBytes();
+  if (!first && total_rows * hidden * static_cast<int64_t>(sizeof(float)) > free_bytes) {
+    return RequestFailure(absl::ResourceExhaustedError(absl::StrCat(
+        "activations: ", total_rows, " rows of ", hidden, " floats exceed the ", free_bytes,
+        " bytes of the memory budget that are free")));
+  }
   std::vector<float> input;
   if (!first) {
     input.resize(total_rows * hidden);
     if (absl::Status s = DecodeActivations(request.activations(), total_rows, hidden,
                                            input.data());
         !s.ok()) {
-      return s;
+      return RequestFailure(s);
     }
     activation_bytes_in_ += static_cast<int64_t>(request.activations().data().size());
   }
@@ -515,6 +600,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   wire::ForwardResponse response;
   std::vector<int> ok;
   int64_t new_kv_bytes = 0;
+  int64_t step_bytes = 0;  // rows and logits of the segments accepted so far
   absl::flat_hash_map<uint64_t, int> seen;
   std::vector<std::unique_ptr<GrammarMatcher>> grammars(request.segments_size());
   for (int i = 0; i < request.segments_size(); ++i) {
@@ -524,6 +610,25 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
                                "session ", seg.session_id(), " appears twice in one step"))
                          : CheckSegment(seg, &new_kv_bytes);
     seen[seg.session_id()] = i;
+    if (s.ok()) {
+      // What the step holds for this segment: its rows (in and out), and the head's logits.
+      const int64_t count = seg.token_ids_size();
+      const int64_t head_rows =
+          !model_->has_head() || seg.prefill_only() ? 0
+          : seg.all_logits()                        ? 2 * count  // computed, then copied out
+                                                    : seg.drafts() + 1;
+      const int64_t bytes = static_cast<int64_t>(sizeof(float)) *
+                            (2 * count * hidden + head_rows * c.vocab_size);
+      // Against what the budget leaves free before this step's new sessions: the rows are
+      // transient, and a budget sized for the sessions still runs their small steps.
+      if (step_bytes + bytes > free_bytes) {
+        s = absl::ResourceExhaustedError(absl::StrCat(
+            "session ", seg.session_id(), ": segments: the step's rows and logits need ",
+            step_bytes + bytes, " bytes; ", free_bytes, " of the memory budget are free"));
+      } else {
+        step_bytes += bytes;
+      }
+    }
     if (s.ok() && model_->has_head() && seg.has_sampling() &&
         !seg.sampling().grammar_kind().empty()) {
       auto compiled = CompileGrammar(seg.sampling());
@@ -540,10 +645,10 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       AddSegmentError(i, s, &response);
     }
   }
-  if (ok.empty()) {
-    const wire::SegmentError& e = response.errors(0);
-    return absl::Status(static_cast<absl::StatusCode>(e.code()), e.message());
-  }
+  // Every segment failed for a reason of its own request (a grammar, a rollback its ring
+  // refuses, a bad token): the call succeeds with the errors, which end those requests only. A
+  // failed call would read as this worker's failure, whatever the code, and cost a re-plan.
+  if (ok.empty()) return response;
 
   // Rows of the segments that run, in order.
   std::vector<int64_t> offsets(request.segments_size() + 1, 0);
@@ -565,15 +670,19 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     const int64_t count = seg.token_ids_size();
     ids[j].assign(seg.token_ids().begin(), seg.token_ids().end());
     if (first) {
-      if (absl::Status s = model_->Embed(ids[j], &x[r * hidden]); !s.ok()) return s;
+      if (absl::Status s = model_->Embed(ids[j], &x[r * hidden]); !s.ok()) {
+        return WorkerDeclaredFailure(s);  // the ids were checked against the vocabulary
+      }
     } else {
       std::memcpy(&x[r * hidden], &input[offsets[i] * hidden], count * hidden * sizeof(float));
     }
     auto session = SessionOrNew(seg.session_id());
-    if (!session.ok()) return session.status();
+    if (!session.ok()) return RequestFailure(session.status());
     if (seg.pos0() < (*session)->kv->len()) {
       // Checked with the segment (MinTruncateLength): the rows past pos0 go.
-      if (absl::Status t = (*session)->kv->Truncate(seg.pos0()); !t.ok()) return t;
+      if (absl::Status t = (*session)->kv->Truncate(seg.pos0()); !t.ok()) {
+        return RequestFailure(t);
+      }
       (*session)->history.resize(std::min<size_t>((*session)->history.size(), seg.pos0()));
     }
     sessions.push_back(*session);
@@ -581,7 +690,10 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     r += count;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  if (absl::Status s = model_->ForwardLayers(x.data(), rows, segments); !s.ok()) return s;
+  if (absl::Status s = model_->ForwardLayers(x.data(), rows, segments); !s.ok()) {
+    // ABORTED: an expert peer failed (RemoteExperts); its own heartbeats speak for it.
+    return absl::IsAborted(s) ? RequestFailure(s) : WorkerDeclaredFailure(s);
+  }
   forwarded_positions_ += rows;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
@@ -621,7 +733,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   if (static_cast<int64_t>(logits.size()) < head_rows * vocab) logits.resize(head_rows * vocab);
   if (head_rows > 0) {
     if (absl::Status s = model_->Head(last_rows.data(), head_rows, logits.data()); !s.ok()) {
-      return s;
+      return WorkerDeclaredFailure(s);
     }
   }
   int64_t next_row = 0;
@@ -635,7 +747,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       const Model::Segment& ms = segments[j];
       std::vector<float> all(ms.count * vocab);
       if (absl::Status s = model_->Head(&x[ms.begin * hidden], ms.count, all.data()); !s.ok()) {
-        return s;
+        return WorkerDeclaredFailure(s);
       }
       result->mutable_logits()->Assign(all.begin(), all.end());
       continue;
@@ -672,8 +784,12 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
 
 absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
     const wire::ExpertForwardRequest& request) {
-  if (model_ == nullptr) return absl::FailedPreconditionError("no shard loaded");
-  if (absl::Status s = model_->file().CheckMappedIntact(); !s.ok()) return s;
+  if (model_ == nullptr) {
+    return WorkerDeclaredFailure(absl::FailedPreconditionError("no shard loaded"));
+  }
+  if (absl::Status s = model_->file().CheckMappedIntact(); !s.ok()) {
+    return WorkerDeclaredFailure(s);
+  }
   const ModelConfig& c = model_->config();
   if (request.hidden() != c.hidden) {
     return absl::InvalidArgumentError(absl::StrCat("hidden ", request.hidden(), ", expected ",
@@ -686,6 +802,12 @@ absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
                                                    row_bytes, ")"));
   }
   const int64_t rows = static_cast<int64_t>(request.x().size()) / row_bytes;
+  if ((rows + request.pair_rows_size()) * row_bytes > FreeBudgetBytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pair_rows: ", request.pair_rows_size(), " pairs over ", rows, " rows need ",
+        (rows + request.pair_rows_size()) * row_bytes, " bytes; ", FreeBudgetBytes(),
+        " of the memory budget are free"));
+  }
   if (request.pair_rows_size() != request.pair_experts_size()) {
     return absl::InvalidArgumentError("pair_rows and pair_experts differ in length");
   }
@@ -717,7 +839,7 @@ absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
   if (absl::Status s = model_->ExpertOutputs(request.layer(), x.data(), pair_rows, pair_experts,
                                              y.data());
       !s.ok()) {
-    return s;
+    return WorkerDeclaredFailure(s);  // the request's rows, layer and experts were checked
   }
   expert_tokens_ += static_cast<int64_t>(pair_rows.size());
   for (int32_t e : pair_experts) ++expert_counts_[e];
@@ -731,7 +853,8 @@ absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
 absl::StatusOr<wire::SessionReply> WorkerActor::DoCopyPrefix(
     const wire::CopyPrefixRequest& request) {
   if (model_ == nullptr || model_->experts_only()) {
-    return absl::FailedPreconditionError("this worker holds no pipeline stage");
+    return WorkerDeclaredFailure(
+        absl::FailedPreconditionError("this worker holds no pipeline stage"));
   }
   auto from = sessions_.find(request.from_session());
   if (from == sessions_.end()) {
@@ -750,10 +873,10 @@ absl::StatusOr<wire::SessionReply> WorkerActor::DoCopyPrefix(
     return absl::ResourceExhaustedError("no memory budget left for another session");
   }
   auto to = SessionOrNew(request.to_session());
-  if (!to.ok()) return to.status();
+  if (!to.ok()) return RequestFailure(to.status());
   from = sessions_.find(request.from_session());  // SessionOrNew may rehash
   if (absl::Status s = (*to)->kv->CopyPrefixFrom(*from->second.kv, request.length()); !s.ok()) {
-    return s;
+    return RequestFailure(s);
   }
   (*to)->history.assign(from->second.history.begin(),
                         from->second.history.begin() + request.length());

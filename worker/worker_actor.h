@@ -38,7 +38,9 @@ namespace fucina {
 
 struct WorkerOptions {
   int threads = 0;            // 0: ThreadPool::Default()'s count
-  int64_t memory_budget = 0;  // bytes for weights + KV; 0: unlimited
+  // Bytes for weights, KV and a step's rows; 0: unlimited (a worker process defaults to the
+  // memory it may use: DefaultMemoryBudget()).
+  int64_t memory_budget = 0;
   // Observes each forward step's wall time (the worker's latency histogram); on the executor.
   std::function<void(double seconds)> on_forward;
   // The local file to open for a shard (on the executor, before the shard loads). Null: the
@@ -47,6 +49,14 @@ struct WorkerOptions {
   // its error fails the LoadShard.
   std::function<absl::StatusOr<std::string>(const wire::LoadShardRequest& request)> locate_model;
 };
+
+// The memory budget of a worker started without one: 80% of what this process may use (the
+// cgroup's memory.max where one is set, as in a pod; else the machine's physical memory), the
+// rest left for what the budget does not count (gRPC buffers, stacks, the allocator's slack).
+// 0 when neither can be read.
+int64_t DefaultMemoryBudget();
+// The same from given limits (bytes; <= 0: not set), for tests.
+int64_t DefaultMemoryBudget(int64_t cgroup_limit, int64_t physical);
 
 // The model loading options a LoadShard asks for (stage < 0: an experts-only shard).
 LoadOptions LoadOptionsFor(const wire::LoadShardRequest& request);
@@ -118,6 +128,10 @@ class WorkerActor : public WorkerClient {
 
   // The bodies, run on the executor.
   absl::StatusOr<wire::LoadShardResponse> DoLoadShard(const wire::LoadShardRequest& request);
+  // DoLoadShard's work after the old shard is gone; on failure DoLoadShard clears what it set.
+  absl::StatusOr<wire::LoadShardResponse> LoadNewShard(const wire::LoadShardRequest& request);
+  // Drops the shard, its sessions and peers: the state of a worker that holds nothing.
+  void ClearShard();
   absl::StatusOr<wire::ForwardResponse> DoForward(const wire::ForwardRequest& request);
   absl::StatusOr<wire::ExpertForwardResponse> DoExpertForward(
       const wire::ExpertForwardRequest& request);
@@ -137,6 +151,9 @@ class WorkerActor : public WorkerClient {
                                              const wire::EsEvaluateRequest& request,
                                              int member);
   int64_t KvBytes() const;
+  // The memory budget not held by the shard, its sessions and the replicas (unlimited: a
+  // quarter of int64's range, so sums of a step's sizes cannot overflow).
+  int64_t FreeBudgetBytes() const;
   // What the shard, its sessions and the train replicas hold against the memory budget.
   int64_t UsedBytes() const;
   // A train replica's cost: its owned bytes, plus the weights it maps that the shard does not

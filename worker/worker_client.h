@@ -3,7 +3,8 @@
 //
 // Calls are thread-safe; the messages are the internal protocol's
 // (proto/fucina/cluster/v1/worker.proto), so both implementations carry exactly the same data.
-// Errors are the worker's status, or UNAVAILABLE / DEADLINE_EXCEEDED when the peer is gone.
+// Errors are the worker's status, or UNAVAILABLE / DEADLINE_EXCEEDED when the peer is gone;
+// FailureOriginOf tells which (the worker, the transport, or the request).
 // Every call is synchronous except ForwardAsync, which lets a caller keep several stages busy
 // at once (a pipeline with micro-batches in flight).
 #ifndef FUCINA_WORKER_WORKER_CLIENT_H_
@@ -11,9 +12,13 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "fucina/cluster/v1/worker.pb.h"
 #include "worker/cluster_auth.h"
 
@@ -21,12 +26,88 @@ namespace fucina {
 
 namespace wire = ::fucina::cluster::v1;  // the internal protocol's messages
 
-// Whether a call's failure means the worker itself is gone, stuck or broken (transport errors,
-// DATA_LOSS when its model file broke under it), rather than something about the request.
-inline bool IsWorkerFailure(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) ||
-         absl::IsUnknown(s) || absl::IsInternal(s) || absl::IsFailedPrecondition(s) ||
-         absl::IsDataLoss(s);
+// Where a failed call's error arose. Only the first two mean the worker is gone, stuck or
+// broken (the coordinator declares it dead and re-plans); a request-level failure ends the
+// requests (or train job step) it was about and leaves the worker serving.
+//   kTransport: the call got no answer from the worker's handler (connection refused or reset,
+//               deadline, cancelled, a closed client). Set by the gRPC client.
+//   kWorker:    the worker answered that it cannot serve: its model file broke under it
+//               (DATA_LOSS), it lost or never loaded the shard the plan gave it, a computation
+//               failed. Declared by the worker with WorkerDeclaredFailure().
+//   kRequest:   about what was asked (a bad segment, a grammar that failed, a rollback a
+//               sliding-window ring refuses, an expert peer that failed, a non-finite fitness):
+//               declared with RequestFailure(), whatever its status code.
+// The origin rides on the status as a payload (kFailureOriginPayload), so it survives copies
+// and StatusOr, and over gRPC in the trailing metadata key kFailureOriginMetadata (the worker's
+// service sends it, the gRPC client restores it). A Forward whose segments all fail for
+// request-level reasons is not a failed call: it succeeds with one SegmentError per segment.
+//
+// A status nobody marked (code older than the marks, test fakes) is classified by its code as
+// before: UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, UNKNOWN read as transport; INTERNAL,
+// FAILED_PRECONDITION, DATA_LOSS as worker; everything else as request. Mark statuses to say
+// otherwise, e.g. a train replica whose member fitness is not finite:
+//   return RequestFailure(absl::InvalidArgumentError("the member's fitness is not finite"));
+enum class FailureOrigin { kTransport, kWorker, kRequest };
+
+inline constexpr char kFailureOriginPayload[] = "type.fucina.dev/fucina.FailureOrigin";
+inline constexpr char kFailureOriginMetadata[] = "fucina-failure-origin";
+
+inline const char* FailureOriginName(FailureOrigin origin) {
+  switch (origin) {
+    case FailureOrigin::kTransport: return "transport";
+    case FailureOrigin::kWorker: return "worker";
+    case FailureOrigin::kRequest: return "request";
+  }
+  return "";
+}
+
+inline std::optional<FailureOrigin> FailureOriginFromName(std::string_view name) {
+  for (FailureOrigin o :
+       {FailureOrigin::kTransport, FailureOrigin::kWorker, FailureOrigin::kRequest}) {
+    if (name == FailureOriginName(o)) return o;
+  }
+  return std::nullopt;
+}
+
+// `status` (not OK) marked as arising at `origin`; an OK status is returned as it is.
+inline absl::Status WithFailureOrigin(absl::Status status, FailureOrigin origin) {
+  if (!status.ok()) status.SetPayload(kFailureOriginPayload, absl::Cord(FailureOriginName(origin)));
+  return status;
+}
+// A failure about the request (or job step) only: never a reason to declare the worker dead.
+inline absl::Status RequestFailure(absl::Status status) {
+  return WithFailureOrigin(std::move(status), FailureOrigin::kRequest);
+}
+// The worker itself cannot serve (its state, not the request, is wrong).
+inline absl::Status WorkerDeclaredFailure(absl::Status status) {
+  return WithFailureOrigin(std::move(status), FailureOrigin::kWorker);
+}
+
+// The origin `status` was marked with, if any.
+inline std::optional<FailureOrigin> MarkedFailureOrigin(const absl::Status& status) {
+  auto payload = status.GetPayload(kFailureOriginPayload);
+  if (!payload.has_value()) return std::nullopt;
+  return FailureOriginFromName(std::string(*payload));
+}
+
+// Where a failed call's error arose: its mark, else (unmarked) by its code as described above.
+inline FailureOrigin FailureOriginOf(const absl::Status& status) {
+  if (std::optional<FailureOrigin> marked = MarkedFailureOrigin(status)) return *marked;
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+      absl::IsCancelled(status) || absl::IsUnknown(status)) {
+    return FailureOrigin::kTransport;
+  }
+  if (absl::IsInternal(status) || absl::IsFailedPrecondition(status) ||
+      absl::IsDataLoss(status)) {
+    return FailureOrigin::kWorker;
+  }
+  return FailureOrigin::kRequest;
+}
+
+// Whether a call's failure means the worker itself is gone, stuck or broken (a transport or a
+// worker-declared failure), rather than something about the request.
+inline bool IsWorkerFailure(const absl::Status& status) {
+  return !status.ok() && FailureOriginOf(status) != FailureOrigin::kRequest;
 }
 
 // The reply to an asynchronous Forward.

@@ -13,6 +13,26 @@ namespace {
 
 constexpr char kWorkerMethod[] = "/fucina.cluster.v1.Worker/";
 
+// A failed call's status on this side, with the origin the worker's trailing metadata names.
+// None: the worker's handler did not answer (the transport, the deadline, a cancel), and the
+// transport's codes say so; a status the handler sent unmarked keeps the classification by code.
+absl::Status FromWorkerCall(const grpc::Status& status, const grpc::ClientContext& context) {
+  absl::Status s = FromGrpc(status);
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find(kFailureOriginMetadata); it != trailers.end()) {
+    const std::string_view name(it->second.data(), it->second.size());
+    if (std::optional<FailureOrigin> origin = FailureOriginFromName(name)) {
+      return WithFailureOrigin(std::move(s), *origin);
+    }
+    return s;  // answered by the handler, unmarked
+  }
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) ||
+      absl::IsUnknown(s) || absl::IsInternal(s)) {
+    return WithFailureOrigin(std::move(s), FailureOrigin::kTransport);
+  }
+  return s;  // refused before the handler (the gate, a message over the size limit)
+}
+
 // The worker's side of an RPC client: one channel, one stub, a deadline and the join token per
 // call.
 class GrpcWorkerClient final : public WorkerClient {
@@ -100,7 +120,7 @@ class GrpcWorkerClient final : public WorkerClient {
       return absl::ResourceExhaustedError(absl::StrCat(
           "EsSnapshot: the worker sent more than ", request.max_bytes(), " bytes"));
     }
-    if (!status.ok()) return FromGrpc(status);
+    if (!status.ok()) return FromWorkerCall(status, context);
     return whole;
   }
 
@@ -133,7 +153,7 @@ class GrpcWorkerClient final : public WorkerClient {
                               absl::StatusOr<wire::ForwardResponse> result =
                                   status.ok() ? absl::StatusOr<wire::ForwardResponse>(
                                                     std::move(call->reply))
-                                              : FromGrpc(status);
+                                              : FromWorkerCall(status, call->context);
                               ForwardCallback reply = std::move(call->done);
                               delete call;  // the context goes while the channel is alive
                               reply(std::move(result));
@@ -193,7 +213,7 @@ class GrpcWorkerClient final : public WorkerClient {
     Reply reply;
     grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
     Finish(&context);
-    if (!status.ok()) return FromGrpc(status);
+    if (!status.ok()) return FromWorkerCall(status, context);
     return reply;
   }
 
@@ -264,7 +284,14 @@ grpc::Status WorkerService::Serve(grpc::ServerContext* context, std::string_view
     serving_.erase(context);
   }
   cv_.notify_all();
-  if (!result.ok()) return ToGrpc(result.status());
+  if (!result.ok()) {
+    // Where the failure arose travels with it: the caller's client restores it, so a
+    // request-level error never reads as this worker's, whatever its code.
+    std::optional<FailureOrigin> origin = MarkedFailureOrigin(result.status());
+    context->AddTrailingMetadata(kFailureOriginMetadata,
+                                 origin.has_value() ? FailureOriginName(*origin) : "unmarked");
+    return ToGrpc(result.status());
+  }
   *response = *std::move(result);
   return grpc::Status::OK;
 }
