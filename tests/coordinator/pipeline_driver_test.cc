@@ -245,6 +245,27 @@ TEST_F(PipelineDriverTest, ASegmentErrorEndsOnlyItsRequestAndFreesItsSession) {
   EXPECT_TRUE(failed_worker_.empty());
 }
 
+TEST_F(PipelineDriverTest, ARequestLevelFailureIsNoWorkerFailureWhateverItsCode) {
+  // A grammar the last stage could not use, as a call's status: FAILED_PRECONDITION read by its
+  // code as the worker's failure, which declared a healthy stage dead and re-planned.
+  Start(1, 512);
+  auto a = Add(3);
+  driver_->Launch();
+  ASSERT_TRUE(entry_->Release(
+      0, RequestFailure(absl::FailedPreconditionError("grammar: the token table is not ready"))));
+  RunPosted();
+  ASSERT_TRUE(a->done());
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->outcome().status)) << a->outcome().status;
+  EXPECT_TRUE(failed_worker_.empty()) << "re-planned around " << failed_worker_;
+  // The same code declared by the worker is its failure.
+  auto b = Add(3);
+  driver_->Launch();
+  ASSERT_TRUE(entry_->Release(
+      1, WorkerDeclaredFailure(absl::InvalidArgumentError("this worker lost its shard"))));
+  RunPosted();
+  EXPECT_EQ(failed_worker_, "w0");
+}
+
 TEST_F(PipelineDriverTest, AChainFailureIsLaidToTheWorkerItNamesAndFailsEveryRequest) {
   Start(2, 512);
   auto a = Add(3);
