@@ -635,8 +635,9 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       if (compiled.ok()) {
         grammars[i] = *std::move(compiled);
       } else {
-        s = absl::Status(compiled.status().code(), absl::StrCat("session ", seg.session_id(),
-                                                                ": ", compiled.status().message()));
+        // The request's own message: its client reads it as the reply's error, and the error
+        // already rides with the segment's index, so no session id is prefixed.
+        s = compiled.status();
       }
     }
     if (s.ok()) {
@@ -770,10 +771,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       // request ends with the reason, the others in the step go on.
       response.mutable_results()->RemoveLast();
       session.grammar.reset();
-      AddSegmentError(ok[j],
-                      absl::InvalidArgumentError(absl::StrCat("session ", seg.session_id(), ": ",
-                                                              checked.status().message())),
-                      &response);
+      AddSegmentError(ok[j], absl::InvalidArgumentError(checked.status().message()), &response);
       continue;
     }
     VerifiedToWire(*checked, result);
