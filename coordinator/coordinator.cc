@@ -597,7 +597,11 @@ absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
       break;
   }
   if (absl::Status st = c.CheckGrammar(job.grammar); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.constraint: ", st.message()));
+    // Compiles full (RESOURCE_EXHAUSTED) is the server's state, not the grammar's fault: the
+    // client may retry as it is.
+    return absl::Status(absl::IsResourceExhausted(st) ? st.code()
+                                                      : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat("sampling.constraint: ", st.message()));
   }
   absl::StatusOr<std::vector<int32_t>> prompt;
   switch (request.input_case()) {
