@@ -16,8 +16,6 @@ namespace v1 = ::fucina::v1;
 
 constexpr int kMaxTasks = 100'000;
 constexpr int kMaxIterations = 1'000'000;
-// Ended jobs kept for GetJob/ListJobs/WatchJob; older ones are forgotten.
-constexpr size_t kRetainedJobs = 64;
 
 bool ValidJobId(const std::string& id) {
   if (id.empty() || id.size() > 64) return false;
@@ -170,13 +168,15 @@ absl::Status RunEsJob(EsDriver& driver,
 }
 
 TrainJobs::TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
-                     const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics)
+                     const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics,
+                     size_t retained_jobs)
     : model_path_(std::move(model_path)),
       train_dir_(std::move(train_dir)),
       tokenizer_(tokenizer),
       chat_(chat),
       placement_(std::move(placement)),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      retained_jobs_(retained_jobs) {}
 
 TrainJobs::~TrainJobs() { Shutdown(std::chrono::steady_clock::time_point::max()); }
 
@@ -206,7 +206,7 @@ void TrainJobs::Shutdown(std::chrono::steady_clock::time_point deadline) {
 
 std::vector<std::shared_ptr<TrainJobs::Job>> TrainJobs::ForgetEndedLocked() {
   std::vector<std::shared_ptr<Job>> forgotten;
-  while (ended_.size() > kRetainedJobs) {
+  while (ended_.size() > retained_jobs_) {
     auto it = jobs_.find(ended_.front());
     ended_.erase(ended_.begin());
     if (it == jobs_.end()) continue;

@@ -58,8 +58,10 @@ class TrainJobs {
   // out_dir and resume_from name folders under `train_dir` (relative, no "..": a client of the
   // API writes and reads nothing else on this machine); with an empty train_dir they are
   // refused.
+  // Ended jobs beyond the newest `retained_jobs` are forgotten.
   TrainJobs(std::string model_path, std::string train_dir, const Tokenizer& tokenizer,
-            const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics);
+            const ChatTemplate& chat, EsPlacement placement, EsMetrics* metrics,
+            size_t retained_jobs = 64);
   ~TrainJobs();  // Shutdown with no deadline
 
   // Stops every job now (each ends after its generation in flight, checkpointed) and waits
@@ -89,7 +91,7 @@ class TrainJobs {
     bool ended() const { return info.state() != ::fucina::v1::JOB_STATE_RUNNING; }
   };
   absl::StatusOr<::fucina::v1::Job> Info(const std::string& job_id) const;  // under mu_
-  // Takes the oldest ended jobs beyond kRetainedJobs out of jobs_ (under mu_); the caller
+  // Takes the oldest ended jobs beyond retained_jobs_ out of jobs_ (under mu_); the caller
   // joins their threads outside the lock.
   std::vector<std::shared_ptr<Job>> ForgetEndedLocked();
 
@@ -103,6 +105,7 @@ class TrainJobs {
   const ChatTemplate& chat_;
   EsPlacement placement_;
   EsMetrics* metrics_;
+  const size_t retained_jobs_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // an event or a state change
   // Shared: a watcher keeps its job alive after it is forgotten.
