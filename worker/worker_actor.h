@@ -36,6 +36,8 @@
 
 namespace fucina {
 
+class RemoteExperts;  // worker/remote_experts.h
+
 struct WorkerOptions {
   int threads = 0;            // 0: ThreadPool::Default()'s count
   // Bytes for weights, KV and a step's rows; 0: unlimited (a worker process defaults to the
@@ -117,7 +119,6 @@ class WorkerActor : public WorkerClient {
     std::unique_ptr<GrammarMatcher> grammar;  // last stage: the reply's grammar, if any
     int32_t top_logprobs = 0;
   };
-  class RemoteExperts;
   class EsPipeline;
   // A train job on this worker: its replica (shared: a pipelined evaluation running off the
   // executor keeps it alive through an EsRelease) and, on a stage before the last, the next.
