@@ -16,6 +16,9 @@ void RegisterGgufCommands(CLI::App& app, int* exit_code);
 void RegisterBenchCommands(CLI::App& app, int* exit_code);
 void RegisterRunCommand(CLI::App& app, int* exit_code);
 void RegisterClusterCommands(CLI::App& app, int* exit_code);
+// `fucina client generate`; `client train` (RegisterTrainCommands) adds itself under it, so this
+// is registered first.
+void RegisterClientCommand(CLI::App& app, int* exit_code);
 void RegisterPullCommand(CLI::App& app, int* exit_code);
 void RegisterTrainCommands(CLI::App& app, int* exit_code);
 // `fucina bench cluster` (bench/cluster_bench.cc), added under the `bench` subcommand.

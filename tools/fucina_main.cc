@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   fucina::cli::RegisterRunCommand(app, &exit_code);
   fucina::cli::RegisterClusterCommands(app, &exit_code);
+  fucina::cli::RegisterClientCommand(app, &exit_code);
   fucina::cli::RegisterPullCommand(app, &exit_code);
   fucina::cli::RegisterTrainCommands(app, &exit_code);
   fucina::cli::RegisterGgufCommands(app, &exit_code);
