@@ -101,20 +101,6 @@ class HostileGrammarTest(hh.HttpServerTestCase):
             self.__class__.addClassCleanup(server.kill)
         return self.wait_healthy(HostileGrammarTest.server)
 
-    def wait_healthy(self, server):
-        deadline = time.monotonic() + cc.READY_S
-        while True:
-            try:
-                with hh.connect(server) as s:
-                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    if hh.read_until_closed(s).startswith(b"HTTP/1.1 200"):
-                        return server
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.fail(f"not healthy within {cc.READY_S} s\n{server.stderr()}")
-            time.sleep(cc.POLL_S)
-
     def test_grammars_deep_enough_to_overflow_the_stack_are_refused_naming_the_limit(self):
         server = self.shared()
         for field, value, says in [

@@ -18,6 +18,7 @@
 #include "models/engine/fixture.h"
 #include "models/gguf/gguf.h"
 #include "tests/models/engine/fixture_files.h"
+#include "tests/worker/fake_worker_client.h"
 #include "worker/worker_actor.h"
 
 namespace fucina {
@@ -30,34 +31,12 @@ using Clock = std::chrono::steady_clock;
 constexpr int kLongTasks = 8000;
 
 // Forwards train calls to an actor and says when the first member (not the center) is being
-// scored, so a test can act in the middle of a generation without sleeping.
-class SignallingClient : public WorkerClient {
+// scored, so a test can act in the middle of a generation without sleeping. Serving calls are
+// FakeWorkerClient's UNIMPLEMENTED: train jobs make none.
+class SignallingClient : public FakeWorkerClient {
  public:
   explicit SignallingClient(std::shared_ptr<WorkerActor> actor) : actor_(std::move(actor)) {}
   std::shared_future<void> member_started() { return started_future_; }
-
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
-    return actor_->LoadShard(r);
-  }
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
-    return actor_->Forward(r);
-  }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& r) override {
-    return actor_->ExpertForward(r);
-  }
-  absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest& r) override {
-    return actor_->TruncateSession(r);
-  }
-  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest& r) override {
-    return actor_->CopyPrefix(r);
-  }
-  absl::StatusOr<wire::SessionReply> ReleaseSession(
-      const wire::ReleaseSessionRequest& r) override {
-    return actor_->ReleaseSession(r);
-  }
-  absl::StatusOr<wire::WorkerStats> GetStats() override { return actor_->GetStats(); }
 
   absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
     return actor_->EsLoad(job);
