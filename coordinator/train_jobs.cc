@@ -191,14 +191,17 @@ void TrainJobs::Shutdown(std::chrono::steady_clock::time_point deadline) {
   auto all_ended = [&] {
     return std::all_of(jobs.begin(), jobs.end(), [](const auto& j) { return j->ended(); });
   };
+  std::vector<std::shared_ptr<Job>> late;
   if (deadline == std::chrono::steady_clock::time_point::max()) {
     changed_.wait(lock, all_ended);
   } else if (!changed_.wait_until(lock, deadline, all_ended)) {
     for (const auto& job : jobs) {
-      if (!job->ended()) job->driver->Abort();
+      if (!job->ended()) late.push_back(job);
     }
   }
   lock.unlock();
+  // Aborting calls the workers (EsRelease): not under mu_, which the jobs' events need.
+  for (const auto& job : late) job->driver->Abort();
   for (const auto& job : jobs) {
     if (job->thread.joinable()) job->thread.join();
   }
