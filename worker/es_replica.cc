@@ -253,6 +253,13 @@ absl::StatusOr<std::vector<train::ScoringForward::Verdict>> EsReplica::StagePass
 }
 
 absl::Status EsReplica::Update(const wire::EsUpdateRequest& request) {
+  if (absl::Status s = BeginUpdate(request); !s.ok()) return s;
+  while (!UpdateStep()) {
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EsReplica::BeginUpdate(const wire::EsUpdateRequest& request) {
   if (request.generation() != generation_) {
     return absl::FailedPreconditionError(
         absl::StrCat("update of generation ", request.generation(), " for a replica at ",
@@ -262,13 +269,22 @@ absl::Status EsReplica::Update(const wire::EsUpdateRequest& request) {
     // One non-finite value would turn every trainable value into NaN for good.
     if (!std::isfinite(v)) return absl::InvalidArgumentError("shaped: a value is not finite");
   }
-  if (absl::Status s = trainer_->ApplyUpdate(
-          generation_, {request.shaped().data(), static_cast<size_t>(request.shaped_size())});
-      !s.ok()) {
-    return s;
-  }
+  return trainer_->BeginUpdate(
+      generation_, {request.shaped().data(), static_cast<size_t>(request.shaped_size())});
+}
+
+bool EsReplica::UpdateStep() {
+  if (!trainer_->UpdateStep()) return false;
   ++generation_;
-  return absl::OkStatus();
+  return true;
+}
+
+absl::StatusOr<bool> EsReplica::SelectStep(int64_t generation, int member) {
+  if (generation != generation_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a pass of generation ", generation, " for a replica at ", generation_));
+  }
+  return trainer_->SelectStep(generation, member);
 }
 
 absl::StatusOr<wire::EsSnapshotChunk> EsReplica::Snapshot() {

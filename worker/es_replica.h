@@ -73,9 +73,17 @@ class EsReplica {
       int64_t generation, int member, std::span<const int64_t> new_streams,
       std::span<const train::ScoringForward::Segment> segments, std::vector<float>& x,
       std::span<const train::ScoringForward::Row> rows);
+  // Selects member `member`'s parameters one trainable tensor a call (EsTrainer::SelectStep):
+  // true once selected, after which StagePass writes nothing. Lets the worker interleave the
+  // writes (seconds for a full-mode model) with the forward steps it serves.
+  absl::StatusOr<bool> SelectStep(int64_t generation, int member);
   // The current generation's update; the generation advances. The request's generation must
   // be the current one (FAILED_PRECONDITION otherwise, nothing changed).
   absl::Status Update(const wire::EsUpdateRequest& request);
+  // The same one trainable tensor a call: BeginUpdate checks the request, each UpdateStep
+  // updates a tensor and returns true (the generation advanced) after the last.
+  absl::Status BeginUpdate(const wire::EsUpdateRequest& request);
+  bool UpdateStep();
   // The trainable values as a GGUF file (adapters.gguf or tensors.gguf), whole in one chunk.
   // Selects the unperturbed parameters first.
   absl::StatusOr<wire::EsSnapshotChunk> Snapshot();

@@ -147,6 +147,12 @@ class WorkerActor : public WorkerClient {
   // The job's replica, a stage whose part of a pass runs here (in EsForward or the first stage's
   // EsEvaluate), with its next stage; NOT_FOUND naming the job.
   absl::StatusOr<EsJobState> Stage(const std::string& job_id);
+  // CANCELLED when `stage` is no longer the job's (released or reloaded). On the executor.
+  absl::Status CheckHeld(const EsJobState& stage, const std::string& job_id);
+  // Member `member` selected on `stage`'s replica one trainable tensor per executor task; from
+  // the calling thread.
+  absl::Status SelectMember(const EsJobState& stage, const std::string& job_id,
+                            int64_t generation, int member);
   // Member `member`'s fitness scored through the pipeline `stage` starts (its first stage).
   absl::StatusOr<float> ScoreThroughPipeline(const EsJobState& stage,
                                              const wire::EsEvaluateRequest& request,

@@ -31,16 +31,15 @@ class WorkerActor::EsPipeline : public train::ScoringForward {
 
   absl::StatusOr<std::vector<Verdict>> Pass(std::span<const Segment> segments,
                                             std::span<const Row> rows) override {
+    if (absl::Status s = actor_.SelectMember(stage_, request_.job_id(), request_.generation(),
+                                             member_);
+        !s.ok()) {
+      return s;
+    }
     std::vector<float> x;
     auto own = actor_.executor_.Call(
         [&]() -> absl::StatusOr<std::vector<train::ScoringForward::Verdict>> {
-          // A job released meanwhile (stopped, or its coordinator's shutdown deadline) ends
-          // its scoring here, within one pass.
-          auto current = actor_.Stage(request_.job_id());
-          if (!current.ok() || current->replica != stage_.replica) {
-            return absl::CancelledError(
-                absl::StrCat("train job '", request_.job_id(), "' was released"));
-          }
+          if (absl::Status s = actor_.CheckHeld(stage_, request_.job_id()); !s.ok()) return s;
           return stage_.replica->StagePass(request_.generation(), member_, new_streams_,
                                            segments, x, rows);
         });
@@ -84,6 +83,30 @@ class WorkerActor::EsPipeline : public train::ScoringForward {
   const int member_;
   std::vector<int64_t> new_streams_;
 };
+
+absl::Status WorkerActor::CheckHeld(const EsJobState& stage, const std::string& job_id) {
+  // A job released meanwhile (stopped, or its coordinator's shutdown deadline) ends its
+  // scoring here, within one pass or one tensor.
+  auto current = Stage(job_id);
+  if (!current.ok() || current->replica != stage.replica) {
+    return absl::CancelledError(absl::StrCat("train job '", job_id, "' was released"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerActor::SelectMember(const EsJobState& stage, const std::string& job_id,
+                                       int64_t generation, int member) {
+  // One trainable tensor a task: a full-mode model's perturbation is seconds of writes, and
+  // the forward steps this worker serves run between them.
+  for (;;) {
+    absl::StatusOr<bool> selected = executor_.Call([&]() -> absl::StatusOr<bool> {
+      if (absl::Status s = CheckHeld(stage, job_id); !s.ok()) return s;
+      return stage.replica->SelectStep(generation, member);
+    });
+    if (!selected.ok()) return selected.status();
+    if (*selected) return absl::OkStatus();
+  }
+}
 
 absl::StatusOr<EsReplica*> WorkerActor::Replica(const std::string& job_id) {
   auto stage = Stage(job_id);
@@ -221,6 +244,11 @@ absl::StatusOr<wire::EsForwardResponse> WorkerActor::EsForward(
       return absl::InvalidArgumentError(absl::StrCat("activations: ", s.message()));
     }
   }
+  if (absl::Status s = SelectMember(*stage, request.job_id(), request.generation(),
+                                    request.member());
+      !s.ok()) {
+    return s;
+  }
   auto own = executor_.Call([&] {
     return stage->replica->StagePass(
         request.generation(), request.member(),
@@ -244,11 +272,22 @@ absl::StatusOr<wire::EsForwardResponse> WorkerActor::EsForward(
 
 absl::StatusOr<wire::EsState> WorkerActor::EsUpdate(const wire::EsUpdateRequest& request) {
   const auto start = std::chrono::steady_clock::now();
-  return executor_.Call([&]() -> absl::StatusOr<wire::EsState> {
-    auto replica = Replica(request.job_id());
-    if (!replica.ok()) return replica.status();
-    if (absl::Status s = (*replica)->Update(request); !s.ok()) return s;
-    wire::EsState state = (*replica)->State();
+  auto stage = executor_.Call([&] { return Stage(request.job_id()); });
+  if (!stage.ok()) return stage.status();
+  EsReplica& replica = *stage->replica;
+  // No member is scored on a half-updated replica (the driver never overlaps the two).
+  if (!replica.BeginScoring()) {
+    return absl::AbortedError(absl::StrCat("train job '", request.job_id(),
+                                           "' is scoring a member on this worker"));
+  }
+  // One trainable tensor a task, as for a member's selection.
+  absl::Status s = executor_.Call([&] { return replica.BeginUpdate(request); });
+  while (s.ok() && !executor_.Call([&] { return replica.UpdateStep(); })) {
+  }
+  replica.EndScoring();
+  if (!s.ok()) return s;
+  return executor_.Call([&] {
+    wire::EsState state = replica.State();
     state.set_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return state;

@@ -120,34 +120,51 @@ void EsTrainer::FillNoise(int64_t generation, int64_t pair, size_t param) {
              0, n, noise_.data(), pool_);
 }
 
-void EsTrainer::Write(int64_t generation, int64_t pair, float sign) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Param& p = params_[i];
-    const int64_t n = static_cast<int64_t>(p.theta.size());
-    const float* src = p.theta.data();
-    if (sign != 0.0f) {
-      FillNoise(generation, pair, i);
-      const float scale = sign * options_.SigmaAt(generation);
-      for (int64_t j = 0; j < n; ++j) noise_[j] = p.theta[j] + scale * noise_[j];
-      src = noise_.data();
-    }
-    for (float* copy : p.copies) std::memcpy(copy, src, n * sizeof(float));
+void EsTrainer::WriteParam(size_t i, int64_t generation, int64_t pair, float sign) {
+  Param& p = params_[i];
+  const int64_t n = static_cast<int64_t>(p.theta.size());
+  const float* src = p.theta.data();
+  if (sign != 0.0f) {
+    FillNoise(generation, pair, i);
+    const float scale = sign * options_.SigmaAt(generation);
+    for (int64_t j = 0; j < n; ++j) noise_[j] = p.theta[j] + scale * noise_[j];
+    src = noise_.data();
   }
+  for (float* copy : p.copies) std::memcpy(copy, src, n * sizeof(float));
 }
 
 absl::Status EsTrainer::Select(int64_t generation, int member) {
+  for (;;) {
+    absl::StatusOr<bool> done = SelectStep(generation, member);
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<bool> EsTrainer::SelectStep(int64_t generation, int member) {
   if (member < kCenter || member >= options_.population) {
     return absl::InvalidArgumentError(absl::StrCat("member ", member, " is outside [0, ",
                                                    options_.population, ")"));
   }
   if (member == selected_member_ && (member == kCenter || generation == selected_generation_)) {
-    return absl::OkStatus();
+    return true;
   }
-  Write(generation, member == kCenter ? 0 : member / 2,
-        member == kCenter ? 0.0f : (member % 2 == 0 ? 1.0f : -1.0f));
+  if (selected_member_ != kMixed || stepping_member_ != member ||
+      stepping_generation_ != generation) {
+    selected_member_ = kMixed;
+    stepping_member_ = member;
+    stepping_generation_ = generation;
+    select_next_ = 0;
+  }
+  if (select_next_ < params_.size()) {
+    WriteParam(select_next_++, generation, member == kCenter ? 0 : member / 2,
+               member == kCenter ? 0.0f : (member % 2 == 0 ? 1.0f : -1.0f));
+  }
+  if (select_next_ < params_.size()) return false;
   selected_generation_ = generation;
   selected_member_ = member;
-  return absl::OkStatus();
+  stepping_member_ = kMixed;
+  return true;
 }
 
 absl::StatusOr<float> EsTrainer::Evaluate(int64_t generation, int member,
@@ -186,34 +203,52 @@ std::vector<float> EsTrainer::ShapeFitness(std::span<const float> fitness) {
 }
 
 absl::Status EsTrainer::ApplyUpdate(int64_t generation, std::span<const float> shaped) {
+  if (absl::Status s = BeginUpdate(generation, shaped); !s.ok()) return s;
+  while (!UpdateStep()) {
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EsTrainer::BeginUpdate(int64_t generation, std::span<const float> shaped) {
   if (static_cast<int>(shaped.size()) != options_.population) {
     return absl::InvalidArgumentError(absl::StrCat(shaped.size(), " shaped fitness values for a "
                                                    "population of ", options_.population));
   }
+  update_generation_ = generation;
+  update_shaped_.assign(shaped.begin(), shaped.end());
+  update_next_ = 0;
+  selected_member_ = kMixed;  // tensors already updated hold the new theta, the others a member
+  stepping_member_ = kMixed;
+  return absl::OkStatus();
+}
+
+bool EsTrainer::UpdateStep() {
+  if (update_next_ < params_.size()) UpdateParam(update_next_++, update_generation_, update_shaped_);
+  if (update_next_ < params_.size()) return false;
+  selected_member_ = kCenter;
+  return true;
+}
+
+void EsTrainer::UpdateParam(size_t i, int64_t generation, std::span<const float> shaped) {
   const int pairs = options_.population / 2;
   const float lr = options_.LrAt(generation);
   const float step = lr / static_cast<float>(options_.population);
-  std::vector<float> delta;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Param& p = params_[i];
-    const int64_t n = static_cast<int64_t>(p.theta.size());
-    delta.assign(n, 0.0f);
-    for (int pair = 0; pair < pairs; ++pair) {
-      const float c = shaped[2 * pair] - shaped[2 * pair + 1];
-      if (c == 0.0f) continue;
-      FillNoise(generation, pair, i);
-      for (int64_t j = 0; j < n; ++j) delta[j] += c * noise_[j];
-    }
-    const float decay = lr * options_.weight_decay;
-    for (int64_t j = 0; j < n; ++j) {
-      float v = p.theta[j] + step * delta[j];
-      if (decay > 0.0f) v -= decay * (p.theta[j] - p.base[j]);
-      p.theta[j] = v;
-    }
+  Param& p = params_[i];
+  const int64_t n = static_cast<int64_t>(p.theta.size());
+  update_delta_.assign(n, 0.0f);
+  for (int pair = 0; pair < pairs; ++pair) {
+    const float c = shaped[2 * pair] - shaped[2 * pair + 1];
+    if (c == 0.0f) continue;
+    FillNoise(generation, pair, i);
+    for (int64_t j = 0; j < n; ++j) update_delta_[j] += c * noise_[j];
   }
-  Write(generation, 0, 0.0f);
-  selected_member_ = kCenter;
-  return absl::OkStatus();
+  const float decay = lr * options_.weight_decay;
+  for (int64_t j = 0; j < n; ++j) {
+    float v = p.theta[j] + step * update_delta_[j];
+    if (decay > 0.0f) v -= decay * (p.theta[j] - p.base[j]);
+    p.theta[j] = v;
+  }
+  WriteParam(i, generation, 0, 0.0f);
 }
 
 absl::StatusOr<std::vector<float>> EsTrainer::Step(int64_t generation, const FitnessFn& fitness) {

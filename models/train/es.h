@@ -89,12 +89,21 @@ class EsTrainer {
   // Select, Evaluate or ApplyUpdate: what a pipeline stage does, as one member's evaluation
   // spans many calls there. Writes nothing when that member is selected already.
   absl::Status Select(int64_t generation, int member);
+  // Select one trainable tensor at a time, for a caller that must not hold its thread for all
+  // of them (a worker's executor, between the forward steps it serves): true once the model
+  // holds the member. The same bits as Select; a call for another member starts over.
+  absl::StatusOr<bool> SelectStep(int64_t generation, int member);
   // Centered ranks r / (n - 1) - 1/2 divided by their standard deviation, so they sum to 0 and
   // have unit variance (ties: the lower member index ranks lower).
   static std::vector<float> ShapeFitness(std::span<const float> fitness);
   // The update of `generation` from its shaped fitness (population values), written into the
   // model. Error if the count is wrong.
   absl::Status ApplyUpdate(int64_t generation, std::span<const float> shaped);
+  // ApplyUpdate one trainable tensor at a time: BeginUpdate checks and keeps `shaped`, each
+  // UpdateStep updates the next tensor (true when all are done). The same bits as ApplyUpdate;
+  // nothing else may run on the trainer until the last step.
+  absl::Status BeginUpdate(int64_t generation, std::span<const float> shaped);
+  bool UpdateStep();
   // Every member of a generation, then the update; returns the raw fitness values.
   absl::StatusOr<std::vector<float>> Step(int64_t generation, const FitnessFn& fitness);
 
@@ -120,17 +129,30 @@ class EsTrainer {
       : model_(model), options_(options), pool_(pool) {}
   // noise_ = eps of (generation, pair) for parameter `param` (an index into params_).
   void FillNoise(int64_t generation, int64_t pair, size_t param);
-  // Writes theta (+ s * sigma * eps_pair when sign != 0) into every copy.
-  void Write(int64_t generation, int64_t pair, float sign);
+  // Writes theta (+ s * sigma * eps_pair when sign != 0) into every copy of parameter `i`.
+  void WriteParam(size_t i, int64_t generation, int64_t pair, float sign);
+  // Adds generation's update to parameter `i`'s theta and writes it into its copies.
+  void UpdateParam(size_t i, int64_t generation, std::span<const float> shaped);
+  // The model's copies hold a mix (a sliced Select or update under way).
+  static constexpr int kMixed = -2;
 
   Model& model_;
   EsOptions options_;
   ThreadPool& pool_;
   std::vector<Param> params_;
   std::vector<float> noise_;  // scratch for one tensor's noise
-  // The member the model's copies hold (kCenter: theta).
+  std::vector<float> update_delta_;  // scratch for one tensor's update
+  // The member the model's copies hold (kCenter: theta; kMixed: see above).
   int64_t selected_generation_ = 0;
   int selected_member_ = kCenter;
+  // A sliced Select under way: its target and the next parameter to write.
+  int64_t stepping_generation_ = 0;
+  int stepping_member_ = kMixed;
+  size_t select_next_ = 0;
+  // A sliced update under way: its generation, shaped fitness and next parameter.
+  int64_t update_generation_ = 0;
+  std::vector<float> update_shaped_;
+  size_t update_next_ = 0;
 };
 
 }  // namespace fucina::train

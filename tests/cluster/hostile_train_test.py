@@ -233,6 +233,30 @@ class LargeJobTest(cc.ClusterTestCase):
         print(f"shutdown with a job running: {took:.2f} s", file=sys.stderr)
         self.assertLess(took, 1 + 5.0, c.logs())
 
+    def test_a_full_mode_job_beside_a_chat(self):
+        # Full mode trains 40M values of SmolLM2: selecting a member's perturbation or applying
+        # an update writes all of them (~1 s and ~7 s on one core), one tensor per task now.
+        c = self.cluster()
+        c.serve(SMOLLM2, 1)
+        self.wait_ready(c, 1)
+        stub = cc.tpb_grpc.TrainStub(c.channel(c.front.grpc))
+        job = stub.StartJob(cc.tpb.StartJobRequest(tasks=tasks(2), mode="full", iterations=1,
+                                                   **JOB), timeout=60)
+        gaps = []
+        deadline = time.monotonic() + 120
+        while (stub.GetJob(cc.tpb.GetJobRequest(job_id=job.job_id), timeout=10).state ==
+               cc.tpb.JOB_STATE_RUNNING):
+            self.assertLess(time.monotonic(), deadline, c.logs())
+            arrivals = []
+            for _ in c.api.GenerateStream(cc.greedy("Tell me a story.", 16, ignore_eos=True),
+                                          timeout=cc.RPC_S):
+                arrivals.append(time.monotonic())
+            gaps.append(max(b - a for a, b in zip(arrivals, arrivals[1:])))
+        print(f"full mode: longest step in each of {len(gaps)} chats: "
+              f"{' '.join(f'{g:.3f}' for g in gaps)} s", file=sys.stderr)
+        self.assertTrue(gaps, "the job ended before a chat ran")
+        self.assertLess(max(gaps), 0.6, c.logs())
+
     def timed_generate(self, c, request):
         start = time.monotonic()
         reply = self.generate(c, request, timeout=cc.RPC_S)
