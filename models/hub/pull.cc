@@ -406,6 +406,21 @@ struct Fd {
   }
 };
 
+// Opens (creating) `part` into `fd` and locks it: two pulls of one file would interleave their
+// writes into the same .part, so the second is refused naming `what` it raced.
+absl::Status OpenLockedPart(const std::string& part, const char* what, Fd& fd) {
+  fd.fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd.fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot open ", part, ": ",
+                                                    std::strerror(errno)));
+  }
+  if (::flock(fd.fd, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(part, " is being written by another ", what));
+  }
+  return absl::OkStatus();
+}
+
 // Fetches `url` to `dest` through `dest`.part unless `dest` already exists.
 absl::Status FetchFile(const std::string& url, const std::string& dest, bool send_hf_token,
                        const std::string& sha256, bool progress) {
@@ -420,16 +435,8 @@ absl::Status FetchFile(const std::string& url, const std::string& dest, bool sen
         absl::StrCat("cannot create directory ", parent.string(), ": ", ec.message()));
   }
   const std::string part = dest + ".part";
-  Fd fd{::open(part.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
-  if (fd.fd < 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot open ", part, ": ",
-                                                    std::strerror(errno)));
-  }
-  // Two pulls of one file would interleave their writes into the same .part.
-  if (::flock(fd.fd, LOCK_EX | LOCK_NB) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(part, " is being written by another download of the same file"));
-  }
+  Fd fd;
+  if (absl::Status s = OpenLockedPart(part, "download of the same file", fd); !s.ok()) return s;
   if (std::filesystem::exists(dest, ec)) {
     // Another download of this file finished between the first check and taking the lock; the
     // .part we hold is then the empty one our open() just created.
@@ -491,15 +498,8 @@ absl::Status FetchMember(const std::string& url, const std::string& member,
   const std::string archive = dest + ".archive";
   if (absl::Status s = FetchFile(url, archive, send_hf_token, "", progress); !s.ok()) return s;
   const std::string part = dest + ".part";
-  Fd fd{::open(part.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
-  if (fd.fd < 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot open ", part, ": ",
-                                                    std::strerror(errno)));
-  }
-  if (::flock(fd.fd, LOCK_EX | LOCK_NB) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(part, " is being written by another pull of the same member"));
-  }
+  Fd fd;
+  if (absl::Status s = OpenLockedPart(part, "pull of the same member", fd); !s.ok()) return s;
   if (std::filesystem::exists(dest, ec)) {  // another pull finished while we fetched
     ::unlink(part.c_str());
     return CheckSha256(dest, sha256, dest);
