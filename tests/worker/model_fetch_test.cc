@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -421,6 +422,27 @@ TEST_F(ModelFetchTest, AWorkerLoadingTheFetchedCacheComputesWhatTheFileGives) {
   }
 }
 
+// A worker's locate_model through `fetcher`, remembering the cached file it gave in `*cached`.
+std::function<absl::StatusOr<std::string>(const wire::LoadShardRequest&)> LocateThrough(
+    ModelFetcher* fetcher, std::string* cached) {
+  return [fetcher, cached](const wire::LoadShardRequest& r) -> absl::StatusOr<std::string> {
+    auto report = fetcher->Fetch(r);
+    if (!report.ok()) return report.status();
+    *cached = report->path;
+    return report->path;
+  };
+}
+
+// Writes `n` bytes of 0x7f at `offset` of `path`, as a stray write would leave.
+void Scribble(const std::string& path, uint64_t offset, uint64_t n) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  const std::string junk(n, '\x7f');
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(offset)),
+            static_cast<ssize_t>(junk.size()));
+  ::close(fd);
+}
+
 // One greedy step of the whole model on `actor` (one stage) for a new session: the token and
 // its logprob.
 std::pair<int32_t, float> GreedyStep(WorkerActor& actor, uint64_t session) {
@@ -448,13 +470,7 @@ TEST_F(ModelFetchTest, ATensorChangedAfterTheLoadIsRewrittenWhileTheShardServes)
   WorkerOptions options{.threads = 1};
   ModelFetcher* f = fetcher.get();
   std::string cached;
-  options.locate_model = [f, &cached](const wire::LoadShardRequest& r)
-      -> absl::StatusOr<std::string> {
-    auto report = f->Fetch(r);
-    if (!report.ok()) return report.status();
-    cached = report->path;
-    return report->path;
-  };
+  options.locate_model = LocateThrough(f, &cached);
   WorkerActor reference(WorkerOptions{.threads = 1}), served(options);
   ASSERT_TRUE(reference.LoadShard(shard).ok());
   auto loaded = served.LoadShard(shard);
@@ -465,14 +481,7 @@ TEST_F(ModelFetchTest, ATensorChangedAfterTheLoadIsRewrittenWhileTheShardServes)
   // Garbage over a stretch of a tensor of the loaded cache, as a stray write would leave.
   const std::string name = "blk.1.ffn_down.weight";
   const std::string original = ReadFile(*path_).substr(Offset(name), Tensor(name).nbytes);
-  {
-    const int fd = ::open(cached.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    const std::string junk(std::min<uint64_t>(256, Tensor(name).nbytes), '\x7f');
-    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(Offset(name))),
-              static_cast<ssize_t>(junk.size()));
-    ::close(fd);
-  }
+  Scribble(cached, Offset(name), std::min<uint64_t>(256, Tensor(name).nbytes));
   // The background recheck finds it and writes the coordinator's bytes back in place.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (f->tensors_repaired() == 0 && std::chrono::steady_clock::now() < deadline) {
@@ -491,15 +500,8 @@ TEST_F(ModelFetchTest, RecheckAllRewritesOnlyWhatChanged) {
       MakeClusterCredentials(std::nullopt, kToken),
       ModelFetchOptions{.cache_dir = cache_, .recheck_bytes_per_second = 0});
   WorkerOptions options{.threads = 1};
-  ModelFetcher* f = fetcher.get();
   std::string cached;
-  options.locate_model = [f, &cached](const wire::LoadShardRequest& r)
-      -> absl::StatusOr<std::string> {
-    auto report = f->Fetch(r);
-    if (!report.ok()) return report.status();
-    cached = report->path;
-    return report->path;
-  };
+  options.locate_model = LocateThrough(fetcher.get(), &cached);
   WorkerActor reference(WorkerOptions{.threads = 1}), served(options);
   ASSERT_TRUE(reference.LoadShard(shard).ok());
   auto loaded = served.LoadShard(shard);
@@ -508,14 +510,7 @@ TEST_F(ModelFetchTest, RecheckAllRewritesOnlyWhatChanged) {
   EXPECT_EQ(*fetcher->RecheckAll(), 0);
   const uint64_t received = fetcher->bytes_received();
   const std::string name = "blk.3.ffn_down.weight";
-  {
-    const int fd = ::open(cached.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    const std::string junk(std::min<uint64_t>(4096, Tensor(name).nbytes), '\x7f');
-    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(Offset(name))),
-              static_cast<ssize_t>(junk.size()));
-    ::close(fd);
-  }
+  Scribble(cached, Offset(name), std::min<uint64_t>(4096, Tensor(name).nbytes));
   // (The fixture's f32 weights are copied at load, so this shard does not see the change;
   // SmolLM2's quantized ones are read from the mapping: tests/cluster/model_fetch_cli_test.py.)
   EXPECT_EQ(*fetcher->RecheckAll(), 1);
