@@ -1,10 +1,13 @@
 # Rust crates with our own C ABI (the Jinja engine, the grammar engine), built by cargo as
 # static libraries and imported as CMake targets.
 #
-#   fucina_cargo_staticlib(TARGET LIB_NAME CRATE_DIR MIN_RUST WHAT)
+#   fucina_cargo_staticlib(TARGET LIB_NAME CRATE_DIR MIN_RUST WHAT
+#                          [PATCH DEP_NAME DEP_VERSION PATCH_FILE])
 #
 # TARGET: the imported library target; LIB_NAME: the crate's [package] name (the archive is
 # lib<LIB_NAME>.a); MIN_RUST: its rust-version; WHAT: who needs it, for messages.
+# PATCH: build against the pinned DEP_NAME DEP_VERSION with PATCH_FILE applied (a fix we need
+# before upstream has it; cmake/PatchedCrate.cmake says how, without touching the source tree).
 #
 # Cargo keeps its whole target tree inside the build directory; --locked pins the dependency
 # versions to the committed Cargo.lock. Cargo tracks its own inputs, so the command lists the
@@ -56,25 +59,46 @@ function(fucina_find_cargo out_var min_rust what)
 endfunction()
 
 function(fucina_cargo_staticlib target lib_name crate_dir min_rust what)
+  cmake_parse_arguments(PARSE_ARGV 5 _arg "" "" "PATCH")
   fucina_find_cargo(_cargo "${min_rust}" "${what}")
   set(FUCINA_CARGO "${_cargo}" CACHE FILEPATH "cargo for the Rust crates (Rust >= each crate's rust-version)" FORCE)
   # Cargo runs the `rustc` first on PATH unless RUSTC names one: the one beside the chosen cargo
   # (same toolchain), so an older rustc earlier on PATH is not used either.
   get_filename_component(_bin "${_cargo}" DIRECTORY)
+  set(_rustc "")
   set(_rustc_env "")
   if(EXISTS "${_bin}/rustc")
-    set(_rustc_env "RUSTC=${_bin}/rustc")
+    set(_rustc "${_bin}/rustc")
+    set(_rustc_env "RUSTC=${_rustc}")
   endif()
 
   set(_target_dir "${CMAKE_CURRENT_BINARY_DIR}/cargo")
   set(_lib "${_target_dir}/release/${CMAKE_STATIC_LIBRARY_PREFIX}${lib_name}${CMAKE_STATIC_LIBRARY_SUFFIX}")
   file(GLOB _sources CONFIGURE_DEPENDS "${crate_dir}/src/*.rs")
+  if(_arg_PATCH)
+    list(LENGTH _arg_PATCH _n)
+    if(NOT _n EQUAL 3)
+      message(FATAL_ERROR "fucina_cargo_staticlib(${target}): PATCH takes DEP_NAME DEP_VERSION PATCH_FILE")
+    endif()
+    list(GET _arg_PATCH 0 _dep_name)
+    list(GET _arg_PATCH 1 _dep_version)
+    list(GET _arg_PATCH 2 _patch_file)
+    set(_build_command
+        ${CMAKE_COMMAND} "-DCARGO=${_cargo}" "-DRUSTC=${_rustc}" "-DCRATE_DIR=${crate_dir}"
+        "-DDEP_NAME=${_dep_name}" "-DDEP_VERSION=${_dep_version}" "-DPATCH_FILE=${_patch_file}"
+        "-DOUT_DIR=${CMAKE_CURRENT_BINARY_DIR}/patched" "-DTARGET_DIR=${_target_dir}"
+        -P "${PROJECT_SOURCE_DIR}/cmake/PatchedCrate.cmake")
+    set(_extra_depends "${_patch_file}" "${PROJECT_SOURCE_DIR}/cmake/PatchedCrate.cmake")
+  else()
+    set(_build_command
+        ${CMAKE_COMMAND} -E env "CARGO_TARGET_DIR=${_target_dir}" ${_rustc_env}
+        "${_cargo}" build --release --locked --quiet --manifest-path "${crate_dir}/Cargo.toml")
+    set(_extra_depends "")
+  endif()
   add_custom_command(
     OUTPUT "${_lib}"
-    COMMAND ${CMAKE_COMMAND} -E env "CARGO_TARGET_DIR=${_target_dir}" ${_rustc_env}
-            "${_cargo}" build --release --locked --quiet
-            --manifest-path "${crate_dir}/Cargo.toml"
-    DEPENDS "${crate_dir}/Cargo.toml" "${crate_dir}/Cargo.lock" ${_sources}
+    COMMAND ${_build_command}
+    DEPENDS "${crate_dir}/Cargo.toml" "${crate_dir}/Cargo.lock" ${_sources} ${_extra_depends}
     WORKING_DIRECTORY "${crate_dir}"
     COMMENT "cargo build: ${lib_name} staticlib"
     VERBATIM)

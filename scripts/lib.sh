@@ -19,7 +19,7 @@ FUCINA_APT_PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libboost-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev libre2-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev patch
 )
 # Only the test suite needs these: Debian's grpcio (an independent gRPC client), PyYAML,
 # promtool and prometheus (to lint live scrapes; the alerts and dashboards against a real

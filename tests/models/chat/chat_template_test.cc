@@ -470,9 +470,37 @@ TEST(ChatTemplateErrors, HostileGgufTemplateFailsWithALimitInsteadOfAborting) {
       // 100 MB of output from a 60-byte loop: the rendered text is capped.
       {"{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
        "the rendered prompt exceeds the limit of 33554432 bytes"},
-      // A list of 100000 references to one 1 MB string prints as 100 GB.
+      // A list of 100000 references to one 1 MB string prints as 100 GB: through our tojson,
+      // and through the engine's own text of a list or map (our patch to minijinja caps it),
+      // however it is asked for.
       {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | tojson }}",
        "tojson: the result exceeds the limit of 33554432 bytes"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) ~ '' }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      {"{% set s = 'x' * 1000000 %}{{ {'a': [s] * 100000} | string }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | pprint }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      {"{% set s = 'x' * 1000000 %}{{ '%s' | format([s] * 100000) }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | lower }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      {"{% set s = 'x' * 1000000 %}{{ '{}'.format([s] * 100000) }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      // Lists doubled 17 times by `+` (cheap, lazy) and then printed.
+      {"{% set ns = namespace(l=['x' * 100000]) %}{% for i in range(17) %}"
+       "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l ~ '' }}",
+       "printing a list or map exceeds the limit of 33554432 bytes"},
+      // Filters that copy or compare every item pay fuel for the bytes (they used to build
+      // 100 GB, or spend minutes comparing the same megabyte).
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | join }}", "out of fuel"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | sum(start='') }}", "out of fuel"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | sort | length }}", "out of fuel"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | max }}", "out of fuel"},
+      {"{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | unique | length }}", "out of fuel"},
+      {"{% set s = 'x' * 1000000 %}{{ ([{'n': s}] * 100000) | sort(attribute='n') | length }}",
+       "out of fuel"},
+      {"{% set s = 'x' * 1000000 %}{{ (('x' * 999999) ~ 'y') in [s] * 100000 }}", "out of fuel"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.source);
@@ -493,6 +521,12 @@ TEST(ChatTemplateErrors, HostileGgufTemplateFailsWithALimitInsteadOfAborting) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(r.status().message(), HasSubstr(c.want));
     std::remove(path.c_str());
+    // The thread that hit a cap renders the next template as usual, lists included.
+    absl::StatusOr<std::string> next =
+        ChatTemplate::FromSource("{{ [1, 'a'] ~ '' }} {{ {'k': [2]} | string }}")
+            .Render({}, ChatRenderOptions());
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(*next, "[1, 'a'] {'k': [2]}");
   }
 }
 

@@ -17,10 +17,13 @@
 //!     string our filters and Python methods build, is capped (`output_limit`), and width-like
 //!     arguments (`tojson` indent, `indent` width, `str.format` widths) are capped at MAX_WIDTH.
 //!     Past a cap the render fails with an error naming it; a failed allocation would abort.
-//!     Not bounded here: the engine's own text of a list or map (`x ~ ''`, `join`, `string`,
-//!     `pprint`, `format`) is built before fuel pays for it, so a list holding many references
-//!     to one large string (`[s] * 100000`) still makes it allocate their whole length; closing
-//!     that needs the engine to bound its Display of containers.
+//!     The engine's own text of a list or map (`x ~ ''`, `string`, `pprint`, `format`, any
+//!     filter taking a string) is capped the same way by our patch to minijinja
+//!     (`patches/minijinja-3.1.0.patch`, applied by the CMake build), which also makes `join`,
+//!     `sum` and `unique` pay fuel for the bytes they copy: without it a list holding many
+//!     references to one large string (`[s] * 100000`) is cheap to build and 100 GB to print.
+//!     Printing past that cap panics inside the engine (`to_string` cannot fail); the render
+//!     catches it and fails with the cap's error.
 //!
 //! Ownership: every `char*` handed out (rendered text, error messages) is allocated here and must
 //! be released with `fucina_jinja_free`. No pointer passed in is retained after a call returns.
@@ -29,10 +32,13 @@
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::fmt::Write as _;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Once;
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Serde, Value, ValueKind};
+use minijinja::value::{
+    object_display_limit_exceeded, set_object_display_limit, Kwargs, Serde, Value, ValueKind,
+};
 use minijinja::{Environment, Error, ErrorKind, Output, State, UndefinedBehavior};
 
 /// Name under which the template is registered; it appears in error messages.
@@ -67,21 +73,41 @@ fn output_limit() -> usize {
     OUTPUT_LIMIT.with(|c| c.get())
 }
 
-/// Sets this thread's output cap for the lifetime of the guard.
+/// Sets this thread's output cap, ours and the engine's for printing a list or map, for the
+/// lifetime of the guard.
 struct OutputLimitGuard {
     previous: usize,
+    previous_object_limit: Option<usize>,
 }
 
 impl OutputLimitGuard {
     fn set(limit: usize) -> OutputLimitGuard {
-        OutputLimitGuard { previous: OUTPUT_LIMIT.with(|c| c.replace(limit)) }
+        OutputLimitGuard {
+            previous: OUTPUT_LIMIT.with(|c| c.replace(limit)),
+            previous_object_limit: set_object_display_limit(Some(limit)),
+        }
     }
 }
 
 impl Drop for OutputLimitGuard {
     fn drop(&mut self) {
         OUTPUT_LIMIT.with(|c| c.set(self.previous));
+        set_object_display_limit(self.previous_object_limit);
     }
+}
+
+/// Keeps the panic hook quiet for the one panic a render expects (printing a list or map past
+/// the cap, see the module comment) and passes every other panic to the previous hook.
+fn install_quiet_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !object_display_limit_exceeded() {
+                previous(info);
+            }
+        }));
+    });
 }
 
 fn too_large(what: &str) -> Error {
@@ -136,6 +162,7 @@ fn make_environment() -> Result<Environment<'static>, Error> {
     );
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_fuel(Some(RENDER_FUEL));
+    install_quiet_panic_hook();
     env.set_unknown_method_callback(python_method);
     env.set_formatter(python_formatter);
     env.add_filter("tojson", tojson_filter);
@@ -762,7 +789,14 @@ fn render(tmpl: &FucinaJinjaTemplate, context_json: &str) -> Result<String, Stri
     let _guard = OutputLimitGuard::set(limit);
     let t = tmpl.env.get_template(TEMPLATE_NAME).map_err(|e| describe_error(&e))?;
     let mut sink = CappedSink { buf: Vec::new(), limit, exceeded: false };
-    let result = t.render_captured_to(Value::from(Serde(&ctx)), &mut sink).map(drop);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        t.render_captured_to(Value::from(Serde(&ctx)), &mut sink).map(drop)
+    }));
+    // Checked first: a capped print may panic, fail the render or be swallowed by the caller.
+    if object_display_limit_exceeded() {
+        return Err(describe_error(&too_large("printing a list or map")));
+    }
+    let result = result.unwrap_or_else(|panic| resume_unwind(panic));
     if sink.exceeded {
         return Err(describe_error(&too_large("the rendered prompt")));
     }
