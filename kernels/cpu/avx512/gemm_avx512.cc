@@ -288,23 +288,36 @@ FUCINA_ALWAYS_INLINE void TransposedTile(const TileBlocks& src, const uint8_t* c
   }
 }
 
+// Groups of kTCols activation rows that share each pass over the weights: a 16-row tile of up
+// to kTChunk blocks is read from memory once, by the first group (with the tile stream's
+// prefetch), and by the others from L1, where each group of 8 used to stream the whole matrix
+// again without prefetch. 4 groups' metadata is 48 KiB of stack.
+constexpr int kTGroups = 4;
+
 template <typename P, Source kSource>
 void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const PackedBlock* pk,
                        int64_t nb, const uint8_t* xb, size_t x_stride, int64_t cols, float* y,
                        size_t y_stride) {
-  ActivationMeta meta;
+  ActivationMeta meta[kTGroups];
   if (kSource == Source::kRows && rows > 0 && cols > 0) {
     const uint8_t* rp[kTRows];
     TileRows(wb, w_stride, 0, static_cast<int>(rows < kTRows ? rows : kTRows), rp);
     PrefetchTile(rp, static_cast<size_t>(nb < kTChunk ? nb : kTChunk) * sizeof(typename P::W));
   }
-  for (int64_t c0 = 0; c0 < cols; c0 += kTCols) {
-    const int nc = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
-    const uint8_t* xc[kTCols];
-    for (int c = 0; c < kTCols; ++c) xc[c] = xb + (c0 + (c < nc ? c : 0)) * x_stride;
+  constexpr int64_t kPassCols = kTGroups * kTCols;
+  for (int64_t p0 = 0; p0 < cols; p0 += kPassCols) {
+    const int64_t pass_cols = cols - p0 < kPassCols ? cols - p0 : kPassCols;
+    const int groups = static_cast<int>((pass_cols + kTCols - 1) / kTCols);
+    const uint8_t* xc[kTGroups][kTCols];
+    int nc[kTGroups];
+    for (int g = 0; g < groups; ++g) {
+      const int64_t c0 = p0 + g * kTCols;
+      nc[g] = static_cast<int>(cols - c0 < kTCols ? cols - c0 : kTCols);
+      for (int c = 0; c < kTCols; ++c) xc[g][c] = xb + (c0 + (c < nc[g] ? c : 0)) * x_stride;
+    }
     for (int64_t b0 = 0; b0 < nb; b0 += kTChunk) {
       const int64_t n = nb - b0 < kTChunk ? nb - b0 : kTChunk;
-      PrepareMeta<P>(xc, nc, b0, n, &meta);
+      for (int g = 0; g < groups; ++g) PrepareMeta<P>(xc[g], nc[g], b0, n, &meta[g]);
       for (int64_t r0 = 0; r0 < rows; r0 += kTRows) {
         const int nr = static_cast<int>(rows - r0 < kTRows ? rows - r0 : kTRows);
         const uint8_t* rp[kTRows];
@@ -318,21 +331,25 @@ void TransposedColumns(const uint8_t* wb, size_t w_stride, int64_t rows, const P
           src.pk = pk + (r0 / kTRows) * nb;
         } else {
           src.tile = wb + r0 * w_stride;
-          if (cols <= kTCols) src.ahead = kStreamAhead;
+          // Later passes find the weights in L2 (the caller's blocks are sized for it).
+          if (p0 == 0) src.ahead = kStreamAhead;
         }
-        float* yt = y + c0 * y_stride + r0;
         const bool acc = b0 > 0;
-#define FUCINA_TILE_CASE(n_cols)                                                         \
-  case n_cols:                                                                            \
-    TransposedTile<P, n_cols, kSource>(src, xc, b0, n, meta, nr, yt, y_stride, acc);      \
+        for (int g = 0; g < groups; ++g) {
+          float* yt = y + (p0 + g * kTCols) * y_stride + r0;
+#define FUCINA_TILE_CASE(n_cols)                                                            \
+  case n_cols:                                                                               \
+    TransposedTile<P, n_cols, kSource>(src, xc[g], b0, n, meta[g], nr, yt, y_stride, acc);   \
     break;
-        switch (nc) {
-          FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
-          FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
-          default:
-            TransposedTile<P, 1, kSource>(src, xc, b0, n, meta, nr, yt, y_stride, acc);
-        }
+          switch (nc[g]) {
+            FUCINA_TILE_CASE(8) FUCINA_TILE_CASE(7) FUCINA_TILE_CASE(6) FUCINA_TILE_CASE(5)
+            FUCINA_TILE_CASE(4) FUCINA_TILE_CASE(3) FUCINA_TILE_CASE(2)
+            default:
+              TransposedTile<P, 1, kSource>(src, xc[g], b0, n, meta[g], nr, yt, y_stride, acc);
+          }
 #undef FUCINA_TILE_CASE
+          src.ahead = 0;  // the first group brought the tile in
+        }
       }
     }
   }
