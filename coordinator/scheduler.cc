@@ -86,11 +86,20 @@ void Scheduler::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool Scheduler::AcceptsLocked() const {
+  // A re-plan (a worker joined or died) is a pause, not an outage: what arrives meanwhile
+  // waits in the queue and runs on the new plan, or fails with the queue if that plan cannot
+  // serve. Before any plan, and after one that left the model unservable, requests fail fast.
+  return ready_ || (plans_ > 0 && (replan_ || replan_drain_ || planning_));
+}
+
 absl::StatusOr<std::shared_ptr<Request>> Scheduler::Reserve() {
   absl::StatusOr<std::shared_ptr<Request>> request;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!ready_) return absl::UnavailableError(absl::StrCat("model not ready: ", status_));
+    if (!AcceptsLocked()) {
+      return absl::UnavailableError(absl::StrCat("model not ready: ", status_));
+    }
     request = admission_.Reserve();
   }
   if (metrics_) metrics_->SetQueue(running_, admission_.waiting());
@@ -105,7 +114,7 @@ void Scheduler::Unreserve(const std::shared_ptr<Request>& request) {
 absl::Status Scheduler::Submit(const std::shared_ptr<Request>& request, GenerateJob job) {
   // Under mu_, so a plan that fails the queue (not ready) cannot miss this request.
   std::lock_guard<std::mutex> lock(mu_);
-  if (!ready_) {
+  if (!AcceptsLocked()) {
     admission_.Unreserve();
     return absl::UnavailableError(absl::StrCat("model not ready: ", status_));
   }

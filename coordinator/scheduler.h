@@ -148,6 +148,8 @@ class Scheduler {
   absl::Status WorkerFailure(const std::string& worker_id, const absl::Status& status);
   // Runs `fn` on every stage; a worker failure marks the stage's worker as failed.
   absl::Status OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn);
+  // Whether Reserve and Submit take a request now. Holds mu_.
+  bool AcceptsLocked() const;
 
   SchedulerOptions options_;
   const Tokenizer& tokenizer_;
