@@ -19,9 +19,10 @@
 //!     Past a cap the render fails with an error naming it; a failed allocation would abort.
 //!     The engine's own text of a list or map (`x ~ ''`, `string`, `pprint`, `format`, any
 //!     filter taking a string) is capped the same way by our patch to minijinja
-//!     (`patches/minijinja-3.1.0.patch`, applied by the CMake build), which also makes `join`,
-//!     `sum` and `unique` pay fuel for the bytes they copy: without it a list holding many
-//!     references to one large string (`[s] * 100000`) is cheap to build and 100 GB to print.
+//!     (`patches/minijinja-3.1.0.patch`, applied by the CMake build), which also makes what
+//!     copies or compares every item (`join`, `sum`, `sort`, `min`/`max`, `unique`, `in`) pay
+//!     fuel for the bytes: without it a list holding many references to one large string
+//!     (`[s] * 100000`) is cheap to build, 100 GB to print and minutes to sort.
 //!     Printing past that cap panics inside the engine (`to_string` cannot fail); the render
 //!     catches it and fails with the cap's error.
 //!
