@@ -63,6 +63,18 @@ def read_until_closed(s, deadline_s=IO_S):
     raise AssertionError(f"the server did not close within {deadline_s} s; got {data[:500]!r}")
 
 
+def post_chat(server, request):
+    """POSTs the JSON bytes `request` to /v1/chat/completions on a connection that closes after
+    the reply; returns the reply's head and body."""
+    with connect(server) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(request), request))
+        reply = read_until_closed(s)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head, body
+
+
 def read_until(s, marker, data=b""):
     deadline = time.monotonic() + IO_S
     while marker not in data:
@@ -172,12 +184,7 @@ class HostileHttpTest(HttpServerTestCase):
         # So is a model name that is not served.
         request = json.dumps({"model": "m" * 60000, "max_tokens": 1,
                               "messages": [{"role": "user", "content": "Hi"}]}).encode()
-        with connect(server) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                      % (len(request), request))
-            reply = read_until_closed(s)
-        head, _, body = reply.partition(b"\r\n\r\n")
+        head, body = post_chat(server, request)
         self.assertTrue(head.startswith(b"HTTP/1.1 404 "), head)
         self.assertLess(len(body), 500, body[:600])
         self.assertIn("(60000 bytes, cut)", json.loads(body)["error"]["message"])
@@ -208,13 +215,8 @@ class HostileTemplateTest(HttpServerTestCase):
         self.wait_healthy(server)
         request = json.dumps({"max_tokens": 2,
                               "messages": [{"role": "user", "content": "Hi"}]}).encode()
-        with connect(server) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                      % (len(request), request))
-            reply = read_until_closed(s)
-        head, _, body = reply.partition(b"\r\n\r\n")
-        self.assertTrue(head.startswith(b"HTTP/1.1 400 "), reply[:500])
+        head, body = post_chat(server, request)
+        self.assertTrue(head.startswith(b"HTTP/1.1 400 "), head + body[:500])
         self.assertIn("tojson: indent 100000000000 exceeds the limit of 4096",
                       json.loads(body)["error"]["message"])
         self.assertIsNone(server.p.poll(), f"the server died\n{server.stderr()}")
