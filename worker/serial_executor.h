@@ -5,7 +5,9 @@
 // result: on the calling thread when the executor is idle (as a strand's dispatch does, saving
 // two thread wake-ups per call, which matter at one call per token per stage), else by posting
 // and waiting. Either way no two tasks overlap, so RPC handlers and in-process clients reach an
-// actor from any thread while its state is touched by one task at a time.
+// actor from any thread while its state is touched by one task at a time. A task runs in the
+// CallScope current where it was posted, so the peer calls it makes are cut with the served
+// call it works for.
 #ifndef FUCINA_WORKER_SERIAL_EXECUTOR_H_
 #define FUCINA_WORKER_SERIAL_EXECUTOR_H_
 
@@ -13,9 +15,12 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
+
+#include "worker/call_scope.h"
 
 namespace fucina {
 
@@ -36,7 +41,7 @@ class SerialExecutor {
   void Post(std::function<void()> task) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
+      tasks_.push_back(Task{std::move(task), CallScope::Current()});
     }
     cv_.notify_one();
   }
@@ -65,7 +70,7 @@ class SerialExecutor {
  private:
   void Loop() {
     while (true) {
-      std::function<void()> task;
+      Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
@@ -76,7 +81,8 @@ class SerialExecutor {
       }
       {
         std::lock_guard<std::mutex> run(run_mu_);
-        task();
+        CallScope::Enter scope(std::move(task.scope));
+        task.run();
       }
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
@@ -88,10 +94,15 @@ class SerialExecutor {
     return tasks_.empty() && !busy_;
   }
 
+  struct Task {
+    std::function<void()> run;
+    std::shared_ptr<CallScope> scope;  // current where it was posted
+  };
+
   mutable std::mutex mu_;   // tasks_, stopping_, busy_
   std::mutex run_mu_;       // held while a task runs, on whichever thread
   std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
+  std::deque<Task> tasks_;
   bool stopping_ = false;
   bool busy_ = false;  // a posted task was taken and has not finished
   std::thread thread_;  // last: starts after the state above exists

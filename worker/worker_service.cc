@@ -2,7 +2,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -95,7 +97,10 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
       const wire::EsSnapshotRequest& request) override {
     grpc::ClientContext context;
-    if (absl::Status closed = Start(&context, deadlines_.es_load_ms); !closed.ok()) return closed;
+    CallScope::Registration scoped;
+    if (absl::Status closed = Start(&context, deadlines_.es_load_ms, &scoped); !closed.ok()) {
+      return closed;
+    }
     std::unique_ptr<grpc::ClientReader<wire::EsSnapshotChunk>> reader =
         stub_->EsSnapshot(&context, request);
     wire::EsSnapshotChunk whole, chunk;
@@ -115,7 +120,7 @@ class GrpcWorkerClient final : public WorkerClient {
       whole.mutable_data()->append(chunk.data());
     }
     grpc::Status status = reader->Finish();
-    Finish(&context);
+    Finish(&context, &scoped);
     if (too_big) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "EsSnapshot: the worker sent more than ", request.max_bytes(), " bytes"));
@@ -128,6 +133,7 @@ class GrpcWorkerClient final : public WorkerClient {
     // Owns what the call needs until gRPC's callback (on one of its threads) is done with it.
     struct AsyncCall {
       grpc::ClientContext context;
+      CallScope::Registration scoped;
       wire::ForwardRequest request;
       wire::ForwardResponse reply;
       ForwardCallback done;
@@ -139,7 +145,8 @@ class GrpcWorkerClient final : public WorkerClient {
       std::lock_guard<std::mutex> lock(mu_);
       ++async_calls_;
     }
-    if (absl::Status closed = Start(&call->context, deadlines_.forward_ms); !closed.ok()) {
+    if (absl::Status closed = Start(&call->context, deadlines_.forward_ms, &call->scoped);
+        !closed.ok()) {
       ForwardCallback reply = std::move(call->done);
       delete call;
       reply(closed);
@@ -149,7 +156,7 @@ class GrpcWorkerClient final : public WorkerClient {
     }
     stub_->async()->Forward(&call->context, &call->request, &call->reply,
                             [this, call](grpc::Status status) {
-                              Finish(&call->context);
+                              Finish(&call->context, &call->scoped);
                               absl::StatusOr<wire::ForwardResponse> result =
                                   status.ok() ? absl::StatusOr<wire::ForwardResponse>(
                                                     std::move(call->reply))
@@ -184,22 +191,28 @@ class GrpcWorkerClient final : public WorkerClient {
   }
 
  private:
-  // Every call's context: its deadline and the join token, and a place in in_flight_ (where
-  // CancelInFlight reaches it) until Finish.
+  // Every call's context: its deadline and the join token, a place in in_flight_ (where
+  // CancelInFlight reaches it) and, when it is made for a served call, in that call's scope
+  // (`scoped`: the served call being cancelled cuts this one) until Finish.
   // UNAVAILABLE (and nothing registered) once the client is closed.
-  absl::Status Start(grpc::ClientContext* context, int deadline_ms) {
+  absl::Status Start(grpc::ClientContext* context, int deadline_ms,
+                     CallScope::Registration* scoped) {
     context->set_deadline(std::chrono::system_clock::now() +
                           std::chrono::milliseconds(deadline_ms));
     credentials_.Prepare(context);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) {
-      return absl::UnavailableError("the worker was declared dead (its client is closed)");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) {
+        return absl::UnavailableError("the worker was declared dead (its client is closed)");
+      }
+      in_flight_.insert(context);
     }
-    in_flight_.insert(context);
+    *scoped = CallScope::OnCancel([context] { context->TryCancel(); });
     return absl::OkStatus();
   }
-  // After this, CancelInFlight no longer reaches `context`, which is about to die.
-  void Finish(grpc::ClientContext* context) {
+  // After this, neither CancelInFlight nor the scope reaches `context`, which is about to die.
+  void Finish(grpc::ClientContext* context, CallScope::Registration* scoped) {
+    scoped->Reset();
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.erase(context);
   }
@@ -209,10 +222,11 @@ class GrpcWorkerClient final : public WorkerClient {
                                  grpc::ClientContext*, const Request&, Reply*),
                              const Request& request, int deadline_ms) {
     grpc::ClientContext context;
-    if (absl::Status closed = Start(&context, deadline_ms); !closed.ok()) return closed;
+    CallScope::Registration scoped;
+    if (absl::Status closed = Start(&context, deadline_ms, &scoped); !closed.ok()) return closed;
     Reply reply;
     grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
-    Finish(&context);
+    Finish(&context, &scoped);
     if (!status.ok()) return FromWorkerCall(status, context);
     return reply;
   }
@@ -247,20 +261,16 @@ void WorkerService::WatchCancellations() {
     // Polls only while calls are being served: an idle worker's watcher does not wake.
     cv_.wait(lock, [this] { return stopping_ || !serving_.empty(); });
     cv_.wait_for(lock, std::chrono::milliseconds(kCancelPollMs));
-    bool cancelled = false;
-    for (grpc::ServerContext* context : serving_) cancelled |= context->IsCancelled();
-    if (!cancelled) continue;
+    std::vector<std::shared_ptr<CallScope>> cancelled;
+    for (const auto& [context, scope] : serving_) {
+      if (context->IsCancelled() && !scope->cancelled()) cancelled.push_back(scope);
+    }
+    if (cancelled.empty()) continue;
     lock.unlock();
-    worker_.CancelInFlight();
+    // The peer calls made for these calls only: another call's (a concurrent micro-batch's
+    // next-stage call) runs on.
+    for (const auto& scope : cancelled) scope->Cancel();
     lock.lock();
-    // Once per cancelled call is enough: wait for it to leave before looking again.
-    cv_.wait(lock, [&] {
-      if (stopping_) return true;
-      for (grpc::ServerContext* context : serving_) {
-        if (context->IsCancelled()) return false;
-      }
-      return true;
-    });
   }
 }
 
@@ -272,13 +282,17 @@ grpc::Status WorkerService::Serve(grpc::ServerContext* context, std::string_view
     return s;
   }
   bool first = false;
+  auto scope = std::make_shared<CallScope>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     first = serving_.empty();
-    serving_.insert(context);
+    serving_.emplace(context, scope);
   }
   if (first) cv_.notify_all();  // the watcher sleeps while nothing is served
-  absl::StatusOr<Reply> result = run();
+  absl::StatusOr<Reply> result = [&] {
+    CallScope::Enter enter(scope);
+    return run();
+  }();
   {
     std::lock_guard<std::mutex> lock(mu_);
     serving_.erase(context);

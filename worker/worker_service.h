@@ -2,17 +2,19 @@
 // actor). Handlers run on gRPC's threads; each passes the call through the gate (join token,
 // peer certificate) and only then hands the request to the actor, which runs it on its own
 // executor. A call its client gives up on (cancelled, past its deadline) is noticed within
-// kCancelPollMs and passed on as worker.CancelInFlight(), so a stage waiting on a hung expert
-// worker is freed when the coordinator cancels the stage's call.
+// kCancelPollMs and its CallScope cancelled: the peer calls made for it (a hung expert, the
+// next stage) are cut, and those of the other calls in flight run on.
 #ifndef FUCINA_WORKER_WORKER_SERVICE_H_
 #define FUCINA_WORKER_WORKER_SERVICE_H_
 
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "fucina/cluster/v1/worker.grpc.pb.h"
+#include "worker/call_scope.h"
 #include "worker/cluster_auth.h"
 #include "worker/worker_client.h"
 
@@ -62,14 +64,14 @@ class WorkerService final : public wire::Worker::Service {
   grpc::Status Serve(grpc::ServerContext* context, std::string_view method, Run run,
                      Reply* response);
 
-  // Polls the calls being served; the first one found cancelled is passed on to the worker.
+  // Polls the calls being served and cancels the scope of each one found cancelled.
   void WatchCancellations();
 
   WorkerClient& worker_;
   const CallGate& gate_;
   std::mutex mu_;  // serving_, stopping_
   std::condition_variable cv_;
-  absl::flat_hash_set<grpc::ServerContext*> serving_;
+  absl::flat_hash_map<grpc::ServerContext*, std::shared_ptr<CallScope>> serving_;
   bool stopping_ = false;
   std::thread watcher_;  // last
 };

@@ -18,6 +18,7 @@
 
 #include "tests/worker/fake_worker_client.h"
 #include "tests/worker/fixture_model.h"
+#include "worker/call_scope.h"
 #include "worker/cluster_auth.h"
 #include "worker/grpc_util.h"
 #include "worker/sampling_wire.h"
@@ -89,10 +90,18 @@ class Server {
   std::string address_;
 };
 
-// A worker whose Forward hangs (as a stopped process does) until released.
+// A worker whose Forward hangs (as a stopped process does) until released. Behind a Server,
+// it counts the calls whose caller gave up (their CallScope was cancelled) while they hung.
 class HangingWorker : public FakeWorkerClient {
  public:
   absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
+    CallScope::Registration cut = CallScope::OnCancel([this] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++cut_;
+      }
+      cv_.notify_all();
+    });
     std::unique_lock<std::mutex> lock(mu_);
     ++entered_;
     cv_.notify_all();
@@ -102,6 +111,14 @@ class HangingWorker : public FakeWorkerClient {
   bool WaitEntered(int n) {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, kBound, [&] { return entered_ >= n; });
+  }
+  bool WaitCut(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kBound, [&] { return cut_ >= n; });
+  }
+  int cut() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cut_;
   }
   void Release() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -113,6 +130,7 @@ class HangingWorker : public FakeWorkerClient {
   std::mutex mu_;
   std::condition_variable cv_;
   int entered_ = 0;
+  int cut_ = 0;
   bool released_ = false;
 };
 
@@ -224,6 +242,39 @@ TEST_F(AsyncForwardTest, AClosedClientCutsItsCallsAndRefusesNewOnesAtOnce) {
   ASSERT_TRUE(later.Arrives(std::chrono::milliseconds(0)));
   EXPECT_TRUE(absl::IsUnavailable(later.future.get().status()));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+}
+
+// Cancelling one served call cuts the peer calls made for it and no other: two calls to a
+// stage wait on its next stage, the caller of one gives up; that call's next-stage call is cut,
+// and the other's runs on to the next stage's reply. (Every peer call of the stage used to be
+// cut, so the other call failed too, naming the next stage.)
+TEST_F(AsyncForwardTest, CancellingOneServedCallCutsOnlyItsOwnPeerCalls) {
+  HangingWorker next;
+  Server next_server(next);
+  std::shared_ptr<WorkerClient> next_client = next_server.Client();
+  WorkerActor stage({.threads = 1}, [&](const wire::Peer&) { return next_client; });
+  wire::LoadShardRequest shard = Shard(0, 0, kLayers / 2, true, false);
+  shard.mutable_next_stage()->set_worker_id("next");
+  ASSERT_TRUE(stage.LoadShard(shard).ok());
+  Server server(stage);
+  std::unique_ptr<WorkerClient> a_caller = server.Client(), b_caller = server.Client();
+  Awaited a, b;
+  a_caller->ForwardAsync(Request(1), a.Callback());
+  b_caller->ForwardAsync(Request(2), b.Callback());
+  ASSERT_TRUE(next.WaitEntered(2));
+  a_caller->CancelInFlight();
+  ASSERT_TRUE(a.Arrives());
+  EXPECT_TRUE(absl::IsCancelled(a.future.get().status()));
+  // Within a poll of each server: the stage cuts A's next-stage call, and the next stage sees
+  // that call's caller gone.
+  ASSERT_TRUE(next.WaitCut(1));
+  EXPECT_FALSE(b.Arrives(std::chrono::milliseconds(10 * WorkerService::kCancelPollMs)));
+  EXPECT_EQ(next.cut(), 1);
+  next.Release();
+  ASSERT_TRUE(b.Arrives());
+  Reply r = b.future.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_chain_failure()) << r->chain_failure().message();
 }
 
 TEST(HoldingWorkerClient, RepliesArriveInTheOrderTheTestReleasesThem) {
