@@ -105,6 +105,12 @@ std::vector<Shape> Shapes(int block) {
     s.push_back({23, 2085, 14});
     s.push_back({6, 17, 7});
   }
+  if (block == 256) {
+    // k-quants: one pass of three column groups (AVX-512: up to 4 groups of 8 share a pass)
+    // with a ragged last one, and past a pass (those unpack the weights first).
+    s.push_back({37, 5 * block, 20});
+    s.push_back({21, 3 * block, 40});
+  }
   if (block == 32) {
     // Past one pass of column groups (AVX-512: 4 groups of 8) and a ragged last group.
     s.push_back({130, 48 * block, 33});

@@ -237,7 +237,7 @@ TEST(TileLayoutTest, PackedKernelsEqualRowKernelsBitForBit) {
         // Past two activation chunks (k-quants: 16 super-blocks, else 128 blocks).
         const int64_t most = BlockOf(type) == 256 ? 35 : 131;
         for (int64_t nb : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{18}, most}) {
-          for (int64_t m : {1, 3, 8, 9, 33}) {
+          for (int64_t m : {1, 3, 8, 9, 20, 33}) {
             const int64_t k = nb * BlockOf(type);
             const std::vector<uint8_t> w = RandomMatrix(type, rows, k, seed++);
             const WeightView view = WeightView::Dense(w.data(), type, rows, k);
