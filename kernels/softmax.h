@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
+
 namespace fucina {
 
 // Dispatched by ActiveIsa(). SIMD paths use a polynomial exp (max relative error ~2 ulp,
@@ -20,6 +22,18 @@ void Softmax(float* x, int64_t rows, int64_t n, float scale, const float* mask,
 // Scalar reference: exp and the normalizing sum in double, rounded to float at the end.
 void SoftmaxRef(float* x, int64_t rows, int64_t n, float scale, const float* mask,
                 int64_t mask_row_stride);
+
+// log(sum_j exp(x[j])) over x[0, n): the normalizer of a log-softmax (a sampled token's
+// logprob is x[id] - LogSumExp). NaN entries count as -inf; -inf when every entry is (or n is
+// 0), +inf when one is +inf. Dispatched by ActiveIsa(): the SIMD paths take the max and the
+// exps of the differences in vectors (Softmax's exp, ~2 ulp) and sum them in double, within
+// 1e-6 of LogSumExpRef for rows up to 256k entries; `scratch` holds n floats.
+double LogSumExp(const float* x, int64_t n, float* scratch);
+// The same at a given ISA level (at most DetectedIsa()), for tests.
+double LogSumExpIsa(const float* x, int64_t n, float* scratch, Isa isa);
+
+// Scalar reference: the max, then std::exp of the differences summed in double.
+double LogSumExpRef(const float* x, int64_t n);
 
 }  // namespace fucina
 

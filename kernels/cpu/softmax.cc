@@ -46,4 +46,61 @@ void Softmax(float* x, int64_t rows, int64_t n, float scale, const float* mask,
   SoftmaxRef(x, rows, n, scale, mask, mask_row_stride);
 }
 
+namespace {
+
+using MaxFn = float (*)(const float*, int64_t);
+using ExpFn = float (*)(const float*, float, float*, int64_t);
+
+double LogSumExpWith(MaxFn max_of, ExpFn exp_of, const float* x, int64_t n, float* scratch) {
+  if (n <= 0) return -std::numeric_limits<double>::infinity();
+  const float max = max_of(x, n);  // NaNs ignored; -inf when every entry is -inf or NaN
+  if (std::isinf(max)) return max;
+  exp_of(x, max, scratch, n);
+  // The exps summed in double (8 chains): a vocabulary's 150k float terms summed in float
+  // lanes drift by ~1e-5 relative, which a logprob would carry.
+  double lane[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += scratch[j + l];
+  }
+  double sum = 0.0;
+  for (; j < n; ++j) sum += scratch[j];
+  for (double v : lane) sum += v;
+  // A NaN entry makes the sum NaN: such rows (never seen from a healthy model) take the
+  // reference, which skips them.
+  if (std::isnan(sum)) return LogSumExpRef(x, n);
+  return max + std::log(sum);
+}
+
+}  // namespace
+
+double LogSumExpRef(const float* x, int64_t n) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    if (x[j] > max) max = x[j];  // false for NaN
+  }
+  if (std::isinf(max)) return max;
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!std::isnan(x[j])) sum += std::exp(static_cast<double>(x[j]) - max);
+  }
+  return max + std::log(sum);
+}
+
+double LogSumExp(const float* x, int64_t n, float* scratch) {
+  return LogSumExpIsa(x, n, scratch, ActiveIsa());
+}
+
+double LogSumExpIsa(const float* x, int64_t n, float* scratch, Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return LogSumExpWith(avx512::MaxF32, avx512::ExpF32, x, n, scratch);
+    case Isa::kAvx2:
+      return LogSumExpWith(avx2::MaxF32, avx2::ExpF32, x, n, scratch);
+    case Isa::kScalar:
+      break;
+  }
+  return LogSumExpRef(x, n);
+}
+
 }  // namespace fucina

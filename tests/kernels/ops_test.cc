@@ -170,6 +170,46 @@ TEST(ExpTest, SumAndMaxOfASpan) {
   }
 }
 
+// The normalizer of a sampled token's logprob, over vocabulary-sized rows: every level within
+// 1e-6 of the reference; NaN entries count as -inf; all -inf (or empty) gives -inf.
+TEST(LogSumExpTest, LevelsMatchTheReferenceOnVocabularyRows) {
+  std::vector<Isa> levels = {Isa::kScalar};
+  if (DetectedIsa() >= Isa::kAvx2) levels.push_back(Isa::kAvx2);
+  if (DetectedIsa() >= Isa::kAvx512) levels.push_back(Isa::kAvx512);
+  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{49152}, int64_t{151936}, int64_t{262144}}) {
+    // Logits as a model gives them: a few peaks well above a broad floor.
+    std::vector<float> x = Random(n, -12.0f, 8.0f, 7 + static_cast<uint32_t>(n));
+    for (int64_t i = 0; i < n; i += 997) x[i] += 15.0f;
+    std::vector<float> scratch(n);
+    const double want = LogSumExpRef(x.data(), n);
+    // In double over the same terms: the reference itself.
+    double max = -kInf, sum = 0.0;
+    for (float v : x) max = std::max<double>(max, v);
+    for (float v : x) sum += std::exp(double(v) - max);
+    EXPECT_NEAR(want, max + std::log(sum), 1e-6);
+    for (Isa isa : levels) {
+      SCOPED_TRACE(std::string(IsaName(isa)) + " n=" + std::to_string(n));
+      EXPECT_NEAR(LogSumExpIsa(x.data(), n, scratch.data(), isa), want, 1e-6);
+      if (n == 1) continue;
+      std::vector<float> with_nan = x;
+      with_nan[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      const double got = LogSumExpIsa(with_nan.data(), n, scratch.data(), isa);
+      EXPECT_FALSE(std::isnan(got));
+      EXPECT_NEAR(got, LogSumExpRef(with_nan.data(), n), 1e-6);
+    }
+  }
+  for (Isa isa : levels) {
+    const float none[3] = {-kInf, std::numeric_limits<float>::quiet_NaN(), -kInf};
+    float scratch[3];
+    EXPECT_EQ(LogSumExpIsa(none, 3, scratch, isa), -kInf) << IsaName(isa);
+    EXPECT_EQ(LogSumExpIsa(none, 0, scratch, isa), -kInf) << IsaName(isa);
+    const float one[2] = {2.0f, -kInf};
+    EXPECT_DOUBLE_EQ(LogSumExpIsa(one, 2, scratch, isa), 2.0) << IsaName(isa);
+    const float two[2] = {std::log(3.0f), std::log(5.0f)};
+    EXPECT_NEAR(LogSumExpIsa(two, 2, scratch, isa), std::log(8.0), 1e-6) << IsaName(isa);
+  }
+}
+
 TEST(RmsNormTest, ReferenceHandCase) {
   const float x[2] = {3.0f, 4.0f};
   const float w[2] = {2.0f, -1.0f};
