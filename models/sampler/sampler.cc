@@ -6,6 +6,8 @@
 #include <limits>
 #include <utility>
 
+#include "kernels/softmax.h"
+
 namespace fucina {
 namespace {
 
@@ -95,6 +97,38 @@ void ApplyTopP(std::vector<Candidate>& candidates, float p) {
   }
 }
 
+void SortAndApplyTopP(std::vector<Candidate>& candidates, float p) {
+  if (p < 1.0f && !candidates.empty()) {
+    float max = kNegInf;
+    for (const Candidate& c : candidates) max = std::max(max, c.logit);
+    if (!std::isinf(max)) {
+      // The weights as SoftmaxWeights forms them; the total in index order rather than sorted
+      // order (the same sum to rounding in the last bits).
+      double total = 0.0;
+      for (const Candidate& c : candidates) total += std::exp(c.logit - double(max));
+      const double target = double(p) * total;
+      // The m best, sorted, are the sorted order's first m: if the nucleus ends among them
+      // the cut is ApplyTopP's. Else 8x more, up to sorting everything.
+      std::vector<Candidate> top;
+      for (size_t m = 256; m < candidates.size(); m *= 8) {
+        top.assign(candidates.begin(), candidates.end());
+        ApplyTopK(top, static_cast<int32_t>(m));
+        double cum = 0.0;
+        for (size_t i = 0; i < top.size(); ++i) {
+          cum += std::exp(top[i].logit - double(max));
+          if (cum >= target) {
+            top.resize(i + 1);
+            candidates.swap(top);
+            return;
+          }
+        }
+      }
+    }
+  }
+  ApplyTopK(candidates, 0);
+  ApplyTopP(candidates, p);
+}
+
 void ApplyMinP(std::vector<Candidate>& candidates, float p) {
   if (p <= 0.0f || candidates.empty()) return;
   // p_i >= p * p_max  <=>  logit_i >= logit_max + ln(p).
@@ -136,8 +170,19 @@ void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> his
 
   candidates_.resize(work_.size());
   for (size_t i = 0; i < work_.size(); ++i) candidates_[i] = {static_cast<int32_t>(i), work_[i]};
-  ApplyTopK(candidates_, params_.top_k);
-  ApplyTopP(candidates_, params_.top_p);
+  if (params_.top_k > 0) {
+    ApplyTopK(candidates_, params_.top_k);
+    ApplyTopP(candidates_, params_.top_p);
+  } else {
+    if (params_.top_p >= 1.0f && params_.min_p > 0.0f) {
+      // Only min-p cuts: what it drops (below the best + ln(min_p)) need not be sorted.
+      float max = kNegInf;
+      for (const Candidate& c : candidates_) max = std::max(max, c.logit);
+      const float threshold = max + std::log(params_.min_p);
+      std::erase_if(candidates_, [&](const Candidate& c) { return c.logit < threshold; });
+    }
+    SortAndApplyTopP(candidates_, params_.top_p);
+  }
   ApplyMinP(candidates_, params_.min_p);
   for (Candidate& c : candidates_) c.logit /= params_.temperature;
 }
@@ -175,17 +220,12 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
     }
   }
 
-  // Raw distribution: log-softmax of the logits as given (NaN as -inf).
+  // Raw distribution: log-softmax of the logits as given (NaN as -inf). The normalizer is one
+  // vectorized pass (it used to be most of a greedy row's cost: a scalar exp per entry);
+  // work_, done with once Filter has chosen the candidates, holds the exps.
   auto raw = [&](size_t i) { return std::isnan(logits[i]) ? kNegInf : logits[i]; };
-  float max_logit = kNegInf;
-  for (size_t i = 0; i < logits.size(); ++i) max_logit = std::max(max_logit, raw(i));
-  double log_z = max_logit;
-  if (!std::isinf(max_logit)) {
-    double sum = 0.0;
-    // Float exp (relative error ~1e-7) summed in double: logprobs stay well within 1e-5.
-    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(raw(i) - max_logit);
-    log_z = max_logit + std::log(sum);
-  }
+  const double log_z =
+      LogSumExp(logits.data(), static_cast<int64_t>(logits.size()), work_.data());
   result.logprob = static_cast<float>(double(raw(result.id)) - log_z);
 
   const size_t k = std::min(size_t(std::max(params_.top_logprobs, 0)), logits.size());

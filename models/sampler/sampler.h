@@ -114,6 +114,10 @@ void ApplyTopP(std::vector<Candidate>& candidates, float p);
 // Keeps tokens whose probability is at least p times the most likely one's, i.e. logit >=
 // max_logit + ln(p) (p <= 0: all).
 void ApplyMinP(std::vector<Candidate>& candidates, float p);
+// ApplyTopK(candidates, 0) then ApplyTopP(candidates, p), sorting only as many of the best
+// candidates as the nucleus needs (the total mass is one pass over all of them): sorting a
+// 150k vocabulary cost ~7-25 ms a row where a nucleus holds a few hundred.
+void SortAndApplyTopP(std::vector<Candidate>& candidates, float p);
 
 // Which tokens may come next, and the token that did (constrained decoding: a grammar,
 // models/grammar). Masks are one bit per token: bit (i % 32) of word i / 32.

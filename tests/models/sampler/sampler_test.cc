@@ -179,6 +179,34 @@ TEST(Filters, TopPKeepsTheSmallestPrefixReachingP) {
   EXPECT_THAT(run(1.00f), ElementsAre(1, 3, 2, 0));
 }
 
+// Top-k off: the nucleus found by sorting only the leading candidates is the one sorting the
+// whole vocabulary gives, for small and large nuclei (the latter past every partial sort) and
+// with masked (-inf) entries.
+TEST(Filters, SortAndApplyTopPEqualsSortingEverything) {
+  const int n = 49152;
+  for (int shape = 0; shape < 3; ++shape) {
+    std::vector<float> logits(n);
+    uint64_t state = 17 + shape;
+    for (int i = 0; i < n; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const float u = static_cast<float>(state >> 40) / static_cast<float>(1 << 24);
+      // 0: a peaked model (a few tokens far above the rest); 1: nearly flat; 2: peaked with
+      // a masked half.
+      logits[i] = shape == 1 ? u : (i % 4099 == 0 ? 12.0f + u : 8.0f * u - 4.0f);
+      if (shape == 2 && i % 2 == 1) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+    for (float p : {0.05f, 0.5f, 0.9f, 0.95f, 0.999f, 1.0f}) {
+      SCOPED_TRACE("shape " + std::to_string(shape) + " p " + std::to_string(p));
+      std::vector<Candidate> want = FromLogits(logits);
+      ApplyTopK(want, 0);
+      ApplyTopP(want, p);
+      std::vector<Candidate> got = FromLogits(logits);
+      SortAndApplyTopP(got, p);
+      EXPECT_EQ(Ids(got), Ids(want));
+    }
+  }
+}
+
 TEST(Filters, MinPKeepsTokensAtLeastPTimesTheBest) {
   auto run = [](float p) {
     std::vector<Candidate> c = FromLogits(FourWay());
