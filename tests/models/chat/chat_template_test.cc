@@ -501,6 +501,13 @@ TEST(ChatTemplateErrors, HostileGgufTemplateFailsWithALimitInsteadOfAborting) {
       {"{% set s = 'x' * 1000000 %}{{ ([{'n': s}] * 100000) | sort(attribute='n') | length }}",
        "out of fuel"},
       {"{% set s = 'x' * 1000000 %}{{ (('x' * 999999) ~ 'y') in [s] * 100000 }}", "out of fuel"},
+      // List methods compare bytes that fuel does not see: a budget per render (32x the cap),
+      // whether one call asks for 100 GB or a loop for 1 MB at a time.
+      {"{% set s = 'x' * 1000000 %}{{ (([s] * 100000) | list).count(('x' * 999999) ~ 'y') }}",
+       "count(): list methods would compare more than 1073741824 bytes in this render"},
+      {"{% set l = ['x' * 1000000] %}{% set t = ('x' * 999999) ~ 'y' %}"
+       "{% for i in range(2000) %}{{ l.count(t) }}{% endfor %}",
+       "count(): list methods would compare more than 1073741824 bytes in this render"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.source);

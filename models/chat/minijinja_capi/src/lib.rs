@@ -64,10 +64,46 @@ const OUTPUT_LIMIT_PER_CONTEXT_BYTE: usize = 4;
 /// single digits.
 const MAX_WIDTH: usize = 4096;
 
+/// The bytes Python methods on lists (`.count(x)`, `.index(x)`) may compare over one render,
+/// as a multiple of its output cap: the engine charges a method call the string it is called
+/// on, not a list's items, so with a 1 MB `s` one `(([s] * 100000) | list).count(t)` compared
+/// 100 GB (seconds of memcmp), and a loop of them ran for hours. Real templates call list
+/// methods on a handful of short items.
+const METHOD_BYTES_PER_OUTPUT_BYTE: usize = 32;
+
 thread_local! {
     /// The cap of the render running on this thread (renders are synchronous, one per thread
     /// at a time); MIN_OUTPUT_LIMIT outside a render.
     static OUTPUT_LIMIT: Cell<usize> = const { Cell::new(MIN_OUTPUT_LIMIT) };
+    /// What Python methods on lists may still compare in this render.
+    static METHOD_BYTES_LEFT: Cell<usize> =
+        const { Cell::new(MIN_OUTPUT_LIMIT * METHOD_BYTES_PER_OUTPUT_BYTE) };
+}
+
+/// Charges a Python method called on a list for the bytes it may compare: per item, 8 and up
+/// to the shorter of the item and the longest string argument (what comparing them reads).
+fn charge_method_bytes(method: &str, value: &Value, args: &[Value]) -> Result<(), Error> {
+    if value.kind() != ValueKind::Seq {
+        return Ok(());
+    }
+    let arg_len = args.iter().map(|a| a.as_str().map_or(0, str::len)).max().unwrap_or(0);
+    let mut bytes = 0usize;
+    for item in value.try_iter()? {
+        let compared = item.as_str().map_or(0, str::len).min(arg_len);
+        bytes = bytes.saturating_add(compared.saturating_add(8));
+    }
+    let left = METHOD_BYTES_LEFT.with(|c| c.get());
+    if bytes > left {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "{method}(): list methods would compare more than {} bytes in this render",
+                output_limit().saturating_mul(METHOD_BYTES_PER_OUTPUT_BYTE)
+            ),
+        ));
+    }
+    METHOD_BYTES_LEFT.with(|c| c.set(left - bytes));
+    Ok(())
 }
 
 fn output_limit() -> usize {
@@ -79,6 +115,7 @@ fn output_limit() -> usize {
 struct OutputLimitGuard {
     previous: usize,
     previous_object_limit: Option<usize>,
+    previous_method_bytes: usize,
 }
 
 impl OutputLimitGuard {
@@ -86,6 +123,8 @@ impl OutputLimitGuard {
         OutputLimitGuard {
             previous: OUTPUT_LIMIT.with(|c| c.replace(limit)),
             previous_object_limit: set_object_display_limit(Some(limit)),
+            previous_method_bytes: METHOD_BYTES_LEFT
+                .with(|c| c.replace(limit.saturating_mul(METHOD_BYTES_PER_OUTPUT_BYTE))),
         }
     }
 }
@@ -94,6 +133,7 @@ impl Drop for OutputLimitGuard {
     fn drop(&mut self) {
         OUTPUT_LIMIT.with(|c| c.set(self.previous));
         set_object_display_limit(self.previous_object_limit);
+        METHOD_BYTES_LEFT.with(|c| c.set(self.previous_method_bytes));
     }
 }
 
@@ -237,6 +277,7 @@ fn python_method(
     method: &str,
     args: &[Value],
 ) -> Result<Value, Error> {
+    charge_method_bytes(method, value, args)?;
     if let Some(s) = value.as_str() {
         match method {
             "format" => check_format_widths(s)?,
