@@ -19,6 +19,16 @@ bool Before(const Candidate& a, const Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// The largest logit among `candidates`, in any order (-inf for none).
+float MaxLogit(const std::vector<Candidate>& candidates) {
+  float max = kNegInf;
+  for (const Candidate& c : candidates) max = std::max(max, c.logit);
+  return max;
+}
+
+// min-p's cut: p_i >= p * p_max  <=>  logit_i >= logit_max + ln(p).
+float MinPThreshold(float max_logit, float p) { return max_logit + std::log(p); }
+
 // exp(logit - max) of each candidate into `weights`; returns their sum. `candidates` sorted,
 // so candidates[0] holds the max.
 double SoftmaxWeights(const std::vector<Candidate>& candidates, std::vector<double>& weights) {
@@ -99,8 +109,7 @@ void ApplyTopP(std::vector<Candidate>& candidates, float p) {
 
 void SortAndApplyTopP(std::vector<Candidate>& candidates, float p) {
   if (p < 1.0f && !candidates.empty()) {
-    float max = kNegInf;
-    for (const Candidate& c : candidates) max = std::max(max, c.logit);
+    const float max = MaxLogit(candidates);
     if (!std::isinf(max)) {
       // The weights as SoftmaxWeights forms them; the total in index order rather than sorted
       // order (the same sum to rounding in the last bits).
@@ -131,8 +140,7 @@ void SortAndApplyTopP(std::vector<Candidate>& candidates, float p) {
 
 void ApplyMinP(std::vector<Candidate>& candidates, float p) {
   if (p <= 0.0f || candidates.empty()) return;
-  // p_i >= p * p_max  <=>  logit_i >= logit_max + ln(p).
-  const float threshold = candidates[0].logit + std::log(p);
+  const float threshold = MinPThreshold(candidates[0].logit, p);
   size_t keep = 1;  // The most likely token always passes.
   while (keep < candidates.size() && candidates[keep].logit >= threshold) ++keep;
   candidates.resize(keep);
@@ -175,10 +183,8 @@ void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> his
     ApplyTopP(candidates_, params_.top_p);
   } else {
     if (params_.top_p >= 1.0f && params_.min_p > 0.0f) {
-      // Only min-p cuts: what it drops (below the best + ln(min_p)) need not be sorted.
-      float max = kNegInf;
-      for (const Candidate& c : candidates_) max = std::max(max, c.logit);
-      const float threshold = max + std::log(params_.min_p);
+      // Only min-p cuts: what it drops need not be sorted.
+      const float threshold = MinPThreshold(MaxLogit(candidates_), params_.min_p);
       std::erase_if(candidates_, [&](const Candidate& c) { return c.logit < threshold; });
     }
     SortAndApplyTopP(candidates_, params_.top_p);
