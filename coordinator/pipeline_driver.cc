@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "models/speculative/drafter.h"
+#include "worker/forward_reply.h"
 #include "worker/sampling_wire.h"
 
 namespace fucina {
@@ -22,9 +24,15 @@ struct PipelineDriver::Running {
 struct PipelineDriver::Group {
   std::vector<Running*> members;  // in arrival order
   bool in_flight = false;
-  // The step in flight: segment i is order[i]'s, with tokens[i] of its tokens.
+  // Session operations for the group's next step: its members' slots (an eviction, a reused or
+  // copied prefix) and releases of requests that left. One step at a time per group keeps them
+  // ordered with the steps of those sessions.
+  SessionOpList ops;
+  // The step in flight: segment i is order[i]'s, with tokens[i] of its tokens; ops_sent its
+  // session operations.
   std::vector<Running*> order;
   std::vector<int64_t> tokens;
+  SessionOpList ops_sent;
 };
 
 PipelineDriver::PipelineDriver(SlotTable& slots, Metrics* metrics, Hooks hooks)
@@ -45,7 +53,8 @@ void PipelineDriver::Reset(std::shared_ptr<WorkerClient> entry, std::string entr
   groups_.assign(std::max(1, options.micro_batches), Group());
 }
 
-void PipelineDriver::Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot* slot) {
+void PipelineDriver::Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot* slot,
+                         SessionOpList ops) {
   auto r = std::make_unique<Running>();
   r->prompt_pos = static_cast<size_t>(output->cached());
   r->output = std::move(output);
@@ -61,6 +70,7 @@ void PipelineDriver::Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot*
   }
   r->group = g;
   groups_[g].members.push_back(r.get());
+  for (wire::SessionOp& op : ops) groups_[g].ops.push_back(std::move(op));
   running_.push_back(std::move(r));
 }
 
@@ -80,7 +90,7 @@ int PipelineDriver::LaunchGroup(int g) {
   for (Running* r : cancelled) End(r, absl::CancelledError("cancelled"));
   Group& group = groups_[g];
   const int left = static_cast<int>(cancelled.size());
-  if (group.members.empty() || entry_ == nullptr) return left;
+  if ((group.members.empty() && group.ops.empty()) || entry_ == nullptr) return left;
 
   // Decode tokens first, then prompt chunks while the budget lasts.
   wire::ForwardRequest request;
@@ -153,7 +163,12 @@ int PipelineDriver::LaunchGroup(int g) {
       GrammarToWire(r->output->job().grammar, seg->mutable_sampling());
     }
   }
-  if (group.order.empty()) return left;
+  // A step with no rows still carries the group's session operations (a release of the last
+  // request that left).
+  if (group.order.empty() && group.ops.empty()) return left;
+  request.mutable_session_ops()->Assign(group.ops.begin(), group.ops.end());
+  group.ops_sent = std::move(group.ops);
+  group.ops.clear();
 
   if (metrics_) {
     metrics_->OnForwardCall(static_cast<int64_t>(request.ByteSizeLong()), 0,
@@ -178,6 +193,13 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::Forward
   --in_flight_;
   const std::vector<Running*> order = std::move(group.order);
   const std::vector<int64_t> tokens = std::move(group.tokens);
+  const SessionOpList ops_sent = std::move(group.ops_sent);
+  group.ops_sent.clear();
+  // Whatever the reply, every stage is done with the step: its copies no longer hold their
+  // sources (a release waiting for one rides in this group's next step).
+  for (const wire::SessionOp& op : ops_sent) {
+    if (op.has_copy_prefix()) slots_.CopyAnswered(op.copy_prefix().to_session(), &group.ops);
+  }
   if (reply.ok() && metrics_) {
     metrics_->OnForwardCall(0, static_cast<int64_t>(reply->ByteSizeLong()),
                             static_cast<int64_t>(reply->activations().data().size()));
@@ -187,7 +209,16 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::Forward
       FailAll(hooks_.worker_failed(entry_id_, reply.status()));
       return;
     }
-    for (Running* r : order) End(r, reply.status());  // about these requests
+    // About these requests: the ones with rows in the step, and the ones whose sessions its
+    // operations changed (on some stages only, maybe).
+    absl::flat_hash_map<uint64_t, bool> touched;
+    for (const wire::SessionOp& op : ops_sent) touched[SessionOpTarget(op)] = true;
+    for (Running* r : std::vector<Running*>(group.members)) {
+      if (touched.contains(r->slot->id) ||
+          std::find(order.begin(), order.end(), r) != order.end()) {
+        End(r, reply.status());
+      }
+    }
     return;
   }
   if (reply->has_chain_failure()) {
@@ -196,7 +227,24 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::Forward
         f.worker_id(), absl::Status(static_cast<absl::StatusCode>(f.code()), f.message())));
     return;
   }
+  // A session operation that failed on some stage fails the request of its session, whether
+  // or not this step had a segment of it (that segment failed with it).
+  absl::flat_hash_map<uint64_t, absl::Status> op_failed;
+  for (const wire::SessionOpError& e : reply->op_errors()) {
+    if (e.index() < 0 || e.index() >= static_cast<int>(ops_sent.size())) continue;
+    op_failed.try_emplace(
+        SessionOpTarget(ops_sent[e.index()]),
+        absl::Status(static_cast<absl::StatusCode>(e.code()),
+                     e.worker_id().empty() ? e.message()
+                                           : absl::StrCat(e.message(), " (on ", e.worker_id(), ")")));
+  }
   std::vector<bool> failed(order.size(), false);
+  if (!op_failed.empty()) {
+    for (size_t i = 0; i < order.size(); ++i) failed[i] = op_failed.contains(order[i]->slot->id);
+    for (Running* r : std::vector<Running*>(group.members)) {
+      if (auto it = op_failed.find(r->slot->id); it != op_failed.end()) End(r, it->second);
+    }
+  }
   for (const wire::SegmentError& e : reply->errors()) {
     if (e.index() < 0 || e.index() >= static_cast<int>(order.size()) || failed[e.index()]) {
       continue;
@@ -274,7 +322,8 @@ void PipelineDriver::End(Running* r, const absl::Status& status) {
   if (status.ok()) {
     slots_.Done(r->slot);
   } else {
-    slots_.Release(r->slot);  // cancelled or failed: its KV is freed on every stage
+    // Cancelled or failed: its KV is freed on every stage with the group's next step.
+    slots_.Release(r->slot, &groups_[r->group].ops);
   }
   std::erase(groups_[r->group].members, r);
   auto it = std::find_if(running_.begin(), running_.end(),

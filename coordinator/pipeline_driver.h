@@ -70,10 +70,12 @@ class PipelineDriver {
   // of earlier plans are dropped. Nothing may be running (FailAll first).
   void Reset(std::shared_ptr<WorkerClient> entry, std::string entry_id,
              const DriverOptions& options);
-  // A request starts running in `slot` (busy; holding `output`'s cached prompt tokens).
-  void Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot* slot);
-  // Starts the next step of every group that has requests and no step in flight; cancelled
-  // requests of those groups leave first (their sessions freed). Returns how many left.
+  // A request starts running in `slot` (busy; holding `output`'s cached prompt tokens once
+  // `ops`, the slot table's operations for it, are applied: they ride in its first step).
+  void Add(std::unique_ptr<RequestOutput> output, SlotTable::Slot* slot, SessionOpList ops);
+  // Starts the next step of every group that has requests (or session operations) and no step
+  // in flight; cancelled requests of those groups leave first (their sessions freed in that
+  // step). Returns how many left.
   int Launch();
   // Fails every running request with `status`. Their sessions are not released: a re-plan,
   // which drops every session, or shutdown follows.

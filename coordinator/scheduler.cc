@@ -28,31 +28,6 @@ void Scheduler::Mailbox::Wake() {
   cv.notify_all();
 }
 
-// ---- Session calls on every stage ----
-
-absl::Status Scheduler::StageSessions::Truncate(uint64_t session, int64_t length) {
-  wire::TruncateSessionRequest t;
-  t.set_session_id(session);
-  t.set_length(length);
-  return s_.OnEveryStage([&](WorkerClient& w) { return w.TruncateSession(t).status(); });
-}
-
-absl::Status Scheduler::StageSessions::CopyPrefix(uint64_t from, uint64_t to, int64_t length) {
-  wire::CopyPrefixRequest copy;
-  copy.set_from_session(from);
-  copy.set_to_session(to);
-  copy.set_length(length);
-  return s_.OnEveryStage([&](WorkerClient& w) { return w.CopyPrefix(copy).status(); });
-}
-
-void Scheduler::StageSessions::Release(uint64_t session) {
-  wire::ReleaseSessionRequest release;
-  release.set_session_id(session);
-  // A dead worker's sessions are gone anyway; the re-plan clears the rest.
-  s_.OnEveryStage([&](WorkerClient& w) { return w.ReleaseSession(release).status(); })
-      .IgnoreError();
-}
-
 // ---- Scheduler ----
 
 Scheduler::Scheduler(const SchedulerOptions& options, const Tokenizer& tokenizer,
@@ -196,14 +171,6 @@ std::string Scheduler::status() const {
 int Scheduler::kv_slots() const { return kv_slots_; }
 int Scheduler::resident_slots() const { return resident_; }
 
-absl::Status Scheduler::OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn) {
-  for (const StageRef& stage : pipeline_.stages) {
-    absl::Status s = fn(*stage.client);
-    if (!s.ok()) return IsWorkerFailure(s) ? WorkerFailure(stage.worker_id, s) : s;
-  }
-  return absl::OkStatus();
-}
-
 void Scheduler::UpdateCounts() {
   running_ = driver_.running();
   resident_ = slots_.resident();
@@ -329,11 +296,12 @@ void Scheduler::Admit() {
     std::shared_ptr<Request> request = admission_.Front();
     if (request == nullptr) return;
     int64_t cached = 0;
-    SlotTable::Slot* slot = slots_.Acquire(request->job().prompt, &cached);
+    SessionOpList ops;
+    SlotTable::Slot* slot = slots_.Acquire(request->job().prompt, &cached, &ops);
     if (slot == nullptr) return;  // every slot busy: the queue waits
     admission_.Pop();
     driver_.Add(std::make_unique<RequestOutput>(request, tokenizer_, context_, cached, metrics_),
-                slot);
+                slot, std::move(ops));
   }
 }
 

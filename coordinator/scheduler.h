@@ -46,8 +46,8 @@ struct StageRef {
 struct Pipeline {
   bool ready = false;
   std::string status;  // why not ready
-  // In order; each stage hands its activations to the next itself, so forward steps go to
-  // stages[0] only. Session calls (truncate, copy, release) go to every stage.
+  // In order; each stage hands its activations and the step's session operations to the next
+  // itself, so steps go to stages[0] only.
   std::vector<StageRef> stages;
   std::vector<std::string> worker_ids;  // every worker the plan uses: stages and expert workers
   int kv_slots = 1;
@@ -112,18 +112,6 @@ class Scheduler {
   int micro_batches() const { return micro_batches_; }
 
  private:
-  // The slot table's session calls, on every stage of the plan.
-  class StageSessions : public SessionOps {
-   public:
-    explicit StageSessions(Scheduler& s) : s_(s) {}
-    absl::Status Truncate(uint64_t session, int64_t length) override;
-    absl::Status CopyPrefix(uint64_t from, uint64_t to, int64_t length) override;
-    void Release(uint64_t session) override;
-
-   private:
-    Scheduler& s_;
-  };
-
   // What wakes the loop: work posted for it (replies) and changes it must look at. Shared
   // with the callbacks of calls in flight, which may outlive the scheduler: what they post
   // after it stopped is dropped unrun.
@@ -146,8 +134,6 @@ class Scheduler {
   // What a failure of `worker_id`'s call means: the death WorkerDied announced (which cut the
   // call), or else that worker failed, which is reported and starts a re-plan.
   absl::Status WorkerFailure(const std::string& worker_id, const absl::Status& status);
-  // Runs `fn` on every stage; a worker failure marks the stage's worker as failed.
-  absl::Status OnEveryStage(const std::function<absl::Status(WorkerClient&)>& fn);
   // Whether Reserve and Submit take a request now. Holds mu_.
   bool AcceptsLocked() const;
 
@@ -184,8 +170,7 @@ class Scheduler {
 
   // ---- Scheduler thread only. ----
   Pipeline pipeline_;
-  StageSessions sessions_{*this};
-  SlotTable slots_{sessions_};
+  SlotTable slots_;
   PipelineDriver driver_;
   std::thread thread_;  // last
 };

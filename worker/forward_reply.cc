@@ -6,6 +6,16 @@
 
 namespace fucina {
 
+uint64_t SessionOpTarget(const wire::SessionOp& op) {
+  switch (op.kind_case()) {
+    case wire::SessionOp::kTruncate: return op.truncate().session_id();
+    case wire::SessionOp::kCopyPrefix: return op.copy_prefix().to_session();
+    case wire::SessionOp::kRelease: return op.release().session_id();
+    case wire::SessionOp::KIND_NOT_SET: break;
+  }
+  return 0;
+}
+
 void AddSegmentError(int index, const absl::Status& status, wire::ForwardResponse* response) {
   wire::SegmentError* e = response->add_errors();
   e->set_index(index);
@@ -37,6 +47,12 @@ absl::StatusOr<wire::ForwardResponse> MergeChainReply(
     *merged.add_errors() = std::move(e);
   }
   *merged.mutable_results() = std::move(*later->mutable_results());
+  // Every stage got every operation: the indexes need no mapping, only the stage's name.
+  *merged.mutable_op_errors() = std::move(*own.mutable_op_errors());
+  for (wire::SessionOpError& e : *later->mutable_op_errors()) {
+    if (e.worker_id().empty()) e.set_worker_id(next_worker);
+    *merged.add_op_errors() = std::move(e);
+  }
   return merged;
 }
 

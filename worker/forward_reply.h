@@ -12,11 +12,15 @@
 
 namespace fucina {
 
+// The session a session operation changes (0 for a kind without one).
+uint64_t SessionOpTarget(const wire::SessionOp& op);
+
 // Segment `index` of the request failed with `status`; the other segments run on.
 void AddSegmentError(int index, const absl::Status& status, wire::ForwardResponse* response);
 
-// A chained Forward's reply: what this stage found (`own`: its segment errors) merged with the
-// next stage's reply to the segments it was given (next's segment j is this call's index[j]).
+// A chained Forward's reply: what this stage found (`own`: its segment and session-operation
+// errors) merged with the next stage's reply to the segments it was given (next's segment j is
+// this call's index[j]) and to the same session operations.
 // A worker failure of the next stage (or one it reports further on) becomes a chain_failure
 // naming that stage, so the caller does not blame this one; other errors pass through.
 absl::StatusOr<wire::ForwardResponse> MergeChainReply(

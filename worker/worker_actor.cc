@@ -67,7 +67,9 @@ void WorkerActor::CancelInFlight() {
 void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
   executor_.Post([this, request = std::move(request), done = std::move(done)]() mutable {
     auto reply = DoForward(request);
-    if (!reply.ok() || next_stage_ == nullptr || !reply->has_activations()) {
+    // The next stage gets the rows that ran here, and the session operations in any case.
+    if (!reply.ok() || next_stage_ == nullptr ||
+        (!reply->has_activations() && request.session_ops_size() == 0)) {
       done(std::move(reply));
       return;
     }
@@ -83,7 +85,10 @@ void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback don
       index.push_back(i);
       *next.add_segments() = std::move(*request.mutable_segments(i));
     }
-    *next.mutable_activations() = std::move(*reply->mutable_activations());
+    if (reply->has_activations()) {
+      *next.mutable_activations() = std::move(*reply->mutable_activations());
+    }
+    *next.mutable_session_ops() = std::move(*request.mutable_session_ops());
     next_stage_->ForwardAsync(
         std::move(next),
         [own = std::move(*reply), index = std::move(index), next_id = shard_.next_stage().worker_id(),
@@ -96,38 +101,6 @@ void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback don
 absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::ExpertForward(
     const wire::ExpertForwardRequest& request) {
   return executor_.Call([&] { return DoExpertForward(request); });
-}
-
-absl::StatusOr<wire::SessionReply> WorkerActor::TruncateSession(
-    const wire::TruncateSessionRequest& request) {
-  return executor_.Call([&]() -> absl::StatusOr<wire::SessionReply> {
-    auto it = sessions_.find(request.session_id());
-    if (it == sessions_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown session ", request.session_id()));
-    }
-    Session& s = it->second;
-    if (absl::Status st = s.kv->Truncate(request.length()); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("session ", request.session_id(), ": ",
-                                                     st.message()));
-    }
-    s.history.resize(std::min<size_t>(s.history.size(), request.length()));
-    wire::SessionReply reply;
-    reply.set_length(s.kv->len());
-    return reply;
-  });
-}
-
-absl::StatusOr<wire::SessionReply> WorkerActor::CopyPrefix(
-    const wire::CopyPrefixRequest& request) {
-  return executor_.Call([&] { return DoCopyPrefix(request); });
-}
-
-absl::StatusOr<wire::SessionReply> WorkerActor::ReleaseSession(
-    const wire::ReleaseSessionRequest& request) {
-  return executor_.Call([&]() -> absl::StatusOr<wire::SessionReply> {
-    sessions_.erase(request.session_id());  // idempotent: a retried release is not an error
-    return wire::SessionReply();
-  });
 }
 
 absl::StatusOr<wire::WorkerStats> WorkerActor::GetStats() {
@@ -481,9 +454,29 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   const ModelConfig& c = model_->config();
   const int64_t hidden = c.hidden;
   const bool first = model_->has_embeddings();
-  if (first == request.has_activations()) {
-    return RequestFailure(absl::InvalidArgumentError(
-        first ? "stage 0 embeds tokens and takes no activations" : "this stage needs activations"));
+  if (first && request.has_activations()) {
+    return RequestFailure(
+        absl::InvalidArgumentError("stage 0 embeds tokens and takes no activations"));
+  }
+  if (!first && request.segments_size() > 0 && !request.has_activations()) {
+    return RequestFailure(absl::InvalidArgumentError("this stage needs activations"));
+  }
+  // The session operations first, in order: a release frees budget for the step's new
+  // sessions, a copy or truncation prepares the session a segment then extends. A failed one
+  // fails the segments of its session (below); the rest go on.
+  wire::ForwardResponse response;
+  absl::flat_hash_map<uint64_t, absl::Status> failed_sessions;
+  for (int i = 0; i < request.session_ops_size(); ++i) {
+    const wire::SessionOp& op = request.session_ops(i);
+    if (absl::Status s = ApplySessionOp(op); !s.ok()) {
+      wire::SessionOpError* e = response.add_op_errors();
+      e->set_index(i);
+      e->set_code(static_cast<int>(s.code()));
+      e->set_message(std::string(s.message()));
+      failed_sessions.try_emplace(SessionOpTarget(op), std::move(s));
+    } else if (op.kind_case() != wire::SessionOp::kRelease) {
+      failed_sessions.erase(SessionOpTarget(op));  // a later op made it whole again
+    }
   }
   int64_t total_rows = 0;
   for (const wire::Segment& seg : request.segments()) total_rows += seg.token_ids_size();
@@ -494,7 +487,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
         " bytes of the memory budget that are free")));
   }
   std::vector<float> input;
-  if (!first) {
+  if (!first && request.segments_size() > 0) {
     input.resize(total_rows * hidden);
     if (absl::Status s = DecodeActivations(request.activations(), total_rows, hidden,
                                            input.data());
@@ -505,7 +498,6 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   }
 
   // Validate every segment; the bad ones are reported and left out.
-  wire::ForwardResponse response;
   std::vector<int> ok;
   int64_t new_kv_bytes = 0;
   int64_t step_bytes = 0;  // rows and logits of the segments accepted so far
@@ -513,7 +505,9 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   std::vector<std::unique_ptr<GrammarMatcher>> grammars(request.segments_size());
   for (int i = 0; i < request.segments_size(); ++i) {
     const wire::Segment& seg = request.segments(i);
-    absl::Status s = seen.contains(seg.session_id())
+    auto op_failed = failed_sessions.find(seg.session_id());
+    absl::Status s = op_failed != failed_sessions.end() ? op_failed->second
+                     : seen.contains(seg.session_id())
                          ? absl::InvalidArgumentError(absl::StrCat(
                                "session ", seg.session_id(), " appears twice in one step"))
                          : CheckSegment(seg, &new_kv_bytes);
@@ -756,40 +750,64 @@ absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::DoExpertForward(
   return response;
 }
 
-absl::StatusOr<wire::SessionReply> WorkerActor::DoCopyPrefix(
-    const wire::CopyPrefixRequest& request) {
-  if (model_ == nullptr || model_->experts_only()) {
-    return WorkerDeclaredFailure(
-        absl::FailedPreconditionError("this worker holds no pipeline stage"));
+absl::Status WorkerActor::ApplySessionOp(const wire::SessionOp& op) {
+  switch (op.kind_case()) {
+    case wire::SessionOp::kTruncate: {
+      const wire::TruncateSession& t = op.truncate();
+      auto it = sessions_.find(t.session_id());
+      if (it == sessions_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("truncate: unknown session ", t.session_id()));
+      }
+      Session& s = it->second;
+      if (absl::Status st = s.kv->Truncate(t.length()); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("truncate: session ", t.session_id(), ": ",
+                                                    st.message()));
+      }
+      s.history.resize(std::min<size_t>(s.history.size(), s.kv->len()));
+      return absl::OkStatus();
+    }
+    case wire::SessionOp::kCopyPrefix:
+      return ApplyCopyPrefix(op.copy_prefix());
+    case wire::SessionOp::kRelease:
+      sessions_.erase(op.release().session_id());  // idempotent: a retried release is no error
+      return absl::OkStatus();
+    case wire::SessionOp::KIND_NOT_SET:
+      break;
   }
-  auto from = sessions_.find(request.from_session());
+  return absl::InvalidArgumentError(
+      "a session operation of a kind this worker does not know (a newer coordinator?)");
+}
+
+absl::Status WorkerActor::ApplyCopyPrefix(const wire::CopyPrefix& copy) {
+  auto from = sessions_.find(copy.from_session());
   if (from == sessions_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown session ", request.from_session()));
+    return absl::InvalidArgumentError(absl::StrCat("copy: unknown session ", copy.from_session()));
   }
-  if (request.from_session() == request.to_session()) {
-    return absl::InvalidArgumentError("copy from a session to itself");
+  if (copy.from_session() == copy.to_session()) {
+    return absl::InvalidArgumentError("copy: from a session to itself");
   }
-  if (request.length() < 0 || request.length() > from->second.kv->len()) {
-    return absl::InvalidArgumentError(absl::StrCat("session ", request.from_session(), " holds ",
-                                                   from->second.kv->len(),
-                                                   " positions; cannot copy ", request.length()));
+  if (copy.length() < 0 || copy.length() > from->second.kv->len()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy: session ", copy.from_session(),
+                                                   " holds ", from->second.kv->len(),
+                                                   " positions; cannot copy ", copy.length()));
   }
-  if (!sessions_.contains(request.to_session()) && options_.memory_budget > 0 &&
+  if (!sessions_.contains(copy.to_session()) && options_.memory_budget > 0 &&
       UsedBytes() + kv_bytes_per_session_ > options_.memory_budget) {
-    return absl::ResourceExhaustedError("no memory budget left for another session");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "copy: a new session needs ", kv_bytes_per_session_, " KV bytes; ",
+        options_.memory_budget - UsedBytes(), " of the budget are free"));
   }
-  auto to = SessionOrNew(request.to_session());
-  if (!to.ok()) return RequestFailure(to.status());
-  from = sessions_.find(request.from_session());  // SessionOrNew may rehash
-  if (absl::Status s = (*to)->kv->CopyPrefixFrom(*from->second.kv, request.length()); !s.ok()) {
-    return RequestFailure(s);
+  auto to = SessionOrNew(copy.to_session());
+  if (!to.ok()) return to.status();
+  from = sessions_.find(copy.from_session());  // SessionOrNew may rehash
+  if (absl::Status s = (*to)->kv->CopyPrefixFrom(*from->second.kv, copy.length()); !s.ok()) {
+    return s;
   }
   (*to)->history.assign(from->second.history.begin(),
-                        from->second.history.begin() + request.length());
+                        from->second.history.begin() + copy.length());
   (*to)->sampler.reset();
-  wire::SessionReply reply;
-  reply.set_length(request.length());
-  return reply;
+  (*to)->grammar.reset();
+  return absl::OkStatus();
 }
 
 }  // namespace fucina

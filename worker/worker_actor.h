@@ -10,9 +10,11 @@
 // and answers its caller with the next stage's reply; its executor is free for the next step as
 // soon as its own layers are done, so with several steps in flight every stage computes at once.
 //
-// Ownership of sessions: a session's KV is created by its first Forward (pos0 = 0) or by
-// CopyPrefix, and freed only by ReleaseSession or by loading another shard: the coordinator owns
-// the slot table and every eviction decision. The worker refuses new sessions beyond its
+// Ownership of sessions: a session's KV is created by its first Forward segment (pos0 = 0) or
+// by a CopyPrefix operation, and freed only by a ReleaseSession operation or by loading another
+// shard: the coordinator owns the slot table and every eviction decision. Those operations ride
+// in the steps (ForwardRequest.session_ops), applied in order before the step's segments on
+// every stage, so they are ordered with the steps of the sessions they change. The worker refuses new sessions beyond its
 // memory budget (RESOURCE_EXHAUSTED) rather than evicting on its own.
 #ifndef FUCINA_WORKER_WORKER_ACTOR_H_
 #define FUCINA_WORKER_WORKER_ACTOR_H_
@@ -85,12 +87,6 @@ class WorkerActor : public WorkerClient {
   void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override;
   absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
       const wire::ExpertForwardRequest& request) override;
-  absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest& request) override;
-  absl::StatusOr<wire::SessionReply> CopyPrefix(
-      const wire::CopyPrefixRequest& request) override;
-  absl::StatusOr<wire::SessionReply> ReleaseSession(
-      const wire::ReleaseSessionRequest& request) override;
   absl::StatusOr<wire::WorkerStats> GetStats() override;
   // Train jobs: each holds its own replica beside the shard (the whole model, or one stage of a
   // pipelined replica). A member's scoring runs on the calling thread (the first stage's
@@ -136,7 +132,9 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<wire::ForwardResponse> DoForward(const wire::ForwardRequest& request);
   absl::StatusOr<wire::ExpertForwardResponse> DoExpertForward(
       const wire::ExpertForwardRequest& request);
-  absl::StatusOr<wire::SessionReply> DoCopyPrefix(const wire::CopyPrefixRequest& request);
+  // One of a step's session operations; a failure is about the request (its session).
+  absl::Status ApplySessionOp(const wire::SessionOp& op);
+  absl::Status ApplyCopyPrefix(const wire::CopyPrefix& copy);
   wire::WorkerStats DoStats() const;
 
   // Checks one segment against its session (or its creation); OK or the reason it cannot run.

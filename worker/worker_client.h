@@ -130,12 +130,6 @@ class WorkerClient {
   }
   virtual absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
       const wire::ExpertForwardRequest& request) = 0;
-  virtual absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest& request) = 0;
-  virtual absl::StatusOr<wire::SessionReply> CopyPrefix(
-      const wire::CopyPrefixRequest& request) = 0;
-  virtual absl::StatusOr<wire::SessionReply> ReleaseSession(
-      const wire::ReleaseSessionRequest& request) = 0;
   virtual absl::StatusOr<wire::WorkerStats> GetStats() = 0;
 
   // Evolution-strategies train jobs (worker/es_replica.h). Clients of workers that take no
@@ -178,17 +172,16 @@ class WorkerClient {
 };
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a
-// long prefill chunk on a slow machine can take seconds. Session calls queue on the worker
-// behind the forward steps in flight (one per micro-batch), so they get the forward deadline:
-// a shorter one would declare a busy worker dead. A hung worker is found by its heartbeats.
+// long prefill chunk on a slow machine can take seconds. A hung worker is found by its
+// heartbeats.
 struct WorkerDeadlines {
   int load_ms = 600'000;
   int forward_ms = 120'000;
-  int session_ms = 120'000;  // truncate, copy, release
   // Train jobs: loading a replica maps and copies a whole model; evaluating members runs the
   // reward's forward passes, one member after another, between serving steps.
   int es_load_ms = 600'000;
   int es_evaluate_ms = 600'000;
+  int es_release_ms = 120'000;  // queues behind the forward steps in flight
   int stats_ms = 10'000;
 };
 

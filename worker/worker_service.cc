@@ -61,18 +61,6 @@ class GrpcWorkerClient final : public WorkerClient {
       const wire::ExpertForwardRequest& request) override {
     return Call(&wire::Worker::Stub::ExpertForward, request, deadlines_.forward_ms);
   }
-  absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest& request) override {
-    return Call(&wire::Worker::Stub::TruncateSession, request, deadlines_.session_ms);
-  }
-  absl::StatusOr<wire::SessionReply> CopyPrefix(
-      const wire::CopyPrefixRequest& request) override {
-    return Call(&wire::Worker::Stub::CopyPrefix, request, deadlines_.session_ms);
-  }
-  absl::StatusOr<wire::SessionReply> ReleaseSession(
-      const wire::ReleaseSessionRequest& request) override {
-    return Call(&wire::Worker::Stub::ReleaseSession, request, deadlines_.session_ms);
-  }
   absl::StatusOr<wire::WorkerStats> GetStats() override {
     return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
                 deadlines_.stats_ms);
@@ -88,7 +76,7 @@ class GrpcWorkerClient final : public WorkerClient {
     return Call(&wire::Worker::Stub::EsUpdate, request, deadlines_.es_load_ms);
   }
   absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override {
-    return Call(&wire::Worker::Stub::EsRelease, request, deadlines_.session_ms);
+    return Call(&wire::Worker::Stub::EsRelease, request, deadlines_.es_release_ms);
   }
   absl::StatusOr<wire::EsForwardResponse> EsForward(
       const wire::EsForwardRequest& request) override {
@@ -326,26 +314,6 @@ grpc::Status WorkerService::ExpertForward(grpc::ServerContext* context,
                                           const wire::ExpertForwardRequest* request,
                                           wire::ExpertForwardResponse* response) {
   return Serve(context, "ExpertForward", [&] { return worker_.ExpertForward(*request); }, response);
-}
-
-grpc::Status WorkerService::TruncateSession(grpc::ServerContext* context,
-                                            const wire::TruncateSessionRequest* request,
-                                            wire::SessionReply* response) {
-  return Serve(
-      context, "TruncateSession", [&] { return worker_.TruncateSession(*request); }, response);
-}
-
-grpc::Status WorkerService::CopyPrefix(grpc::ServerContext* context,
-                                       const wire::CopyPrefixRequest* request,
-                                       wire::SessionReply* response) {
-  return Serve(context, "CopyPrefix", [&] { return worker_.CopyPrefix(*request); }, response);
-}
-
-grpc::Status WorkerService::ReleaseSession(grpc::ServerContext* context,
-                                           const wire::ReleaseSessionRequest* request,
-                                           wire::SessionReply* response) {
-  return Serve(
-      context, "ReleaseSession", [&] { return worker_.ReleaseSession(*request); }, response);
 }
 
 grpc::Status WorkerService::GetStats(grpc::ServerContext* context,

@@ -35,14 +35,6 @@ class WorkerService final : public wire::Worker::Service {
   grpc::Status ExpertForward(grpc::ServerContext* context,
                              const wire::ExpertForwardRequest* request,
                              wire::ExpertForwardResponse* response) override;
-  grpc::Status TruncateSession(grpc::ServerContext* context,
-                               const wire::TruncateSessionRequest* request,
-                               wire::SessionReply* response) override;
-  grpc::Status CopyPrefix(grpc::ServerContext* context, const wire::CopyPrefixRequest* request,
-                          wire::SessionReply* response) override;
-  grpc::Status ReleaseSession(grpc::ServerContext* context,
-                              const wire::ReleaseSessionRequest* request,
-                              wire::SessionReply* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const wire::StatsRequest* request,
                         wire::WorkerStats* response) override;
   grpc::Status EsLoad(grpc::ServerContext* context, const wire::EsJob* request,

@@ -857,10 +857,15 @@ class FixtureTest(ClusterTestCase):
         self.assertEqual([e.code for e in reply.errors], [invalid.value[0]])
         self.assertIn(f"unknown session {sid}", reply.errors[0].message)
 
-        details = self.assert_rpc_error(invalid, stage1.TruncateSession,
-                                        wire.TruncateSessionRequest(session_id=sid, length=1),
-                                        timeout=10)
-        self.assertIn(f"unknown session {sid}", details)
+        # So do a session operation's, in a step of operations only (and one of a kind the
+        # worker does not know).
+        reply = stage1.Forward(wire.ForwardRequest(stage=1, session_ops=[
+            wire.SessionOp(truncate=wire.TruncateSession(session_id=sid, length=1)),
+            wire.SessionOp()]), timeout=10)
+        self.assertEqual([(e.index, e.code) for e in reply.op_errors],
+                         [(0, invalid.value[0]), (1, invalid.value[0])])
+        self.assertIn(f"unknown session {sid}", reply.op_errors[0].message)
+        self.assertIn("kind", reply.op_errors[1].message)
 
         # None of it created a session or hurt the shards.
         self.assertEqual([self.stats(s).sessions for s in (stage0, stage1)], [0, 0])

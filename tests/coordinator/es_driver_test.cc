@@ -73,17 +73,6 @@ class DyingClient : public WorkerClient {
       const wire::ExpertForwardRequest& r) override {
     return actor_->ExpertForward(r);
   }
-  absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest& r) override {
-    return actor_->TruncateSession(r);
-  }
-  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest& r) override {
-    return actor_->CopyPrefix(r);
-  }
-  absl::StatusOr<wire::SessionReply> ReleaseSession(
-      const wire::ReleaseSessionRequest& r) override {
-    return actor_->ReleaseSession(r);
-  }
   absl::StatusOr<wire::WorkerStats> GetStats() override { return actor_->GetStats(); }
   absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
     if (dead()) return Gone();

@@ -17,13 +17,14 @@
 namespace fucina {
 namespace {
 
-class RecordingSessions : public SessionOps {
- public:
-  absl::Status Truncate(uint64_t, int64_t) override { return absl::OkStatus(); }
-  absl::Status CopyPrefix(uint64_t, uint64_t, int64_t) override { return absl::OkStatus(); }
-  void Release(uint64_t session) override { released.push_back(session); }
-  std::vector<uint64_t> released;
-};
+// The sessions a step releases, in order.
+std::vector<uint64_t> Released(const wire::ForwardRequest& step) {
+  std::vector<uint64_t> ids;
+  for (const wire::SessionOp& op : step.session_ops()) {
+    if (op.has_release()) ids.push_back(op.release().session_id());
+  }
+  return ids;
+}
 
 class PipelineDriverTest : public testing::Test {
  protected:
@@ -58,20 +59,25 @@ class PipelineDriverTest : public testing::Test {
 
   // A running request with a prompt of `n` tokens that generates up to `max_tokens`.
   std::shared_ptr<Request> Add(int n, int64_t max_tokens = 8) {
+    // Each prompt starts with its own token: no prefix is shared between requests.
+    std::vector<int32_t> prompt = {next_first_++};
+    for (int i = 1; i < n; ++i) prompt.push_back(65 + i % 26);
+    return AddPrompt(std::move(prompt), max_tokens);
+  }
+  std::shared_ptr<Request> AddPrompt(std::vector<int32_t> prompt, int64_t max_tokens = 8) {
     auto request = std::make_shared<Request>();
     GenerateJob job;
-    // Each prompt starts with its own token: no prefix is shared between requests.
-    job.prompt.push_back(next_first_++);
-    for (int i = 1; i < n; ++i) job.prompt.push_back(65 + i % 26);
+    job.prompt = std::move(prompt);
     job.max_tokens = max_tokens;
     job.ignore_eos = true;
     job.sampling.temperature = 0;
     request->set_job(std::move(job));
     int64_t cached = 0;
-    SlotTable::Slot* slot = slots_.Acquire(request->job().prompt, &cached);
+    SessionOpList ops;
+    SlotTable::Slot* slot = slots_.Acquire(request->job().prompt, &cached, &ops);
     EXPECT_NE(slot, nullptr);
     driver_->Add(std::make_unique<RequestOutput>(request, *tokenizer_, 4096, cached, nullptr),
-                 slot);
+                 slot, std::move(ops));
     return request;
   }
 
@@ -112,8 +118,7 @@ class PipelineDriverTest : public testing::Test {
   }
 
   static Tokenizer* tokenizer_;
-  RecordingSessions sessions_;
-  SlotTable slots_{sessions_};
+  SlotTable slots_;
   std::shared_ptr<HoldingWorkerClient> entry_ = std::make_shared<HoldingWorkerClient>();
   std::deque<std::function<void()>> posted_;
   std::string failed_worker_;
@@ -217,7 +222,9 @@ TEST_F(PipelineDriverTest, ARequestFinishesAfterItsBudgetAndKeepsItsSessionResid
   EXPECT_EQ(o.finish_reason, "length");
   EXPECT_EQ(o.completion_tokens, 2);
   EXPECT_EQ(driver_->running(), 0);
-  EXPECT_TRUE(sessions_.released.empty());
+  EXPECT_EQ(driver_->Launch(), 0);
+  ASSERT_EQ(entry_->calls(), 2u);  // nothing to release: no step of operations follows
+  for (size_t i = 0; i < entry_->calls(); ++i) EXPECT_EQ(entry_->request(i).session_ops_size(), 0);
   EXPECT_EQ(slots_.resident(), 1);
 }
 
@@ -239,10 +246,15 @@ TEST_F(PipelineDriverTest, ASegmentErrorEndsOnlyItsRequestAndFreesItsSession) {
   RunPosted();
   ASSERT_TRUE(a->done());
   EXPECT_TRUE(absl::IsResourceExhausted(a->outcome().status)) << a->outcome().status;
-  EXPECT_EQ(sessions_.released, std::vector<uint64_t>({step.segments(0).session_id()}));
   EXPECT_FALSE(b->done());
   EXPECT_EQ(driver_->running(), 1);
   EXPECT_TRUE(failed_worker_.empty());
+  // Its session is freed on every stage by the group's next step, before b's row.
+  driver_->Launch();
+  ASSERT_EQ(entry_->calls(), 2u);
+  EXPECT_EQ(Released(entry_->request(1)),
+            std::vector<uint64_t>({step.segments(0).session_id()}));
+  EXPECT_EQ(entry_->request(1).segments_size(), 1);
 }
 
 TEST_F(PipelineDriverTest, ARequestLevelFailureIsNoWorkerFailureWhateverItsCode) {
@@ -310,9 +322,107 @@ TEST_F(PipelineDriverTest, ACancelledRequestLeavesAtItsGroupsNextStep) {
   EXPECT_EQ(driver_->running(), 2);  // its step was in flight: it leaves at the next one
   driver_->Launch();
   EXPECT_TRUE(absl::IsCancelled(Drain(*a).status));
-  EXPECT_EQ(sessions_.released.size(), 1u);
   ASSERT_EQ(entry_->calls(), 2u);
-  EXPECT_EQ(entry_->request(1).segments_size(), 1);  // b alone
+  EXPECT_EQ(entry_->request(1).segments_size(), 1);  // b alone, after a's release
+  EXPECT_EQ(Released(entry_->request(1)),
+            std::vector<uint64_t>({entry_->request(0).segments(0).session_id()}));
+}
+
+TEST_F(PipelineDriverTest, TheLastRequestsReleaseGoesOutInAStepOfOperationsOnly) {
+  Start(1, 512);
+  auto a = Add(3);
+  driver_->Launch();
+  a->Cancel();
+  Answer(0, 5);
+  driver_->Launch();
+  EXPECT_TRUE(absl::IsCancelled(Drain(*a).status));
+  ASSERT_EQ(entry_->calls(), 2u);
+  const wire::ForwardRequest ops = entry_->request(1);
+  EXPECT_EQ(ops.segments_size(), 0);
+  EXPECT_EQ(Released(ops), std::vector<uint64_t>({entry_->request(0).segments(0).session_id()}));
+  ASSERT_TRUE(entry_->Release(1, wire::ForwardResponse()));
+  RunPosted();
+  EXPECT_EQ(driver_->in_flight(), 0);
+  EXPECT_EQ(driver_->Launch(), 0);
+  EXPECT_EQ(entry_->calls(), 2u);  // nothing left to send
+}
+
+TEST_F(PipelineDriverTest, ACopyRidesInItsRequestsStepAndItsSourcesReleaseWaitsForIt) {
+  Start(/*groups=*/2, 512);
+  const std::vector<int32_t> shared = {90, 91, 92, 93};
+  auto a = AddPrompt(shared);
+  driver_->Launch();
+  Answer(0, 5);  // a's prompt is on every stage; a decodes
+  std::vector<int32_t> longer = shared;
+  longer.push_back(94);
+  auto b = AddPrompt(longer);  // copies a's 4 positions, in the other group
+  driver_->Launch();
+  ASSERT_EQ(entry_->calls(), 3u);
+  const wire::ForwardRequest a_step = entry_->request(1), b_step = entry_->request(2);
+  const uint64_t a_id = a_step.segments(0).session_id(), b_id = b_step.segments(0).session_id();
+  EXPECT_EQ(a_step.session_ops_size(), 0);
+  ASSERT_EQ(b_step.session_ops_size(), 1);
+  EXPECT_EQ(b_step.session_ops(0).copy_prefix().from_session(), a_id);
+  EXPECT_EQ(b_step.session_ops(0).copy_prefix().to_session(), b_id);
+  EXPECT_EQ(b_step.session_ops(0).copy_prefix().length(), 4);
+  EXPECT_EQ(b_step.segments(0).pos0(), 4);
+
+  // a fails while the copy is in flight: its release must not overtake the copy.
+  wire::ForwardResponse a_failed;
+  wire::SegmentError* e = a_failed.add_errors();
+  e->set_index(0);
+  e->set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+  e->set_message("a's grammar failed");
+  ASSERT_TRUE(entry_->Release(1, a_failed));
+  RunPosted();
+  EXPECT_TRUE(absl::IsInvalidArgument(Drain(*a).status));
+  driver_->Launch();
+  EXPECT_EQ(entry_->calls(), 3u);
+  Answer(2, 7);
+  driver_->Launch();
+  ASSERT_EQ(entry_->calls(), 4u);
+  EXPECT_EQ(Released(entry_->request(3)), std::vector<uint64_t>({a_id}));
+  EXPECT_EQ(entry_->request(3).segments(0).session_id(), b_id);
+  EXPECT_FALSE(b->done());
+}
+
+TEST_F(PipelineDriverTest, AFailedSessionOperationFailsOnlyItsRequest) {
+  Start(1, 512);
+  const std::vector<int32_t> shared = {90, 91, 92, 93};
+  auto a = AddPrompt(shared);
+  driver_->Launch();
+  Answer(0, 5);
+  auto b = AddPrompt({90, 91, 92, 95});  // copies 3 positions of a
+  driver_->Launch();
+  ASSERT_EQ(entry_->calls(), 2u);
+  const wire::ForwardRequest step = entry_->request(1);
+  ASSERT_EQ(step.session_ops_size(), 1);
+  ASSERT_EQ(step.segments_size(), 2);
+  // The last stage had no memory for the copy; b's segment failed with it there.
+  wire::ForwardResponse reply;
+  wire::SessionOpError* oe = reply.add_op_errors();
+  oe->set_index(0);
+  oe->set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+  oe->set_message("copy: no memory for a new session");
+  oe->set_worker_id("w1");
+  wire::SegmentError* se = reply.add_errors();
+  se->set_index(1);
+  se->set_code(oe->code());
+  se->set_message(oe->message());
+  wire::SegmentResult* ok = reply.add_results();
+  ok->set_session_id(step.segments(0).session_id());
+  ok->set_token(6);
+  ASSERT_TRUE(entry_->Release(1, reply));
+  RunPosted();
+  ASSERT_TRUE(b->done());
+  EXPECT_TRUE(absl::IsResourceExhausted(b->outcome().status)) << b->outcome().status;
+  EXPECT_NE(b->outcome().status.message().find("on w1"), std::string::npos)
+      << b->outcome().status;
+  EXPECT_FALSE(a->done());
+  EXPECT_TRUE(failed_worker_.empty());
+  driver_->Launch();
+  EXPECT_EQ(Released(entry_->request(2)),
+            std::vector<uint64_t>({step.session_ops(0).copy_prefix().to_session()}));
 }
 
 }  // namespace

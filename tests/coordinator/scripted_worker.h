@@ -47,15 +47,6 @@ class ScriptedWorker : public FakeWorkerClient {
     }
     return response;
   }
-  absl::StatusOr<wire::SessionReply> TruncateSession(const wire::TruncateSessionRequest&) override {
-    return wire::SessionReply();
-  }
-  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest&) override {
-    return wire::SessionReply();
-  }
-  absl::StatusOr<wire::SessionReply> ReleaseSession(const wire::ReleaseSessionRequest&) override {
-    return wire::SessionReply();
-  }
   absl::StatusOr<wire::WorkerStats> GetStats() override { return wire::WorkerStats(); }
 
   std::vector<int32_t> prompt() {

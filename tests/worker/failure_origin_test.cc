@@ -154,8 +154,8 @@ class FailingWorker : public FakeWorkerClient {
   absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
     return RequestFailure(absl::FailedPreconditionError("the token table is not ready"));
   }
-  absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest&) override {
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest&) override {
     return WorkerDeclaredFailure(absl::InvalidArgumentError("this worker lost its shard"));
   }
   absl::StatusOr<wire::WorkerStats> GetStats() override {
@@ -185,9 +185,9 @@ TEST(FailureOriginOverGrpc, TheWorkersMarkTravelsAndTransportFailuresAreTheWorke
   EXPECT_FALSE(merged.ok());
   EXPECT_FALSE(IsWorkerFailure(merged.status()));
 
-  auto truncate = client->TruncateSession(wire::TruncateSessionRequest());
-  EXPECT_TRUE(absl::IsInvalidArgument(truncate.status())) << truncate.status();
-  EXPECT_EQ(FailureOriginOf(truncate.status()), FailureOrigin::kWorker);
+  auto experts = client->ExpertForward(wire::ExpertForwardRequest());
+  EXPECT_TRUE(absl::IsInvalidArgument(experts.status())) << experts.status();
+  EXPECT_EQ(FailureOriginOf(experts.status()), FailureOrigin::kWorker);
 
   auto stats = client->GetStats();
   EXPECT_EQ(FailureOriginOf(stats.status()), FailureOrigin::kWorker) << stats.status();

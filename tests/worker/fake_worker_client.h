@@ -30,17 +30,6 @@ class FakeWorkerClient : public WorkerClient {
       const wire::ExpertForwardRequest&) override {
     return Unscripted("ExpertForward");
   }
-  absl::StatusOr<wire::SessionReply> TruncateSession(
-      const wire::TruncateSessionRequest&) override {
-    return Unscripted("TruncateSession");
-  }
-  absl::StatusOr<wire::SessionReply> CopyPrefix(const wire::CopyPrefixRequest&) override {
-    return Unscripted("CopyPrefix");
-  }
-  absl::StatusOr<wire::SessionReply> ReleaseSession(
-      const wire::ReleaseSessionRequest&) override {
-    return Unscripted("ReleaseSession");
-  }
   absl::StatusOr<wire::WorkerStats> GetStats() override { return Unscripted("GetStats"); }
 
  protected:

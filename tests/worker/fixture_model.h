@@ -67,6 +67,33 @@ class FixtureModelTest : public testing::Test {
     return s;
   }
 
+  // Session operations, as a step carries them.
+  static wire::SessionOp TruncateOp(uint64_t session, int64_t length) {
+    wire::SessionOp op;
+    op.mutable_truncate()->set_session_id(session);
+    op.mutable_truncate()->set_length(length);
+    return op;
+  }
+  static wire::SessionOp CopyOp(uint64_t from, uint64_t to, int64_t length) {
+    wire::SessionOp op;
+    op.mutable_copy_prefix()->set_from_session(from);
+    op.mutable_copy_prefix()->set_to_session(to);
+    op.mutable_copy_prefix()->set_length(length);
+    return op;
+  }
+  static wire::SessionOp ReleaseOp(uint64_t session) {
+    wire::SessionOp op;
+    op.mutable_release()->set_session_id(session);
+    return op;
+  }
+  // A step of stage `stage` carrying only `ops`.
+  static wire::ForwardRequest OpsStep(int stage, std::vector<wire::SessionOp> ops) {
+    wire::ForwardRequest f;
+    f.set_stage(stage);
+    for (wire::SessionOp& op : ops) *f.add_session_ops() = std::move(op);
+    return f;
+  }
+
   static constexpr int64_t kLayers = 4;
   static inline std::string* path_ = nullptr;
 };

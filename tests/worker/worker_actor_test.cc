@@ -207,13 +207,16 @@ TEST_F(WorkerActorTest, MalformedMessagesAreInvalidArgument) {
                     activations_on_stage0.mutable_activations());
   EXPECT_TRUE(absl::IsInvalidArgument(s0.Forward(activations_on_stage0).status()));
 
-  wire::TruncateSessionRequest t;
-  t.set_session_id(99);
-  EXPECT_TRUE(absl::IsInvalidArgument(s0.TruncateSession(t).status()));
-  wire::CopyPrefixRequest c;
-  c.set_from_session(99);
-  c.set_to_session(100);
-  EXPECT_TRUE(absl::IsInvalidArgument(s0.CopyPrefix(c).status()));
+  // Operations on sessions the stage does not hold fail alone, named; the step succeeds.
+  r = s0.Forward(OpsStep(0, {TruncateOp(99, 1), CopyOp(99, 100, 1), wire::SessionOp()}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->op_errors_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r->op_errors(i).index(), i);
+    EXPECT_EQ(r->op_errors(i).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  EXPECT_NE(r->op_errors(0).message().find("unknown session 99"), std::string::npos);
+  EXPECT_NE(r->op_errors(2).message().find("kind"), std::string::npos);
 
   // Nothing above created a session.
   EXPECT_EQ(s0.GetStats()->sessions(), 0);
@@ -290,7 +293,7 @@ TEST_F(WorkerActorTest, LogitBiasSteersTheLastStagesSample) {
   EXPECT_EQ(biased->results(0).token(), forced);
 }
 
-TEST_F(WorkerActorTest, TruncateCopyAndRelease) {
+TEST_F(WorkerActorTest, SessionOperationsRideInTheStepBeforeItsRows) {
   WorkerActor w({.threads = 1});
   ASSERT_TRUE(w.LoadShard(Shard(0, 0, 4, true, true)).ok());
   wire::ForwardRequest f;
@@ -298,35 +301,71 @@ TEST_F(WorkerActorTest, TruncateCopyAndRelease) {
   auto cold = w.Forward(f);
   ASSERT_TRUE(cold.ok());
 
-  // Copy 4 positions to session 2 and recompute the 5th there: same token as the cold run.
-  wire::CopyPrefixRequest c;
-  c.set_from_session(1);
-  c.set_to_session(2);
-  c.set_length(4);
-  ASSERT_TRUE(w.CopyPrefix(c).ok());
-  wire::ForwardRequest g;
+  // Copy 4 positions to session 2 and recompute the 5th there, in one step: same token as the
+  // cold run.
+  wire::ForwardRequest g = OpsStep(0, {CopyOp(1, 2, 4)});
   *g.add_segments() = Seg(2, 4, {7});
   auto warm = w.Forward(g);
   ASSERT_TRUE(warm.ok()) << warm.status();
+  EXPECT_EQ(warm->op_errors_size(), 0);
+  ASSERT_EQ(warm->results_size(), 1);
   EXPECT_EQ(warm->results(0).token(), cold->results(0).token());
   EXPECT_FLOAT_EQ(warm->results(0).logprob(), cold->results(0).logprob());
 
-  wire::TruncateSessionRequest t;
-  t.set_session_id(1);
-  t.set_length(2);
-  auto tr = w.TruncateSession(t);
-  ASSERT_TRUE(tr.ok());
-  EXPECT_EQ(tr->length(), 2);
-  t.set_length(3);  // longer than what it holds
-  EXPECT_TRUE(absl::IsInvalidArgument(w.TruncateSession(t).status()));
-
-  wire::ReleaseSessionRequest rel;
-  rel.set_session_id(1);
-  ASSERT_TRUE(w.ReleaseSession(rel).ok());
-  ASSERT_TRUE(w.ReleaseSession(rel).ok());  // idempotent
+  // A truncation longer than the session fails, and so does that session's segment in the
+  // step; another session's segment runs.
+  wire::ForwardRequest h = OpsStep(0, {TruncateOp(1, 2), TruncateOp(2, 9)});
+  *h.add_segments() = Seg(1, 2, {5});
+  *h.add_segments() = Seg(2, 5, {8});
+  auto r = w.Forward(h);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->op_errors_size(), 1);
+  EXPECT_EQ(r->op_errors(0).index(), 1);
+  EXPECT_EQ(r->op_errors(0).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_EQ(r->errors_size(), 1);
+  EXPECT_EQ(r->errors(0).index(), 1);
+  EXPECT_EQ(r->errors(0).message(), r->op_errors(0).message());
+  ASSERT_EQ(r->results_size(), 1);
+  EXPECT_EQ(r->results(0).session_id(), 1u);
   auto stats = w.GetStats();
+  ASSERT_EQ(stats->session_lengths_size(), 2);
+  EXPECT_EQ(stats->session_lengths(0), 3);  // truncated to 2, then one row
+  EXPECT_EQ(stats->session_lengths(1), 5);  // as the copy and its row left it
+
+  // Releases (a step of operations only), idempotent.
+  ASSERT_TRUE(w.Forward(OpsStep(0, {ReleaseOp(1), ReleaseOp(1)})).ok());
+  stats = w.GetStats();
   EXPECT_EQ(stats->sessions(), 1);
   EXPECT_EQ(stats->session_ids(0), 2);
+}
+
+TEST_F(WorkerActorTest, AChainedStepHandsItsOperationsOnEvenWithoutRows) {
+  WorkerActor s1({.threads = 1});
+  ASSERT_TRUE(s1.LoadShard(Shard(1, 2, 4, false, true)).ok());
+  auto s1_client = std::shared_ptr<WorkerClient>(&s1, [](WorkerClient*) {});
+  WorkerActor s0({.threads = 1}, [&](const wire::Peer&) { return s1_client; });
+  wire::LoadShardRequest first = Shard(0, 0, 2, true, false);
+  first.mutable_next_stage()->set_worker_id("s1");
+  ASSERT_TRUE(s0.LoadShard(first).ok());
+
+  wire::ForwardRequest f;
+  *f.add_segments() = Seg(1, 0, {3, 4, 5});
+  ASSERT_TRUE(s0.Forward(f).ok());
+  // A step of operations only still reaches the last stage. The truncation of the session
+  // just released fails on each stage; the reply names the later one.
+  auto r = s0.Forward(OpsStep(0, {CopyOp(1, 2, 3), ReleaseOp(1), TruncateOp(1, 0)}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->op_errors_size(), 2);  // the truncation of the released session, on each stage
+  EXPECT_EQ(r->op_errors(0).index(), 2);
+  EXPECT_EQ(r->op_errors(0).worker_id(), "");
+  EXPECT_EQ(r->op_errors(1).index(), 2);
+  EXPECT_EQ(r->op_errors(1).worker_id(), "s1");
+  for (WorkerActor* stage : {&s0, &s1}) {
+    auto stats = stage->GetStats();
+    ASSERT_EQ(stats->sessions(), 1);
+    EXPECT_EQ(stats->session_ids(0), 2);
+    EXPECT_EQ(stats->session_lengths(0), 3);
+  }
 }
 
 TEST_F(WorkerActorTest, MemoryBudgetRefusesNewSessions) {
