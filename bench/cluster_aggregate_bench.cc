@@ -154,6 +154,81 @@ std::string PerToken(const std::string& before, const std::string& after, const 
                          received.value_or(0) / tokens);
 }
 
+// The per-step breakdown of the served path (ms per step) from the counters of the coordinator
+// (fucina_coordinator_step_seconds_total) and of each stage's worker, in stage order
+// (fucina_worker_step_seconds_total), scraped before and after a measurement. Each part is
+// measured where it happens; the transport of a call is the caller's wait minus the callee's
+// own time (worker/step_times.h). The remainder is the step's time (measured on its own) minus
+// every part.
+std::string StepBreakdown(const std::string& coordinator_before,
+                          const std::string& coordinator_after,
+                          const std::vector<std::pair<std::string, std::string>>& stages) {
+  auto delta = [](const std::string& before, const std::string& after, const std::string& name,
+                  const std::string& label) -> std::optional<double> {
+    auto a = MetricSum(after, name, label);
+    if (!a) return std::nullopt;
+    return *a - MetricSum(before, name, label).value_or(0);
+  };
+  const auto steps =
+      delta(coordinator_before, coordinator_after, "fucina_coordinator_steps_total", "");
+  if (!steps || *steps <= 0) return "    no step counters on the coordinator\n";
+  auto coordinator = [&](const char* part) {
+    return delta(coordinator_before, coordinator_after, "fucina_coordinator_step_seconds_total",
+                 absl::StrCat("part=\"", part, "\"")).value_or(0) * 1000 / *steps;
+  };
+  const double step = coordinator("step"), assemble = coordinator("assemble"),
+               round_trip = coordinator("round_trip"), mailbox = coordinator("mailbox"),
+               reply = coordinator("reply"), output_text = coordinator("output_text");
+  std::string out = absl::StrFormat(
+      "    %.0f steps, %.3f ms each (assembly to reply handled); ms per step:\n"
+      "    coordinator  assemble %.3f  mailbox %.3f  reply %.3f (output text %.3f)\n",
+      *steps, step, assemble, mailbox, reply, output_text);
+  // A stage's task, less `send`: handing a step on is the start of the next call, so it is
+  // shown with that call's transport (the caller's wait for the next stage includes it).
+  static const char* kTask[] = {"session_ops", "validate", "input", "kernels", "attention",
+                                "head", "sampling", "output"};
+  double parts = assemble + mailbox + reply;
+  double caller_wait = round_trip;  // what the caller of the next stage waited for it
+  double sent_before = 0;           // the previous stage's time handing the step on
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const auto& [before, after] = stages[i];
+    const auto worker_steps = delta(before, after, "fucina_worker_steps_total", "");
+    if (!worker_steps || *worker_steps <= 0) {
+      absl::StrAppend(&out, "    stage ", i, ": no step counters\n");
+      return out;
+    }
+    auto part = [&](const char* name) {
+      return delta(before, after, "fucina_worker_step_seconds_total",
+                   absl::StrCat("part=\"", name, "\"")).value_or(0) * 1000 / *worker_steps;
+    };
+    const double served = part("served"), queue = part("queue"), chain = part("chain");
+    const double transport = caller_wait - served;
+    absl::StrAppend(&out, absl::StrFormat("    transport to stage %d  %.3f%s\n", i, transport,
+                                          i == 0 ? "" : absl::StrFormat(" (sending %.3f)",
+                                                                        sent_before)));
+    sent_before = part("send");
+    std::string line = absl::StrFormat("    stage %d (%.0f steps)  queue %.3f", i, *worker_steps,
+                                       queue);
+    double task = 0;
+    for (const char* name : kTask) {
+      const double v = part(name);
+      task += v;
+      if (v > 0.0005) absl::StrAppend(&line, absl::StrFormat("  %s %.3f", name, v));
+    }
+    // The stage's time not in its task, its queue or its wait for the next stage: callbacks,
+    // the chained reply's merge.
+    const double gap = served - queue - task - (i + 1 < stages.size() ? chain : 0);
+    absl::StrAppend(&out, line, absl::StrFormat("  (not in a part: %.3f)\n", gap));
+    parts += transport + queue + task;
+    caller_wait = chain;
+  }
+  const double rest = step - parts;
+  absl::StrAppend(&out, absl::StrFormat(
+                            "    parts %.3f of %.3f ms: unaccounted %.3f ms (%.1f%%)\n", parts,
+                            step, rest, step > 0 ? 100 * rest / step : 0));
+  return out;
+}
+
 // ---- clients ----
 
 struct Client {
@@ -303,6 +378,7 @@ class Bench {
   struct Cluster {
     std::vector<std::unique_ptr<Child>> children;  // [0]: the server
     Endpoints server;
+    std::vector<Endpoints> workers;  // in start order
     std::unique_ptr<Client> client;
     api::Placement placement;
 
@@ -336,6 +412,9 @@ class Bench {
                            "--metrics", "127.0.0.1:0", "--threads", "1"});
       if (!worker.ok()) return worker.status();
       cl->children.push_back(*std::move(worker));
+      auto endpoints = WaitListening(*cl->children.back(), deadline);
+      if (!endpoints.ok()) return endpoints.status();
+      cl->workers.push_back(*endpoints);
     }
     cl->client = std::make_unique<Client>(cl->server.grpc);
     auto p = WaitReady(*cl->client, embedded ? 1 : workers, cl->children, deadline);
@@ -347,18 +426,30 @@ class Bench {
     return cl;
   }
 
-  // One `fucina run --bench 1 --threads 1 --streams N` per entry of `streams`, all at once,
-  // `repeats` times: the median of the summed decode t/s, and the last run's values.
-  absl::StatusOr<std::pair<double, std::vector<double>>> Ceiling(const std::vector<int>& streams) {
-    const std::vector<int32_t> prompt = Slice(7, a_.prompt_tokens);
+  // One `fucina run --bench 1 --threads 1` per entry of `per_process`, all at once, `repeats`
+  // times: the median of the summed decode t/s, and the last run's values. Process i decodes
+  // one lockstep stream per prompt of per_process[i] (--bench-prompts: each stream prefills
+  // its own prompt and samples as the server does), so the engine decodes exactly the rows a
+  // served measurement does.
+  absl::StatusOr<std::pair<double, std::vector<double>>> Ceiling(
+      const std::vector<std::vector<std::vector<int32_t>>>& per_process) {
+    std::vector<std::string> files;
+    for (const auto& prompts : per_process) {
+      files.push_back(absl::StrCat(dir_, "/prompts-", next_child_, "-", files.size(), ".txt"));
+      std::FILE* f = std::fopen(files.back().c_str(), "w");
+      if (f == nullptr) return absl::InternalError("cannot write " + files.back());
+      for (const auto& p : prompts) std::fprintf(f, "%s\n", absl::StrJoin(p, ",").c_str());
+      std::fclose(f);
+    }
     std::vector<double> sums;
     std::vector<double> last;
     for (int rep = 0; rep < a_.repeats; ++rep) {
       std::vector<std::unique_ptr<Child>> runs;
-      for (int n : streams) {
-        auto c = Spawn("fucina run", {"run", model_, absl::StrJoin(prompt, ","), "--bench", "1",
-                                      "--threads", "1", "--gen", absl::StrCat(a_.gen),
-                                      "--streams", absl::StrCat(n)});
+      for (size_t i = 0; i < per_process.size(); ++i) {
+        auto c = Spawn("fucina run",
+                       {"run", model_, "--bench", "1", "--threads", "1", "--gen",
+                        absl::StrCat(a_.gen), "--streams", absl::StrCat(per_process[i].size()),
+                        "--bench-prompts", files[i]});
         if (!c.ok()) return c.status();
         runs.push_back(*std::move(c));
       }
@@ -388,6 +479,7 @@ class Bench {
     int stages = 0;
     std::string layers;  // each stage's layer range, e.g. 0-15|15-30
     std::string forward_bytes = "n/a", activation_bytes = "n/a";
+    std::string breakdown;  // StepBreakdown's lines; empty for an embedded worker
   };
 
   absl::StatusOr<Result> Measure(bool embedded, int workers, int streams) {
@@ -400,6 +492,15 @@ class Bench {
       absl::StrAppend(&r.layers, r.layers.empty() ? "" : "|", st.first_layer(), "-",
                       st.last_layer());
     }
+    // Each stage's worker metrics, in stage order (none for an embedded worker).
+    std::vector<std::string> stage_metrics;
+    for (const api::StagePlacement& st : (*cl)->placement.stages()) {
+      for (const Endpoints& w : (*cl)->workers) {
+        if (w.grpc == st.address()) stage_metrics.push_back(w.metrics);
+      }
+    }
+    std::vector<std::pair<std::string, std::string>> stages;
+    for (const std::string& m : stage_metrics) stages.emplace_back(ScrapeMetrics(m), "");
     const std::string before = ScrapeMetrics((*cl)->server.metrics);
     std::vector<double> tps;
     for (int rep = 0; rep < a_.repeats; ++rep) {
@@ -410,6 +511,10 @@ class Bench {
     }
     r.tps = Median(tps);
     const std::string after = ScrapeMetrics((*cl)->server.metrics);
+    for (size_t i = 0; i < stages.size(); ++i) stages[i].second = ScrapeMetrics(stage_metrics[i]);
+    if (!stages.empty() && stages.size() == static_cast<size_t>(r.stages)) {
+      r.breakdown = StepBreakdown(before, after, stages);
+    }
     const std::string tokens_name = "fucina_generation_tokens_total";
     const double tokens =
         MetricSum(after, tokens_name).value_or(0) - MetricSum(before, tokens_name).value_or(0);
@@ -520,7 +625,8 @@ int RunAggregate(const AggregateArgs& a) {
                 "%d\n\n", a.repeats);
     std::fflush(stdout);
     std::fprintf(stderr, "measuring the ceiling\n");
-    auto ceiling = bench.Ceiling({1, 1});
+    const std::vector<std::vector<int32_t>> one = {bench.Slice(7, a.prompt_tokens)};
+    auto ceiling = bench.Ceiling({one, one});
     double ceiling_tps = 0;
     if (ceiling.ok()) {
       ceiling_tps = ceiling->first;
@@ -546,18 +652,23 @@ int RunAggregate(const AggregateArgs& a) {
         std::fprintf(stderr, "measuring %s, %d streams\n", c.name, streams);
         results.push_back(bench.Measure(c.embedded, c.workers, streams));
       }
-      // The same S streams without any cluster: S/2 lockstep streams in each of two single-thread
-      // `fucina run`. Batching amortizes each weight pass over the streams, which the
-      // single-stream ceiling does not.
+      // The like-for-like ceiling: the same S streams without any cluster, the served prompts
+      // split between two single-thread `fucina run`, each decoding its share in lockstep.
+      // Batching amortizes each weight pass over the streams, which the single-stream ceiling
+      // does not.
       std::fprintf(stderr, "measuring the batched ceiling, %d streams\n", streams);
-      std::vector<int> split = {streams - streams / 2};
-      if (streams / 2 > 0) split.push_back(streams / 2);
-      auto batched = bench.Ceiling(split);
+      const std::vector<std::vector<int32_t>> prompts = bench.Prompts(streams, 0, a.prompt_tokens);
+      std::vector<std::vector<std::vector<int32_t>>> halves(streams > 1 ? 2 : 1);
+      for (int i = 0; i < streams; ++i) halves[i * halves.size() / streams].push_back(prompts[i]);
+      std::vector<size_t> split;
+      for (const auto& h : halves) split.push_back(h.size());
+      auto batched = bench.Ceiling(halves);
       const double batched_tps = batched.ok() ? batched->first : 0;
       const double serve_tps = results[3].ok() ? results[3]->tps : 0;
       std::printf("%d streams:\n", streams);
       if (batched.ok()) {
-        std::printf("  batched ceiling: fucina run --threads 1 --streams %s at once: %.2f t/s\n",
+        std::printf("  batched ceiling: fucina run --threads 1 --streams %s at once, the served "
+                    "prompts and sampler: %.2f t/s\n",
                     absl::StrJoin(split, " and --streams ").c_str(), batched_tps);
       } else {
         std::printf("  batched ceiling: failed: %s\n",
@@ -587,6 +698,11 @@ int RunAggregate(const AggregateArgs& a) {
                     vs_ceiling >= 0.9 ? "met" : "NOT met", vs_serve,
                     vs_serve >= 0.9 ? "met" : "NOT met",
                     batched_tps > 0 ? results[1]->tps / batched_tps : 0);
+      }
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (!results[i].ok() || results[i]->breakdown.empty()) continue;
+        std::printf("  step breakdown, %s:\n%s", configs[i].name,
+                    results[i]->breakdown.c_str());
       }
       std::printf("  coordinator bytes per generated token (forward calls; activations):\n");
       for (size_t i = 0; i < results.size(); ++i) {

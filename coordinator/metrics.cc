@@ -65,6 +65,21 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
   activation_bytes_ = counter("fucina_coordinator_activation_bytes_total",
                               "Activation bytes the coordinator sent or received (stages pass "
                               "activations among themselves, so 0 in a healthy pipeline).");
+  steps_ = counter("fucina_coordinator_steps_total", "Pipeline steps the coordinator ran.");
+  auto& step = prometheus::BuildCounter()
+                   .Name("fucina_coordinator_step_seconds_total")
+                   .Help("Seconds of the pipeline steps on the coordinator, by part; part=step "
+                         "is their whole time, assembly to reply handled.")
+                   .Register(*registry_);
+  auto part = [&](const char* name) {
+    return &step.Add({{"model_name", model_name}, {"part", name}});
+  };
+  step_total_ = part("step");
+  step_assemble_ = part("assemble");
+  step_round_trip_ = part("round_trip");
+  step_mailbox_ = part("mailbox");
+  step_reply_ = part("reply");
+  step_output_text_ = part("output_text");
   queue_capacity_ = gauge("fucina_queue_capacity",
                           "Requests the admission queue holds before refusing (--max-queue).");
   auto& workers = prometheus::BuildGauge()
@@ -104,6 +119,16 @@ void Metrics::OnForwardCall(int64_t sent, int64_t received, int64_t activations)
   forward_sent_->Increment(static_cast<double>(sent));
   forward_received_->Increment(static_cast<double>(received));
   activation_bytes_->Increment(static_cast<double>(activations));
+}
+
+void Metrics::OnStep(const StepSeconds& s) {
+  steps_->Increment();
+  step_total_->Increment(s.step);
+  step_assemble_->Increment(s.assemble);
+  step_round_trip_->Increment(s.round_trip);
+  step_mailbox_->Increment(s.mailbox);
+  step_reply_->Increment(s.reply);
+  step_output_text_->Increment(s.output_text);
 }
 
 void Metrics::SetQueue(int running, int waiting) {

@@ -33,6 +33,15 @@ class Metrics {
   // Bytes of one forward call as the coordinator sends and receives them (serialized), and
   // the activation payload among them (zero while stages pass activations among themselves).
   void OnForwardCall(int64_t sent, int64_t received, int64_t activations);
+  // Where one pipeline step's time went on the coordinator (seconds): assembling it, waiting
+  // for its reply from the call's start (the stages' own time and the transport),
+  // waiting for the scheduler thread once the reply was in, and handling the reply, of which
+  // `output_text` turned samples into the requests' text. `step` is the whole, measured on its
+  // own: from assembly to the reply handled.
+  struct StepSeconds {
+    double step = 0, assemble = 0, round_trip = 0, mailbox = 0, reply = 0, output_text = 0;
+  };
+  void OnStep(const StepSeconds& s);
   // One verify step of speculative decoding: `drafted` draft tokens (> 0), the first
   // `accepted` of them accepted (vLLM's spec_decode counters under our prefix).
   void OnDraft(int drafted, int accepted);
@@ -64,6 +73,9 @@ class Metrics {
   prometheus::Gauge* queue_capacity_;
   prometheus::Gauge* workers_alive_;
   prometheus::Gauge* workers_dead_;
+  prometheus::Counter* steps_;
+  prometheus::Counter *step_total_, *step_assemble_, *step_round_trip_, *step_mailbox_,
+      *step_reply_, *step_output_text_;
   prometheus::Counter* spec_drafts_;
   prometheus::Counter* spec_draft_tokens_;
   prometheus::Counter* spec_accepted_tokens_;

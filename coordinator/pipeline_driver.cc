@@ -1,6 +1,7 @@
 #include "coordinator/pipeline_driver.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -10,6 +11,13 @@
 #include "worker/sampling_wire.h"
 
 namespace fucina {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
 
 struct PipelineDriver::Running {
   std::unique_ptr<RequestOutput> output;
@@ -33,6 +41,8 @@ struct PipelineDriver::Group {
   std::vector<Running*> order;
   std::vector<int64_t> tokens;
   SessionOpList ops_sent;
+  // When the step in flight began to be assembled, and when its call started.
+  Clock::time_point assembling, sent;
 };
 
 PipelineDriver::PipelineDriver(SlotTable& slots, Metrics* metrics, Hooks hooks)
@@ -89,6 +99,7 @@ int PipelineDriver::LaunchGroup(int g) {
   }
   for (Running* r : cancelled) End(r, absl::CancelledError("cancelled"));
   Group& group = groups_[g];
+  group.assembling = Clock::now();
   const int left = static_cast<int>(cancelled.size());
   if ((group.members.empty() && group.ops.empty()) || entry_ == nullptr) return left;
 
@@ -176,19 +187,40 @@ int PipelineDriver::LaunchGroup(int g) {
   }
   group.in_flight = true;
   ++in_flight_;
+  group.sent = Clock::now();
   entry_->ForwardAsync(std::move(request),
                        [post = hooks_.post, this, epoch = epoch_,
                         g](absl::StatusOr<wire::ForwardResponse> reply) {
-                         post([this, epoch, g, reply = std::move(reply)]() mutable {
-                           OnReply(epoch, g, std::move(reply));
+                         post([this, epoch, g, arrived = Clock::now(),
+                               reply = std::move(reply)]() mutable {
+                           OnReply(epoch, g, arrived, std::move(reply));
                          });
                        });
   return left;
 }
 
-void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::ForwardResponse> reply) {
+void PipelineDriver::OnReply(uint64_t epoch, int g, Clock::time_point arrived,
+                             absl::StatusOr<wire::ForwardResponse> reply) {
   if (epoch != epoch_) return;  // its requests were failed; a re-plan may have followed
   Group& group = groups_[g];
+  const Clock::time_point handling = Clock::now();
+  Metrics::StepSeconds times{.assemble = Seconds(group.sent - group.assembling),
+                             .round_trip = Seconds(arrived - group.sent),
+                             .mailbox = Seconds(handling - arrived)};
+  const Clock::time_point assembling = group.assembling;
+  // Every path out of the handling below counts the step (a failure's too).
+  struct Observe {
+    Metrics* metrics;
+    Metrics::StepSeconds& times;
+    Clock::time_point assembling, handling;
+    ~Observe() {
+      if (metrics == nullptr) return;
+      const Clock::time_point done = Clock::now();
+      times.reply = Seconds(done - handling);
+      times.step = Seconds(done - assembling);
+      metrics->OnStep(times);
+    }
+  } observe{metrics_, times, assembling, handling};
   group.in_flight = false;
   --in_flight_;
   const std::vector<Running*> order = std::move(group.order);
@@ -300,11 +332,15 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, absl::StatusOr<wire::Forward
       one.set_logprob(a.logprob());
       *one.mutable_top() = a.top();
       emitted.push_back(a.id());
+      const Clock::time_point t = Clock::now();
       finished = r->output->Deliver(one);
+      times.output_text += Seconds(Clock::now() - t);
     }
     if (!finished) {
       emitted.push_back(result.token());
+      const Clock::time_point t = Clock::now();
       finished = r->output->Deliver(result);
+      times.output_text += Seconds(Clock::now() - t);
     }
     if (r->drafter != nullptr) r->drafter->Emitted(r->pending, emitted);
     r->pending = emitted.back();

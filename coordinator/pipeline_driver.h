@@ -25,6 +25,7 @@
 #ifndef FUCINA_COORDINATOR_PIPELINE_DRIVER_H_
 #define FUCINA_COORDINATOR_PIPELINE_DRIVER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -90,7 +91,9 @@ class PipelineDriver {
   struct Group;
 
   int LaunchGroup(int g);  // the requests that left
-  void OnReply(uint64_t epoch, int g, absl::StatusOr<wire::ForwardResponse> reply);
+  // `arrived`: when the reply reached the client's thread (the mailbox wait follows).
+  void OnReply(uint64_t epoch, int g, std::chrono::steady_clock::time_point arrived,
+               absl::StatusOr<wire::ForwardResponse> reply);
   // Takes `r` out of its group and the running set, then ends it: OK keeps its session
   // resident, an error frees it.
   void End(Running* r, const absl::Status& status);

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +24,7 @@
 #include "models/engine/session.h"
 #include "models/grammar/grammar.h"
 #include "models/hub/pull.h"
+#include "models/sampler/sampler.h"
 #include "models/tokenizer/tokenizer.h"
 #include "tools/bench_stats.h"
 #include "tools/command_status.h"
@@ -52,6 +54,7 @@ struct RunArgs {
   bool info = false;
   int bench = 0;
   int streams = 1;
+  std::string bench_prompts;
   SamplingParams sampling;
   bool spec = false;
   std::string spec_ref;
@@ -120,23 +123,42 @@ ChatMessage Message(std::string role, std::string content) {
   return m;
 }
 
-// Prefill of `prompt`, then `gen` greedy decode steps on `streams` lockstep streams, repeated
-// `repeats` times; prints the median throughputs.
-int RunBench(Model& model, const std::vector<int32_t>& prompt, const RunArgs& args,
-             GgmlType cache_type) {
+// Prefill, then `gen` greedy decode steps on `streams` lockstep streams, repeated
+// `repeats` times; prints the median throughputs. Stream s prefills prompts[s % size]. With
+// `served_sampler`, each row is sampled as a server samples it (the Sampler's greedy path, its
+// logprob included) rather than by a bare argmax.
+int RunBench(Model& model, const std::vector<std::vector<int32_t>>& prompts, const RunArgs& args,
+             GgmlType cache_type, bool served_sampler) {
   std::vector<double> prefill, decode;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sampler sampler(greedy);
+  const int64_t vocab = model.config().vocab_size;
   for (int rep = 0; rep < args.bench; ++rep) {
     std::vector<std::unique_ptr<KvCache>> caches;
     std::vector<KvCache*> ptrs;
+    std::vector<std::vector<int32_t>> history(args.streams);
     std::vector<int32_t> next;
+    int64_t prompt_tokens = 0;
+    auto pick = [&](int s, const float* row) {
+      if (served_sampler) {
+        next[s] = sampler.Sample({row, static_cast<size_t>(vocab)}, history[s]).id;
+      } else {
+        next[s] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      }
+      history[s].push_back(next[s]);
+    };
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < args.streams; ++s) {
+      const std::vector<int32_t>& prompt = prompts[s % prompts.size()];
       auto kv = model.NewKvCache(static_cast<int64_t>(prompt.size()) + args.gen, cache_type);
       if (!kv.ok()) return Fail(kv.status());
       auto logits = model.ForwardStep(**kv, prompt, 0);
       if (!logits.ok()) return Fail(logits.status());
-      next.push_back(static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) -
-                                          logits->begin()));
+      history[s] = prompt;
+      next.push_back(0);
+      pick(s, logits->data());
+      prompt_tokens += static_cast<int64_t>(prompt.size());
       ptrs.push_back(kv->get());
       caches.push_back(*std::move(kv));
     }
@@ -146,20 +168,33 @@ int RunBench(Model& model, const std::vector<int32_t>& prompt, const RunArgs& ar
                                                           ptrs[0]->len())
                                       : model.ForwardStepBatch(ptrs, next);
       if (!logits.ok()) return Fail(logits.status());
-      const int64_t vocab = model.config().vocab_size;
-      for (int s = 0; s < args.streams; ++s) {
-        const float* row = logits->data() + s * vocab;
-        next[s] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-      }
+      for (int s = 0; s < args.streams; ++s) pick(s, logits->data() + s * vocab);
     }
     const auto t2 = std::chrono::steady_clock::now();
-    prefill.push_back(args.streams * prompt.size() /
-                      std::chrono::duration<double>(t1 - t0).count());
+    prefill.push_back(prompt_tokens / std::chrono::duration<double>(t1 - t0).count());
     decode.push_back(args.streams * args.gen / std::chrono::duration<double>(t2 - t1).count());
   }
   std::printf("prefill: %.2f t/s\n", Median(prefill));
   std::printf("decode: %.2f t/s\n", Median(decode));
   return 0;
+}
+
+// --bench-prompts FILE: one prompt of comma-separated token ids per line (blank lines skipped).
+absl::StatusOr<std::vector<std::vector<int32_t>>> ReadBenchPrompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("--bench-prompts: cannot open " + path);
+  std::vector<std::vector<int32_t>> prompts;
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    auto ids = ParseIds(line);
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--bench-prompts: line ", prompts.size() + 1,
+                                                     ": ", ids.status().message()));
+    }
+    prompts.push_back(*std::move(ids));
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError("--bench-prompts: no prompt in " + path);
+  return prompts;
 }
 
 // --bench with --spec: prefill + `gen` greedy tokens through Session with speculation (the
@@ -278,11 +313,28 @@ int RunModel(RunArgs args) {
     spec_reference = (*tokenizer)->Encode(text.str(), false, false);
   }
   if (args.bench > 0) {
+    if (!args.bench_prompts.empty()) {
+      if (speculative) {
+        return Fail(absl::InvalidArgumentError("--bench-prompts runs plain decoding, not --spec"));
+      }
+      auto prompts = ReadBenchPrompts(args.bench_prompts);
+      if (!prompts.ok()) return Fail(prompts.status());
+      const int64_t vocab = (*model)->config().vocab_size;
+      for (const auto& p : *prompts) {
+        for (int32_t id : p) {
+          if (id < 0 || id >= vocab) {
+            return Fail(absl::InvalidArgumentError(absl::StrCat(
+                "--bench-prompts: token id ", id, " outside the vocabulary [0, ", vocab, ")")));
+          }
+        }
+      }
+      return RunBench(**model, *prompts, args, *cache_type, /*served_sampler=*/true);
+    }
     if (prompt.empty()) return Fail(absl::InvalidArgumentError("--bench needs a prompt"));
     if (speculative) {
       return RunSpecBench(**model, **tokenizer, prompt, args, *cache_type, spec_reference);
     }
-    return RunBench(**model, prompt, args, *cache_type);
+    return RunBench(**model, {prompt}, args, *cache_type, /*served_sampler=*/false);
   }
 
   auto kv = (*model)->NewKvCache(args.ctx, *cache_type);
@@ -422,6 +474,10 @@ void RegisterRunCommand(CLI::App& app, int* exit_code) {
                   "Repeat prefill + --gen greedy decode N times; print medians (with --spec: "
                   "speculative decoding, and its passes)");
   run->add_option("--streams", a->streams, "Lockstep streams for --bench")->capture_default_str();
+  run->add_option("--bench-prompts", a->bench_prompts,
+                  "For --bench: a file of token-id prompts, one comma-separated line each; stream "
+                  "s prefills line s (mod the count) and every row is sampled as a server "
+                  "samples it (greedy): the engine side of `bench cluster-aggregate`");
   run->add_flag("--spec", a->spec,
                 "Speculative decoding without a draft model: suffix-automaton and token-recycling "
                 "drafts, each checked by one pass (same output, fewer passes)");

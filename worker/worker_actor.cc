@@ -22,6 +22,11 @@
 #include "worker/sampling_wire.h"
 
 namespace fucina {
+namespace {
+
+double Seconds(StepLaps::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
 
 WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
     : options_(options),
@@ -65,11 +70,23 @@ void WorkerActor::CancelInFlight() {
 }
 
 void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
-  executor_.Post([this, request = std::move(request), done = std::move(done)]() mutable {
-    auto reply = DoForward(request);
+  const auto arrived = StepLaps::Clock::now();
+  // The reply, with the step's time from its arrival here added to `served`.
+  done = [times = step_times_, arrived, done = std::move(done)](
+             absl::StatusOr<wire::ForwardResponse> reply) {
+    StepTimes t;
+    t.served = Seconds(StepLaps::Clock::now() - arrived);
+    times->Add(t);
+    done(std::move(reply));
+  };
+  executor_.Post([this, arrived, request = std::move(request), done = std::move(done)]() mutable {
+    StepLaps laps(arrived);
+    laps.Lap(&StepTimes::queue);
+    auto reply = DoForward(request, laps);
     // The next stage gets the rows that ran here, and the session operations in any case.
     if (!reply.ok() || next_stage_ == nullptr ||
         (!reply->has_activations() && request.session_ops_size() == 0)) {
+      step_times_->Add(laps.times());
       done(std::move(reply));
       return;
     }
@@ -89,12 +106,19 @@ void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback don
       *next.mutable_activations() = std::move(*reply->mutable_activations());
     }
     *next.mutable_session_ops() = std::move(*request.mutable_session_ops());
+    const auto sent = StepLaps::Clock::now();
     next_stage_->ForwardAsync(
         std::move(next),
         [own = std::move(*reply), index = std::move(index), next_id = shard_.next_stage().worker_id(),
-         done = std::move(done)](absl::StatusOr<wire::ForwardResponse> later) mutable {
+         times = step_times_, sent, done = std::move(done)](
+            absl::StatusOr<wire::ForwardResponse> later) mutable {
+          StepTimes t;
+          t.chain = Seconds(StepLaps::Clock::now() - sent);
+          times->Add(t);
           done(MergeChainReply(std::move(own), index, next_id, std::move(later)));
         });
+    laps.Lap(&StepTimes::send);
+    step_times_->Add(laps.times());
   });
 }
 
@@ -146,6 +170,7 @@ wire::WorkerStats WorkerActor::DoStats() const {
     stats.add_session_lengths(len);
   }
   for (int64_t n : expert_counts_) stats.add_expert_token_counts(n);
+  step_times_->Get().ToWire(stats.mutable_step_times());
   return stats;
 }
 
@@ -436,7 +461,7 @@ absl::StatusOr<std::unique_ptr<GrammarMatcher>> WorkerActor::CompileGrammar(
 }
 
 absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
-    const wire::ForwardRequest& request) {
+    const wire::ForwardRequest& request, StepLaps& laps) {
   // A worker without the shard the plan gave it (it restarted, or a load failed) cannot serve
   // until a re-plan: the worker's failure.
   if (model_ == nullptr || model_->experts_only()) {
@@ -478,6 +503,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       failed_sessions.erase(SessionOpTarget(op));  // a later op made it whole again
     }
   }
+  laps.Lap(&StepTimes::session_ops);
   int64_t total_rows = 0;
   for (const wire::Segment& seg : request.segments()) total_rows += seg.token_ids_size();
   const int64_t free_bytes = FreeBudgetBytes();
@@ -496,6 +522,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     }
     activation_bytes_in_ += static_cast<int64_t>(request.activations().data().size());
   }
+  laps.Lap(&StepTimes::input);
 
   // Validate every segment; the bad ones are reported and left out.
   std::vector<int> ok;
@@ -551,6 +578,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   // Every segment failed for a reason of its own request (a grammar, a rollback its ring
   // refuses, a bad token): the call succeeds with the errors, which end those requests only. A
   // failed call would read as this worker's failure, whatever the code, and cost a re-plan.
+  laps.Lap(&StepTimes::validate);
   if (ok.empty()) return response;
 
   // Rows of the segments that run, in order.
@@ -592,11 +620,17 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     segments.push_back({(*session)->kv.get(), r, count, ids[j]});
     r += count;
   }
+  laps.Lap(&StepTimes::input);
   const auto t0 = std::chrono::steady_clock::now();
+  const double attention0 = model_->attention_seconds();
   if (absl::Status s = model_->ForwardLayers(x.data(), rows, segments); !s.ok()) {
     // ABORTED: an expert peer failed (RemoteExperts); its own heartbeats speak for it.
     return absl::IsAborted(s) ? RequestFailure(s) : WorkerDeclaredFailure(s);
   }
+  // The layers' time, split: attention as the model measured it, the rest kernels.
+  const double attention = model_->attention_seconds() - attention0;
+  laps.Lap(&StepTimes::kernels);
+  laps.Move(&StepTimes::kernels, &StepTimes::attention, attention);
   forwarded_positions_ += rows;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
@@ -615,6 +649,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
                       response.mutable_activations());
     activation_bytes_out_ += static_cast<int64_t>(response.activations().data().size());
     observe();
+    laps.Lap(&StepTimes::output);
     return response;
   }
 
@@ -639,6 +674,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       return WorkerDeclaredFailure(s);
     }
   }
+  laps.Lap(&StepTimes::head);
   int64_t next_row = 0;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
@@ -679,6 +715,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     VerifiedToWire(*checked, result);
   }
   observe();
+  laps.Lap(&StepTimes::sampling);
   return response;
 }
 

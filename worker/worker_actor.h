@@ -34,6 +34,7 @@
 #include "worker/es_replica.h"
 #include "worker/forward_reply.h"
 #include "worker/serial_executor.h"
+#include "worker/step_times.h"
 #include "worker/worker_client.h"
 
 namespace fucina {
@@ -129,7 +130,9 @@ class WorkerActor : public WorkerClient {
   absl::StatusOr<wire::LoadShardResponse> LoadNewShard(const wire::LoadShardRequest& request);
   // Drops the shard, its sessions and peers: the state of a worker that holds nothing.
   void ClearShard();
-  absl::StatusOr<wire::ForwardResponse> DoForward(const wire::ForwardRequest& request);
+  // One step's task; `laps` times its parts.
+  absl::StatusOr<wire::ForwardResponse> DoForward(const wire::ForwardRequest& request,
+                                                  StepLaps& laps);
   absl::StatusOr<wire::ExpertForwardResponse> DoExpertForward(
       const wire::ExpertForwardRequest& request);
   // One of a step's session operations; a failure is about the request (its session).
@@ -185,6 +188,8 @@ class WorkerActor : public WorkerClient {
   std::shared_ptr<const GrammarVocab> grammar_vocab_;
   // A segment's grammar, compiled (on the executor) when it arrives with its sampling.
   absl::StatusOr<std::unique_ptr<GrammarMatcher>> CompileGrammar(const wire::Sampling& sampling);
+  // Shared with the callbacks of chained steps, which may outlive the actor.
+  std::shared_ptr<StepTimeTotals> step_times_ = std::make_shared<StepTimeTotals>();
   int64_t forwarded_positions_ = 0;
   int64_t expert_tokens_ = 0;
   std::vector<int64_t> expert_counts_;  // [num_experts]: (row, expert) pairs computed here

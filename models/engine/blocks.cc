@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -474,6 +475,7 @@ void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
     ApplyRope(table, k, rows, static_cast<int>(s.num_heads_kv));
   }
 
+  const auto attention_start = std::chrono::steady_clock::now();
   const int64_t cl = ctx.CacheLayer(layer);
   std::span<const KvSegment> segments = ctx.segments();
   if (stores) {
@@ -507,6 +509,8 @@ void Attention(ForwardContext& ctx, int64_t layer, const AttentionWeights& w,
                        AttentionHeads(args, hh, hh + group, attn + seg.begin * qd);
                      }
                    });
+  sc.attention_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
   MatMul(w.wo, attn, rows, out, pool);
   ApplyLora(ctx, layer, LoraTarget::kO, attn, out, ctx.config().hidden);
 }

@@ -61,6 +61,9 @@ struct ForwardScratch {
   };
   std::map<std::tuple<int, int, float, int, const float*>, Rope> ropes;
   uint64_t pass = 0;
+  // Wall seconds spent storing K/V rows and attending over the caches, summed over every pass
+  // (a server's per-step breakdown splits attention from the layers' other kernels with it).
+  double attention_seconds = 0;
 
   static float* Grow(std::vector<float>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);

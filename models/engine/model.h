@@ -120,6 +120,9 @@ class Model {
   absl::Status ForwardLayers(float* x, int64_t rows, std::span<const Segment> segments);
   // Final norm + output projection of x[rows, hidden] -> logits[rows, vocab].
   absl::Status Head(const float* x, int64_t rows, float* logits);
+  // Wall seconds this model has spent in attention over its caches (K/V stores included),
+  // across every pass so far.
+  double attention_seconds() const { return scratch_->attention_seconds; }
 
   // Expert FFN used by MoE layers (default: local experts from this model's file). The
   // model does not own `experts`.

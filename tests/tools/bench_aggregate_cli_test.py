@@ -64,6 +64,20 @@ class BenchAggregateTest(unittest.TestCase):
                              ("serve --workers 1 --threads 2", 1)):
             self.assertRegex(out, rf"(?m)^  {name} +{stages} +[0-9.]+ +[0-9.]+x +[0-9.]+x ", out)
         self.assertRegex(out, r"(?m)^  target, 2 workers x 1 thread: >= 0.90 x ceiling: ")
+        # The per-step breakdown of each coordinator configuration: a line per stage, and its
+        # parts add up to the step's own time within 10%.
+        for name, stages in (("coordinator \\+ 1 worker x 1 thread", 1),
+                             ("coordinator \\+ 2 workers x 1 thread", 2),
+                             ("coordinator \\+ 3 workers x 1 thread", 3)):
+            section = re.search(rf"(?ms)^  step breakdown, {name}:\n(.*?)^    parts ([0-9.]+) of "
+                                rf"([0-9.]+) ms: unaccounted (-?[0-9.]+) ms \((-?[0-9.]+)%\)$", out)
+            self.assertIsNotNone(section, out)
+            lines = section.group(1)
+            self.assertEqual(len(re.findall(r"(?m)^    stage \d \(\d+ steps\)  queue ", lines)),
+                             stages, lines)
+            self.assertEqual(len(re.findall(r"(?m)^    transport to stage \d ", lines)), stages)
+            self.assertRegex(lines, r"kernels [0-9.]+")
+            self.assertLess(abs(float(section.group(5))), 10, section.group(0))
         self.assertIn("coordinator bytes per generated token", out)
         self.assertRegex(out, r"(?m)^TTFT of an 8-token request .* during a 600-token prefill")
         # Without chunking needs a flag the server may not have: measured or said why not.

@@ -134,6 +134,29 @@ class RunTest(unittest.TestCase):
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("--streams", bad.stderr)
 
+    def test_bench_prompts_decode_each_streams_own_prompt(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            good = os.path.join(tmp, "prompts.txt")
+            with open(good, "w") as f:
+                f.write("1,504,3575\n\n28,46,373,1345,29,5\n")
+            out = run("--bench", "1", "--gen", "4", "--streams", "3", "--bench-prompts", good,
+                      "--threads", "1").stdout
+            self.assertRegex(out, r"(?m)^prefill: [0-9.]+ t/s$")
+            self.assertRegex(out, r"(?m)^decode: [0-9.]+ t/s$")
+            for content, needle in (("1,2\n3,x\n", "line 2"), ("1,99999999\n", "vocabulary"),
+                                    ("\n", "no prompt")):
+                bad = os.path.join(tmp, "bad.txt")
+                with open(bad, "w") as f:
+                    f.write(content)
+                proc = run("--bench", "1", "--gen", "2", "--bench-prompts", bad, check=False)
+                self.assertNotEqual(proc.returncode, 0)
+                self.assertIn("--bench-prompts", proc.stderr)
+                self.assertIn(needle, proc.stderr)
+            missing = run("--bench", "1", "--bench-prompts", os.path.join(tmp, "none"),
+                          check=False)
+            self.assertNotEqual(missing.returncode, 0)
+            self.assertIn("cannot open", missing.stderr)
+
     def test_grammar_flags_hold_the_reply(self):
         out = run("--prompt", "Is the sky blue? Answer:", "--temp", "0", "--gen", "16",
                   "--regex", r" (yes|no)\.", "--threads", "2").stdout

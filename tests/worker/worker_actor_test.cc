@@ -77,6 +77,17 @@ TEST_F(WorkerActorTest, TwoStagesMatchOneAndKeepSessions) {
   ASSERT_EQ(stats->session_lengths_size(), 1);
   EXPECT_EQ(stats->session_lengths(0), 7);
   EXPECT_GT(stats->activation_bytes_in(), 0);
+  // Every step timed, its parts within the time it was served.
+  const wire::StepTimes& t = stats->step_times();
+  EXPECT_EQ(t.steps(), 4);
+  EXPECT_GT(t.kernels(), 0);
+  EXPECT_GT(t.attention(), 0);
+  EXPECT_GT(t.head(), 0);
+  EXPECT_EQ(t.output(), 0);  // the last stage encodes no activations
+  EXPECT_LE(t.queue() + t.session_ops() + t.validate() + t.input() + t.kernels() +
+                t.attention() + t.head() + t.sampling(),
+            t.served());
+  EXPECT_GT(s0.GetStats()->step_times().output(), 0);
 }
 
 // Speculative decoding's protocol on two stages: a segment carries the last token and drafts,
