@@ -65,21 +65,30 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
   activation_bytes_ = counter("fucina_coordinator_activation_bytes_total",
                               "Activation bytes the coordinator sent or received (stages pass "
                               "activations among themselves, so 0 in a healthy pipeline).");
-  steps_ = counter("fucina_coordinator_steps_total", "Pipeline steps the coordinator ran.");
+  auto& steps = prometheus::BuildCounter()
+                    .Name("fucina_coordinator_steps_total")
+                    .Help("Pipeline steps the coordinator ran, by kind (decode: no prompt "
+                          "chunk in the step).")
+                    .Register(*registry_);
   auto& step = prometheus::BuildCounter()
                    .Name("fucina_coordinator_step_seconds_total")
-                   .Help("Seconds of the pipeline steps on the coordinator, by part; part=step "
-                         "is their whole time, assembly to reply handled.")
+                   .Help("Seconds of the pipeline steps on the coordinator, by kind and part; "
+                         "part=step is their whole time, assembly to reply handled.")
                    .Register(*registry_);
-  auto part = [&](const char* name) {
-    return &step.Add({{"model_name", model_name}, {"part", name}});
-  };
-  step_total_ = part("step");
-  step_assemble_ = part("assemble");
-  step_round_trip_ = part("round_trip");
-  step_mailbox_ = part("mailbox");
-  step_reply_ = part("reply");
-  step_output_text_ = part("output_text");
+  for (int kind = 0; kind < 2; ++kind) {
+    const std::string kind_name = kind == 0 ? "decode" : "other";
+    auto part = [&](const char* name) {
+      return &step.Add({{"model_name", model_name}, {"kind", kind_name}, {"part", name}});
+    };
+    step_counters_[kind] = {
+        .steps = &steps.Add({{"model_name", model_name}, {"kind", kind_name}}),
+        .step = part("step"),
+        .assemble = part("assemble"),
+        .round_trip = part("round_trip"),
+        .mailbox = part("mailbox"),
+        .reply = part("reply"),
+        .output_text = part("output_text")};
+  }
   queue_capacity_ = gauge("fucina_queue_capacity",
                           "Requests the admission queue holds before refusing (--max-queue).");
   auto& workers = prometheus::BuildGauge()
@@ -121,14 +130,15 @@ void Metrics::OnForwardCall(int64_t sent, int64_t received, int64_t activations)
   activation_bytes_->Increment(static_cast<double>(activations));
 }
 
-void Metrics::OnStep(const StepSeconds& s) {
-  steps_->Increment();
-  step_total_->Increment(s.step);
-  step_assemble_->Increment(s.assemble);
-  step_round_trip_->Increment(s.round_trip);
-  step_mailbox_->Increment(s.mailbox);
-  step_reply_->Increment(s.reply);
-  step_output_text_->Increment(s.output_text);
+void Metrics::OnStep(const StepSeconds& s, bool decode) {
+  const StepCounters& c = step_counters_[decode ? 0 : 1];
+  c.steps->Increment();
+  c.step->Increment(s.step);
+  c.assemble->Increment(s.assemble);
+  c.round_trip->Increment(s.round_trip);
+  c.mailbox->Increment(s.mailbox);
+  c.reply->Increment(s.reply);
+  c.output_text->Increment(s.output_text);
 }
 
 void Metrics::SetQueue(int running, int waiting) {

@@ -41,7 +41,8 @@ class Metrics {
   struct StepSeconds {
     double step = 0, assemble = 0, round_trip = 0, mailbox = 0, reply = 0, output_text = 0;
   };
-  void OnStep(const StepSeconds& s);
+  // `decode`: every segment of the step decoded (no prompt chunk), counted apart.
+  void OnStep(const StepSeconds& s, bool decode);
   // One verify step of speculative decoding: `drafted` draft tokens (> 0), the first
   // `accepted` of them accepted (vLLM's spec_decode counters under our prefix).
   void OnDraft(int drafted, int accepted);
@@ -73,9 +74,11 @@ class Metrics {
   prometheus::Gauge* queue_capacity_;
   prometheus::Gauge* workers_alive_;
   prometheus::Gauge* workers_dead_;
-  prometheus::Counter* steps_;
-  prometheus::Counter *step_total_, *step_assemble_, *step_round_trip_, *step_mailbox_,
-      *step_reply_, *step_output_text_;
+  // By kind of step: [0] decode, [1] other.
+  struct StepCounters {
+    prometheus::Counter *steps, *step, *assemble, *round_trip, *mailbox, *reply, *output_text;
+  };
+  StepCounters step_counters_[2];
   prometheus::Counter* spec_drafts_;
   prometheus::Counter* spec_draft_tokens_;
   prometheus::Counter* spec_accepted_tokens_;

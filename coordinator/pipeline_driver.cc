@@ -41,8 +41,10 @@ struct PipelineDriver::Group {
   std::vector<Running*> order;
   std::vector<int64_t> tokens;
   SessionOpList ops_sent;
-  // When the step in flight began to be assembled, and when its call started.
+  // When the step in flight began to be assembled, and when its call started; whether it
+  // only decodes (no prompt chunk: the kind its times are counted under).
   Clock::time_point assembling, sent;
+  bool decode = false;
 };
 
 PipelineDriver::PipelineDriver(SlotTable& slots, Metrics* metrics, Hooks hooks)
@@ -187,6 +189,8 @@ int PipelineDriver::LaunchGroup(int g) {
   }
   group.in_flight = true;
   ++in_flight_;
+  group.decode = !group.order.empty() &&
+                 std::all_of(take.begin(), take.end(), [](int64_t t) { return t == 0; });
   group.sent = Clock::now();
   entry_->ForwardAsync(std::move(request),
                        [post = hooks_.post, this, epoch = epoch_,
@@ -213,14 +217,15 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, Clock::time_point arrived,
     Metrics* metrics;
     Metrics::StepSeconds& times;
     Clock::time_point assembling, handling;
+    bool decode;
     ~Observe() {
       if (metrics == nullptr) return;
       const Clock::time_point done = Clock::now();
       times.reply = Seconds(done - handling);
       times.step = Seconds(done - assembling);
-      metrics->OnStep(times);
+      metrics->OnStep(times, decode);
     }
-  } observe{metrics_, times, assembling, handling};
+  } observe{metrics_, times, assembling, handling, group.decode};
   group.in_flight = false;
   --in_flight_;
   const std::vector<Running*> order = std::move(group.order);

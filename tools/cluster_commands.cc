@@ -475,22 +475,32 @@ class WorkerCollectable : public prometheus::Collectable {
             stats->activation_bytes_in());
     counter("fucina_worker_activation_bytes_sent_total", "Activation bytes sent.",
             stats->activation_bytes_out());
-    // The step breakdown (worker/step_times.h): seconds by part, and the steps they sum.
-    const wire::StepTimes& t = stats->step_times();
-    counter("fucina_worker_steps_total", "Forward steps this worker ran.",
-            static_cast<double>(t.steps()));
-    auto parts = family("fucina_worker_step_seconds_total",
-                        "Seconds of this worker's forward steps, by part (StepTimes).",
+    // The step breakdown (worker/step_times.h): seconds by kind of step and part, and the
+    // steps they sum.
+    auto steps = family("fucina_worker_steps_total", "Forward steps this worker ran, by kind.",
                         prometheus::MetricType::Counter);
-    const google::protobuf::Descriptor* d = t.GetDescriptor();
-    for (int i = 0; i < d->field_count(); ++i) {
-      const google::protobuf::FieldDescriptor* f = d->field(i);
-      if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) continue;
-      prometheus::ClientMetric m;
-      m.label.push_back({"part", f->name()});
-      m.counter.value = t.GetReflection()->GetDouble(t, f);
-      parts.metric.push_back(m);
+    auto parts = family("fucina_worker_step_seconds_total",
+                        "Seconds of this worker's forward steps, by kind and part (StepTimes).",
+                        prometheus::MetricType::Counter);
+    for (const auto& [kind, t] : {std::pair<const char*, const wire::StepTimes&>{
+                                      "decode", stats->decode_step_times()},
+                                  {"other", stats->other_step_times()}}) {
+      prometheus::ClientMetric n;
+      n.label.push_back({"kind", kind});
+      n.counter.value = static_cast<double>(t.steps());
+      steps.metric.push_back(n);
+      const google::protobuf::Descriptor* d = t.GetDescriptor();
+      for (int i = 0; i < d->field_count(); ++i) {
+        const google::protobuf::FieldDescriptor* f = d->field(i);
+        if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) continue;
+        prometheus::ClientMetric m;
+        m.label.push_back({"kind", kind});
+        m.label.push_back({"part", f->name()});
+        m.counter.value = t.GetReflection()->GetDouble(t, f);
+        parts.metric.push_back(m);
+      }
     }
+    out.push_back(std::move(steps));
     out.push_back(std::move(parts));
     auto experts = family("fucina_worker_expert_tokens_total",
                           "Token rows computed per expert on this worker.",

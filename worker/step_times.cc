@@ -28,4 +28,14 @@ void StepTimes::ToWire(wire::StepTimes* out) const {
   out->set_served(served);
 }
 
+bool IsDecodeStep(const wire::ForwardRequest& request) {
+  if (request.segments_size() == 0) return false;
+  for (const wire::Segment& seg : request.segments()) {
+    if (seg.prefill_only() || seg.all_logits() || seg.token_ids_size() != seg.drafts() + 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace fucina

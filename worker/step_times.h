@@ -48,21 +48,28 @@ class StepLaps {
   StepTimes times_;
 };
 
-// The worker's totals, added to from the executor and from the threads replies arrive on.
+// Whether every segment of `request` decodes (one row, or one plus its drafts, sampled): a
+// decode step, whose times are kept apart from prompt chunks' (they differ by orders of
+// magnitude, and serving throughput is measured on decode).
+bool IsDecodeStep(const wire::ForwardRequest& request);
+
+// The worker's totals by kind of step, added to from the executor and from the threads replies
+// arrive on.
 class StepTimeTotals {
  public:
-  void Add(const StepTimes& times) {
+  void Add(bool decode, const StepTimes& times) {
     std::lock_guard<std::mutex> lock(mu_);
-    total_.Add(times);
+    (decode ? decode_ : other_).Add(times);
   }
-  StepTimes Get() const {
+  void ToWire(wire::WorkerStats* stats) const {
     std::lock_guard<std::mutex> lock(mu_);
-    return total_;
+    decode_.ToWire(stats->mutable_decode_step_times());
+    other_.ToWire(stats->mutable_other_step_times());
   }
 
  private:
   mutable std::mutex mu_;
-  StepTimes total_;
+  StepTimes decode_, other_;
 };
 
 }  // namespace fucina

@@ -71,22 +71,24 @@ void WorkerActor::CancelInFlight() {
 
 void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
   const auto arrived = StepLaps::Clock::now();
+  const bool decode = IsDecodeStep(request);
   // The reply, with the step's time from its arrival here added to `served`.
-  done = [times = step_times_, arrived, done = std::move(done)](
+  done = [times = step_times_, decode, arrived, done = std::move(done)](
              absl::StatusOr<wire::ForwardResponse> reply) {
     StepTimes t;
     t.served = Seconds(StepLaps::Clock::now() - arrived);
-    times->Add(t);
+    times->Add(decode, t);
     done(std::move(reply));
   };
-  executor_.Post([this, arrived, request = std::move(request), done = std::move(done)]() mutable {
+  executor_.Post([this, decode, arrived, request = std::move(request),
+                  done = std::move(done)]() mutable {
     StepLaps laps(arrived);
     laps.Lap(&StepTimes::queue);
     auto reply = DoForward(request, laps);
     // The next stage gets the rows that ran here, and the session operations in any case.
     if (!reply.ok() || next_stage_ == nullptr ||
         (!reply->has_activations() && request.session_ops_size() == 0)) {
-      step_times_->Add(laps.times());
+      step_times_->Add(decode, laps.times());
       done(std::move(reply));
       return;
     }
@@ -110,15 +112,15 @@ void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback don
     next_stage_->ForwardAsync(
         std::move(next),
         [own = std::move(*reply), index = std::move(index), next_id = shard_.next_stage().worker_id(),
-         times = step_times_, sent, done = std::move(done)](
+         times = step_times_, decode, sent, done = std::move(done)](
             absl::StatusOr<wire::ForwardResponse> later) mutable {
           StepTimes t;
           t.chain = Seconds(StepLaps::Clock::now() - sent);
-          times->Add(t);
+          times->Add(decode, t);
           done(MergeChainReply(std::move(own), index, next_id, std::move(later)));
         });
     laps.Lap(&StepTimes::send);
-    step_times_->Add(laps.times());
+    step_times_->Add(decode, laps.times());
   });
 }
 
@@ -170,7 +172,7 @@ wire::WorkerStats WorkerActor::DoStats() const {
     stats.add_session_lengths(len);
   }
   for (int64_t n : expert_counts_) stats.add_expert_token_counts(n);
-  step_times_->Get().ToWire(stats.mutable_step_times());
+  step_times_->ToWire(&stats);
   return stats;
 }
 

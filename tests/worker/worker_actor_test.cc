@@ -77,9 +77,11 @@ TEST_F(WorkerActorTest, TwoStagesMatchOneAndKeepSessions) {
   ASSERT_EQ(stats->session_lengths_size(), 1);
   EXPECT_EQ(stats->session_lengths(0), 7);
   EXPECT_GT(stats->activation_bytes_in(), 0);
-  // Every step timed, its parts within the time it was served.
-  const wire::StepTimes& t = stats->step_times();
-  EXPECT_EQ(t.steps(), 4);
+  // Every step timed, its parts within the time it was served: the prompt apart, then three
+  // decode steps.
+  EXPECT_EQ(stats->other_step_times().steps(), 1);
+  const wire::StepTimes& t = stats->decode_step_times();
+  EXPECT_EQ(t.steps(), 3);
   EXPECT_GT(t.kernels(), 0);
   EXPECT_GT(t.attention(), 0);
   EXPECT_GT(t.head(), 0);
@@ -87,7 +89,7 @@ TEST_F(WorkerActorTest, TwoStagesMatchOneAndKeepSessions) {
   EXPECT_LE(t.queue() + t.session_ops() + t.validate() + t.input() + t.kernels() +
                 t.attention() + t.head() + t.sampling(),
             t.served());
-  EXPECT_GT(s0.GetStats()->step_times().output(), 0);
+  EXPECT_GT(s0.GetStats()->decode_step_times().output(), 0);
 }
 
 // Speculative decoding's protocol on two stages: a segment carries the last token and drafts,
