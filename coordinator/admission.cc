@@ -1,8 +1,10 @@
 #include "coordinator/admission.h"
 
+#include <atomic>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "models/log/log.h"
 
 namespace fucina {
 
@@ -48,6 +50,12 @@ absl::Status AdmissionQueue::Submit(const std::shared_ptr<Request>& request, Gen
     Unreserve();
     return error;
   }
+  if (job.request_id.empty()) {
+    static std::atomic<uint64_t> next_id{1};
+    job.request_id = absl::StrCat("req-", next_id.fetch_add(1));
+  }
+  FUCINA_LOG(kInfo).Request(job.request_id)
+      << "queued: " << job.prompt.size() << " prompt tokens, max_tokens " << job.max_tokens;
   request->set_job(std::move(job));
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -13,6 +13,7 @@
 #include "models/engine/model_size.h"
 #include "models/engine/registry.h"
 #include "worker/activations.h"
+#include "models/log/log.h"
 
 namespace fucina {
 
@@ -204,8 +205,8 @@ bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) 
         w.alive = false;
         changed = true;
         last_failure_ = absl::StrCat("worker ", w.id, " failed: ", why.message());
-        std::fprintf(stderr, "worker %s (%s) marked dead: %s\n", w.id.c_str(),
-                     w.address.c_str(), std::string(why.message()).c_str());
+        FUCINA_LOG(kWarning) << "worker " << w.id << " (" << w.address
+                             << ") marked dead: " << why.message();
       }
     }
     CountWorkers();
@@ -242,10 +243,10 @@ void Coordinator::WatchHeartbeats() {
     last_pass = now;
     if (stalled > std::chrono::steady_clock::duration::zero()) {
       for (WorkerRecord& w : workers_) w.last_seen = std::min(now, w.last_seen + stalled);
-      std::fprintf(stderr, "heartbeat watcher: this process did not run for %lld ms; "
-                   "workers' silence of that time is not counted\n",
-                   static_cast<long long>(
-                       std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count()));
+      FUCINA_LOG(kWarning)
+          << "heartbeat watcher: this process did not run for "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count()
+          << " ms; workers' silence of that time is not counted";
     }
     std::vector<std::string> silent;
     for (const WorkerRecord& w : workers_) {
@@ -327,7 +328,7 @@ Pipeline Coordinator::BuildPipeline() {
               absl::StrCat(plan.status, " (last failure: ", last_failure_, ")");
         }
       }
-      if (!infos.empty()) std::fprintf(stderr, "model not ready: %s\n", pipeline.status.c_str());
+      if (!infos.empty()) FUCINA_LOG(kWarning) << "model not ready: " << pipeline.status;
       return pipeline;
     }
     auto record = [&](const std::string& id) -> const WorkerRecord& {
@@ -412,7 +413,7 @@ Pipeline Coordinator::BuildPipeline() {
         const WorkerRecord& w = record(e.worker_id);
         absl::StrAppend(&where, "; ", w.id, " (", w.device, ") ", e.experts.size(), " experts");
       }
-      std::fprintf(stderr, "placement: %s%s\n", plan.status.c_str(), where.c_str());
+      FUCINA_LOG(kInfo) << "placement: " << plan.status << where;
       return pipeline;
     }
     if (FailureOriginOf(failed) == FailureOrigin::kTransport) {
@@ -426,7 +427,7 @@ Pipeline Coordinator::BuildPipeline() {
       std::lock_guard<std::mutex> lock(mu_);
       plan_.status = pipeline.status;
     }
-    std::fprintf(stderr, "model not ready: %s\n", pipeline.status.c_str());
+    FUCINA_LOG(kWarning) << "model not ready: " << pipeline.status;
     return pipeline;
   }
 }

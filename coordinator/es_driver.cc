@@ -26,6 +26,7 @@
 #include "models/train/es.h"
 #include "worker/es_replica.h"
 #include "worker/file_digest.h"
+#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -217,8 +218,8 @@ void EsDriver::Drop(const std::string& id, const absl::Status& why) {
     dropped = std::move(it->second);
     replicas_.erase(it);
   }
-  std::fprintf(stderr, "train job %s: replica %s left the job: %s\n",
-               options_.job.job_id().c_str(), id.c_str(), why.ToString().c_str());
+  FUCINA_LOG(kWarning).Request(options_.job.job_id())
+      << "replica " << id << " left the train job: " << why.ToString();
   // The other stages of a pipeline hold their layers for nothing now.
   if (dropped->workers.size() > 1) Release(*dropped);
 }
@@ -310,9 +311,9 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
           no_room_[fresh[i].id()] = fresh[i].workers[0].client;
         }
         last_error = results[i];
-        std::fprintf(stderr, "train job %s: replica %s cannot take the job: %s\n",
-                     options_.job.job_id().c_str(), fresh[i].id().c_str(),
-                     results[i].ToString().c_str());
+        FUCINA_LOG(kWarning).Request(options_.job.job_id())
+            << "replica " << fresh[i].id() << " cannot take the train job: "
+            << results[i].ToString();
       }
     }
     std::vector<std::pair<std::string, Replica>> ready;

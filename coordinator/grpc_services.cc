@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/grpc_util.h"
+#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -287,7 +288,7 @@ grpc::Status RegistryService::ProbeWorker(const std::string& address) const {
       " (a subject alternative name; scripts/make-cluster-certs.sh DIR ... ", host,
       ") and be signed by the cluster CA; or register another address with --advertise (",
       stats.status().message().substr(0, 300), ")");
-  std::fprintf(stderr, "register refused: %s\n", why.c_str());
+  FUCINA_LOG(kWarning) << "register refused: " << why;
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
 }
 

@@ -2,6 +2,9 @@
 
 #include <chrono>
 
+#include "absl/strings/str_format.h"
+#include "models/log/log.h"
+
 namespace fucina {
 
 double SteadySeconds() {
@@ -41,10 +44,30 @@ void Request::Finish(Outcome outcome) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
+    // Logged before the reader can see the end: its last line precedes any later one.
+    LogOutcome(outcome);
     done_ = true;
     outcome_ = std::move(outcome);
   }
   cv_.notify_all();
+}
+
+void Request::LogOutcome(const Outcome& outcome) const {
+  const double seconds = submitted_at_ > 0 ? SteadySeconds() - submitted_at_ : 0;
+  if (outcome.status.ok()) {
+    FUCINA_LOG(kInfo).Request(id())
+        << "finished (" << outcome.finish_reason << "): " << outcome.prompt_tokens
+        << " prompt tokens (" << outcome.cached_tokens << " cached), "
+        << outcome.completion_tokens << " generated, " << absl::StrFormat("%.3f", seconds)
+        << " s";
+    return;
+  }
+  const bool cancelled = absl::IsCancelled(outcome.status);
+  LogMessage(cancelled ? LogSeverity::kInfo : LogSeverity::kWarning, __FILE__, __LINE__)
+          .Request(id())
+      << (cancelled ? "cancelled" : "failed") << " after " << outcome.completion_tokens
+      << " generated tokens, " << absl::StrFormat("%.3f", seconds)
+      << " s: " << outcome.status.message();
 }
 
 Outcome RelayRequest(Request& request, const std::function<bool()>& client_gone,

@@ -31,6 +31,9 @@ struct GenerateJob {
   // Constrained decoding (compiled once by the front end to refuse a bad one; the last stage
   // holds the matcher).
   GrammarSpec grammar;
+  // Names the request on every log line of its life: the front end's reply id where it has
+  // one; empty: the scheduler names it req-N when it is queued.
+  std::string request_id;
 };
 
 // A piece of output: text that is safe to show (complete UTF-8, no part of a stop string) and
@@ -70,6 +73,8 @@ class Request {
   bool cancelled() const { return cancelled_; }
   // The prompt's length in tokens (known once submitted).
   int64_t prompt_tokens() const { return static_cast<int64_t>(job_.prompt.size()); }
+  // The name of its log lines (known once submitted).
+  const std::string& id() const { return job_.request_id; }
 
   // ---- The scheduler's side. ----
   const GenerateJob& job() const { return job_; }
@@ -77,10 +82,12 @@ class Request {
   double submitted_at() const { return submitted_at_; }
   void set_submitted_at(double seconds) { submitted_at_ = seconds; }
   void Push(Delta delta);
-  // The first call sets the outcome; later ones are ignored.
+  // The first call sets the outcome (and logs it); later ones are ignored.
   void Finish(Outcome outcome);
 
  private:
+  void LogOutcome(const Outcome& outcome) const;
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Delta> deltas_;

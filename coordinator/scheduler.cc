@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/metrics.h"
+#include "models/log/log.h"
 
 namespace fucina {
 
@@ -122,8 +123,8 @@ void Scheduler::WorkerDied(const std::string& worker_id, const absl::Status& why
     // Under cancel_mu_, so the cut reaches the old plan's calls only: the re-plan that the cut
     // sets off clears stage_clients_ (under the same lock) before it loads any shard.
     std::lock_guard<std::mutex> lock(cancel_mu_);
-    std::fprintf(stderr, "%s: cancelling the calls in flight on %zu stage(s)\n",
-                 std::string(why.message()).c_str(), stage_clients_.size());
+    FUCINA_LOG(kWarning) << why.message() << ": cancelling the calls in flight on "
+                         << stage_clients_.size() << " stage(s)";
     for (const auto& client : stage_clients_) client->CancelInFlight();
   }
   mailbox_->Wake();
@@ -300,6 +301,9 @@ void Scheduler::Admit() {
     SlotTable::Slot* slot = slots_.Acquire(request->job().prompt, &cached, &ops);
     if (slot == nullptr) return;  // every slot busy: the queue waits
     admission_.Pop();
+    FUCINA_LOG(kInfo).Request(request->id())
+        << "running in session " << slot->id << ": " << cached << " of "
+        << request->prompt_tokens() << " prompt tokens cached";
     driver_.Add(std::make_unique<RequestOutput>(request, tokenizer_, context_, cached, metrics_),
                 slot, std::move(ops));
   }

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "tools/commands.h"
+#include "tools/progress_bar.h"
 
 namespace {
 
@@ -34,6 +35,9 @@ int main(int argc, char** argv) {
   std::memset(&bus, 0, sizeof(bus));
   bus.sa_handler = OnBusError;
   sigaction(SIGBUS, &bus, nullptr);
+
+  // Loading and downloads report their progress; on a terminal it is drawn as a bar.
+  fucina::cli::InstallTerminalProgress();
 
   CLI::App app{"fucina: serve and fine-tune GGUF language models on one machine or a cluster"};
   app.require_subcommand(1);

@@ -16,6 +16,7 @@
 #include <grpc/grpc_security_constants.h>
 
 #include "absl/strings/str_cat.h"
+#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -453,9 +454,8 @@ void CallGate::LogRefusal(const CallFacts& call, const std::string& why) const {
     skipped = absl::StrCat(" (", unlogged_, " more refused calls not logged)");
     unlogged_ = 0;
   }
-  std::fprintf(stderr, "refused %.*s from %.*s: %s%s\n", static_cast<int>(call.method.size()),
-               call.method.data(), static_cast<int>(call.peer.size()), call.peer.data(),
-               why.c_str(), skipped.c_str());
+  FUCINA_LOG(kWarning) << "refused " << call.method << " from " << call.peer << ": " << why
+                       << skipped;
 }
 
 }  // namespace fucina

@@ -22,6 +22,7 @@
 #include "worker/file_digest.h"
 #include "worker/grpc_util.h"
 #include "worker/worker_actor.h"
+#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -256,10 +257,11 @@ absl::StatusOr<ModelFetcher::RecheckOutcome> ModelFetcher::Recheck(const Watched
   auto local = Sha256OfRange(fd.fd, t.offset, t.size, path);
   if (local.ok() && *local == t.expected) return RecheckOutcome::kSame;
   const std::string what = absl::StrCat("tensor ", t.name);
-  std::fprintf(stderr, "model cache %s: %s changed after it was verified (%s); fetching it "
-               "again in place\n", path.c_str(), what.c_str(),
-               local.ok() ? absl::StrCat("SHA-256 ", DigestHex(*local)).c_str()
-                          : std::string(local.status().message()).c_str());
+  FUCINA_LOG(kWarning) << "model cache " << path << ": " << what
+                       << " changed after it was verified ("
+                       << (local.ok() ? absl::StrCat("SHA-256 ", DigestHex(*local))
+                                      : std::string(local.status().message()))
+                       << "); fetching it again in place";
   FetchReport report;
   fetch_start_ = std::chrono::steady_clock::now();
   for (int attempt = 0;; ++attempt) {
@@ -323,11 +325,12 @@ void ModelFetcher::RecheckLoop() {
     auto outcome = Recheck(w, tensor, /*wait=*/false);
     if (!outcome.ok()) {
       // The coordinator may be away for now: a later sweep tries again.
-      std::fprintf(stderr, "model cache recheck: %s\n", outcome.status().ToString().c_str());
+      FUCINA_LOG(kWarning) << "model cache recheck: " << outcome.status().ToString();
       failed = true;
     } else if (*outcome == RecheckOutcome::kGone) {
-      std::fprintf(stderr, "model cache %s/model.gguf: deleted or replaced since it was loaded; "
-                   "no longer rechecked\n", w.dir.c_str());
+      FUCINA_LOG(kWarning) << "model cache " << w.dir
+                           << "/model.gguf: deleted or replaced since it was loaded; no longer "
+                              "rechecked";
       watched_.erase(watched_.begin() + static_cast<ptrdiff_t>(model));
       tensor = 0;
       continue;

@@ -63,10 +63,12 @@ void Api::Messages(const std::string& body, HttpExchange& ex) {
   if (!thinking_switch.ok()) return SendStatus(ex, d, thinking_switch.status());
   render.enable_thinking = *thinking_switch;
   ThinkMode think;
+  // The reply's id names the request in the logs too.
+  const std::string id = RandomId("msg_");
+  job.request_id = id;
   auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, render, &think); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
-  const std::string id = RandomId("msg_");
   ReplyParser parser(think.parse, think.open, parse_tools);
   if (!stream->value_or(false)) {
     std::string text, thinking;

@@ -277,10 +277,12 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
   if (!enable_thinking.ok()) return SendStatus(ex, d, enable_thinking.status());
   render.enable_thinking = *enable_thinking;
   ThinkMode think;
+  // The reply's id names the request in the logs too.
+  const std::string id = RandomId("chatcmpl-");
+  job.request_id = id;
   auto request = StartJob(c_, job, [&] { return RenderChat(c_, *messages, render, &think); });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
-  const std::string id = RandomId("chatcmpl-");
   const int64_t created = UnixTime();
   ReplyParser parser(think.parse, think.open, parse_tools);
   const Tokenizer& tok = c_.tokenizer();
@@ -424,12 +426,14 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
       ids.push_back(static_cast<int32_t>(id));
     }
   }
+  // The reply's id names the request in the logs too.
+  const std::string id = RandomId("cmpl-");
+  job.request_id = id;
   auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
     if (text_prompt) return c_.Encode(prompt.get<std::string>(), true);
     return ids;
   });
   if (!request.ok()) return SendStatus(ex, d, request.status());
-  const std::string id = RandomId("cmpl-");
   const int64_t created = UnixTime();
   const Tokenizer& tok = c_.tokenizer();
   auto logprobs_of = [&](const Delta& delta) {

@@ -136,12 +136,14 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
   auto messages = ReadResponsesInput(*j);
   if (!messages.ok()) return SendStatus(ex, d, messages.status(), "input");
   ThinkMode think;
+  // The reply's id names the request in the logs too.
+  const std::string id = RandomId("resp_");
+  job.request_id = id;
   auto request = StartJob(c_, job, [&] {
     return RenderChat(c_, *messages, ChatRenderOptions(), &think);
   });
   if (!request.ok()) return SendStatus(ex, d, request.status());
 
-  const std::string id = RandomId("resp_");
   const int64_t created = UnixTime();
   ReplyParser parser(think.parse, think.open, /*parse_tools=*/false);
   auto response = [&](const std::string& status, const OutputItems* items, const Outcome* o) {

@@ -1,7 +1,5 @@
 #include "models/engine/blocks.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +15,7 @@
 #include "kernels/softmax.h"
 #include "kernels/tile_layout.h"
 #include "kernels/type_traits.h"
+#include "models/log/log.h"
 
 namespace fucina {
 
@@ -266,7 +265,6 @@ void TensorBinder::Finish() {
       total += repacks.back().bytes;
     }
   }
-  const bool tty = isatty(STDERR_FILENO);
   std::atomic<size_t> done{0};
   std::atomic<int> shown{-1};
   for (const std::vector<Item>* items : {&copies, &repacks}) {
@@ -288,14 +286,14 @@ void TensorBinder::Finish() {
         }
         const size_t now = done.fetch_add(it.bytes) + it.bytes;
         const int percent = total == 0 ? 100 : static_cast<int>(100 * now / total);
-        if (tty && thread == 0 && percent != shown.exchange(percent)) {
-          std::fprintf(stderr, "\rloading [%-40.*s] %3d%%", percent * 40 / 100,
-                       "########################################", percent);
+        if (thread == 0 && percent != shown.exchange(percent)) {
+          ReportProgress({.task = "loading", .done = static_cast<int64_t>(now),
+                          .total = static_cast<int64_t>(total)});
         }
       }
     });
   }
-  if (tty && total > 0) std::fprintf(stderr, "\r%*s\r", 60, "");
+  if (total > 0) ReportProgress({.task = "loading", .finished = true});
   copies_.clear();
   repacks_.clear();
 }

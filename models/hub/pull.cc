@@ -26,6 +26,7 @@
 #include "models/gguf/gguf.h"
 #include "models/hub/sha256.h"
 #include "models/hub/zip_member.h"
+#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -158,41 +159,34 @@ void InitCurlOnce() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-// A one-line bar redrawn in place on stderr, at most ten times a second.
-class ProgressBar {
+// A download's progress, reported (models/log/log.h) at most ten times a second; the binary
+// draws it.
+class DownloadProgress {
  public:
-  explicit ProgressBar(std::string name) : name_(std::move(name)) {}
+  explicit DownloadProgress(std::string name) : name_(std::move(name)) {}
 
-  void Draw(int64_t done, int64_t total, int64_t fetched, bool force) {
+  // `done` of `total` bytes (-1: unknown), `fetched` of them by this process.
+  void Report(int64_t done, int64_t total, int64_t fetched, bool force) {
     const auto now = std::chrono::steady_clock::now();
-    if (!force && drawn_ && now - last_ < std::chrono::milliseconds(100)) return;
+    if (!force && reported_ && now - last_ < std::chrono::milliseconds(100)) return;
     last_ = now;
-    drawn_ = true;
+    reported_ = true;
     const double seconds = std::chrono::duration<double>(now - start_).count();
-    const double rate = seconds > 0 ? fetched / seconds / 1048576.0 : 0.0;
-    constexpr int kWidth = 30;
-    if (total > 0) {
-      const double fraction = std::min(1.0, static_cast<double>(done) / total);
-      const int fill = static_cast<int>(fraction * kWidth);
-      std::fprintf(stderr, "\r\033[K%s [%s%s] %5.1f%% %.1f/%.1f MiB %.1f MiB/s", name_.c_str(),
-                   std::string(fill, '#').c_str(), std::string(kWidth - fill, ' ').c_str(),
-                   100.0 * fraction, done / 1048576.0, total / 1048576.0, rate);
-    } else {
-      std::fprintf(stderr, "\r\033[K%s %.1f MiB %.1f MiB/s", name_.c_str(), done / 1048576.0,
-                   rate);
-    }
-    std::fflush(stderr);
+    ReportProgress({.task = name_,
+                    .done = done,
+                    .total = std::max<int64_t>(0, total),
+                    .bytes_per_second = seconds > 0 ? fetched / seconds : 0.0});
   }
   void End() {
-    if (drawn_) std::fprintf(stderr, "\n");
-    drawn_ = false;
+    if (reported_) ReportProgress({.task = name_, .finished = true});
+    reported_ = false;
   }
 
  private:
   std::string name_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_;
-  bool drawn_ = false;
+  bool reported_ = false;
 };
 
 // State of one HTTP request writing into the .part file.
@@ -207,8 +201,8 @@ struct Transfer {
   bool restart = false;  // a 206 for another range than asked: start over without Range
   int64_t fetched = 0;
   std::string write_error;
-  ProgressBar* progress = nullptr;
-  int64_t expected = -1;  // total size when known, for the progress bar
+  DownloadProgress* progress = nullptr;
+  int64_t expected = -1;  // total size when known, for the progress report
 };
 
 size_t OnHeader(char* data, size_t size, size_t count, void* user) {
@@ -280,7 +274,7 @@ int OnProgress(void* user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t, cur
   auto* t = static_cast<Transfer*>(user);
   if (t->body_started && (t->status == 200 || t->status == 206)) {
     t->expected = dltotal > 0 ? t->offset + dltotal : -1;
-    t->progress->Draw(t->offset + dlnow, t->expected, dlnow, false);
+    t->progress->Report(t->offset + dlnow, t->expected, dlnow, false);
   }
   return 0;
 }
@@ -294,7 +288,7 @@ struct Request {
   std::string url;
   std::string part_path;
   bool send_hf_token = false;
-  ProgressBar* progress = nullptr;
+  DownloadProgress* progress = nullptr;
 };
 
 enum class Outcome { kDone, kRestart };
@@ -339,7 +333,7 @@ absl::StatusOr<Outcome> Get(const Request& r, Transfer* t) {
   }
   const CURLcode rc = curl_easy_perform(c);
   if (t->progress != nullptr && t->fetched > 0) {
-    t->progress->Draw(t->offset + t->fetched, t->expected, t->fetched, true);
+    t->progress->Report(t->offset + t->fetched, t->expected, t->fetched, true);
   }
   if (t->progress != nullptr) t->progress->End();
 
@@ -444,7 +438,7 @@ absl::Status FetchFile(const std::string& url, const std::string& dest, bool sen
     return CheckSha256(dest, sha256, dest);
   }
 
-  ProgressBar bar(std::filesystem::path(dest).filename().string());
+  DownloadProgress bar(std::filesystem::path(dest).filename().string());
   Request request{url, part, send_hf_token, progress ? &bar : nullptr};
   bool done = false;
   for (int attempt = 0; attempt < 2 && !done; ++attempt) {

@@ -76,7 +76,7 @@ struct PullOptions {
   // Expected SHA-256 (64 hex digits) of the file the reference names; for a split model, the
   // part it names; for an archive's member, the member.
   std::string sha256;
-  // Draw a progress bar on stderr.
+  // Report the download's progress (ReportProgress, models/log/log.h; the binary draws it).
   bool progress = false;
 };
 

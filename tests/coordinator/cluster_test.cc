@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/coordinator/scripted_worker.h"
 #include "worker/worker_actor.h"
+#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -538,6 +540,38 @@ TEST_F(ClusterTest, PromptBeyondContextIsRejected) {
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("context"), std::string::npos);
   EXPECT_EQ(s.waiting(), 0);
+}
+
+TEST_F(ClusterTest, EveryLogLineOfARequestsLifeCarriesItsId) {
+  auto cluster = StartCluster(FixturePath("dense"), 2, 0);
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> lines;  // request id, message
+  LogSink previous = SetLogSink([&](const LogLine& l) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.emplace_back(std::string(l.request_id), std::string(l.message));
+  });
+  GenerateJob named = Job(kPrompt, 3);
+  named.request_id = "chatcmpl-test1";  // a front end's own id
+  ASSERT_TRUE(Generate(*cluster->coordinator, named).outcome.status.ok());
+  ASSERT_TRUE(Generate(*cluster->coordinator, Job(kPrompt, 2)).outcome.status.ok());
+  SetLogSink(previous);
+  std::lock_guard<std::mutex> lock(mu);
+  auto life = [&](const std::string& id) {
+    std::vector<std::string> of;
+    for (const auto& [rid, message] : lines) {
+      if (rid == id) of.push_back(message.substr(0, message.find_first_of(" :")));
+    }
+    return of;
+  };
+  EXPECT_EQ(life("chatcmpl-test1"),
+            std::vector<std::string>({"queued", "running", "finished"}));
+  // A request without an id of its own gets one.
+  std::string generated;
+  for (const auto& [rid, message] : lines) {
+    if (rid.rfind("req-", 0) == 0) generated = rid;
+  }
+  ASSERT_FALSE(generated.empty());
+  EXPECT_EQ(life(generated).size(), 3u);
 }
 
 TEST_F(ClusterTest, MetricsFollowRequests) {
