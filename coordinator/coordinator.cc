@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <filesystem>
 #include <map>
 
@@ -12,8 +13,8 @@
 #include "models/engine/lora.h"
 #include "models/engine/model_size.h"
 #include "models/engine/registry.h"
-#include "worker/activations.h"
 #include "models/log/log.h"
+#include "worker/activations.h"
 
 namespace fucina {
 
@@ -337,9 +338,14 @@ Pipeline Coordinator::BuildPipeline() {
     };
     wire::ActivationType activation;
     ParseActivationType(options_.activation_type, &activation).IgnoreError();
-    // Expert workers first: stages name them as peers.
-    absl::Status failed;
-    std::string failed_worker;
+    // Every shard of the plan, expert workers first; all load at once (a stage only names its
+    // peers at load time, it does not call them), and the first failure in this order counts.
+    struct Load {
+      std::string worker_id;
+      wire::LoadShardRequest request;
+      absl::Status status;
+    };
+    std::vector<Load> loads;
     for (const ExpertPlan& e : plan.experts) {
       wire::LoadShardRequest load;
       load.set_model_path(options_.model_path);
@@ -350,15 +356,9 @@ Pipeline Coordinator::BuildPipeline() {
       load.set_cache_type(options_.cache_type);
       load.set_threads(options_.threads);
       for (int32_t x : e.experts) load.add_serve_experts(x);
-      auto r = record(e.worker_id).client->LoadShard(load);
-      if (!r.ok()) {
-        failed = r.status();
-        failed_worker = e.worker_id;
-        break;
-      }
+      loads.push_back({e.worker_id, std::move(load), absl::OkStatus()});
     }
-    pipeline.stages.clear();
-    for (size_t i = 0; i < plan.stages.size() && failed.ok(); ++i) {
+    for (size_t i = 0; i < plan.stages.size(); ++i) {
       const StagePlan& s = plan.stages[i];
       wire::LoadShardRequest load;
       load.set_model_path(options_.model_path);
@@ -384,13 +384,38 @@ Pipeline Coordinator::BuildPipeline() {
         load.mutable_next_stage()->set_worker_id(next.id);
         load.mutable_next_stage()->set_address(next.address);
       }
-      const WorkerRecord& w = record(s.worker_id);
-      auto r = w.client->LoadShard(load);
-      if (!r.ok()) {
-        failed = r.status();
-        failed_worker = s.worker_id;
+      loads.push_back({s.worker_id, std::move(load), absl::OkStatus()});
+    }
+    {
+      std::mutex done_mu;
+      std::condition_variable done_cv;
+      size_t answered = 0;
+      for (Load& load : loads) {
+        record(load.worker_id)
+            .client->LoadShardAsync(load.request,
+                                    [&, status = &load.status](
+                                        absl::StatusOr<wire::LoadShardResponse> r) {
+                                      std::lock_guard<std::mutex> lock(done_mu);
+                                      *status = r.status();
+                                      ++answered;
+                                      done_cv.notify_all();
+                                    });
+      }
+      std::unique_lock<std::mutex> lock(done_mu);
+      done_cv.wait(lock, [&] { return answered == loads.size(); });
+    }
+    absl::Status failed;
+    std::string failed_worker;
+    for (const Load& load : loads) {
+      if (!load.status.ok()) {
+        failed = load.status;
+        failed_worker = load.worker_id;
         break;
       }
+    }
+    pipeline.stages.clear();
+    for (const StagePlan& s : plan.stages) {
+      const WorkerRecord& w = record(s.worker_id);
       pipeline.stages.push_back({w.id, w.client, s.first_layer, s.last_layer});
     }
     if (failed.ok()) {

@@ -23,10 +23,10 @@
 #include "absl/strings/str_format.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/writer.h"
+#include "models/log/log.h"
 #include "models/train/es.h"
 #include "worker/es_replica.h"
 #include "worker/file_digest.h"
-#include "models/log/log.h"
 
 namespace fucina {
 namespace {

@@ -6,8 +6,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "worker/grpc_util.h"
 #include "models/log/log.h"
+#include "worker/grpc_util.h"
 
 namespace fucina {
 namespace {

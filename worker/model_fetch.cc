@@ -19,10 +19,10 @@
 #include "absl/strings/str_format.h"
 #include "models/engine/model.h"
 #include "models/gguf/gguf.h"
+#include "models/log/log.h"
 #include "worker/file_digest.h"
 #include "worker/grpc_util.h"
 #include "worker/worker_actor.h"
-#include "models/log/log.h"
 
 namespace fucina {
 namespace {

@@ -47,6 +47,12 @@ absl::StatusOr<wire::LoadShardResponse> WorkerActor::LoadShard(
   return executor_.Call([&] { return DoLoadShard(request); });
 }
 
+void WorkerActor::LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) {
+  executor_.Post([this, request = std::move(request), done = std::move(done)] {
+    done(DoLoadShard(request));
+  });
+}
+
 absl::StatusOr<wire::ForwardResponse> WorkerActor::Forward(
     const wire::ForwardRequest& request) {
   // Waits off the executor: with a next stage, the reply comes after this stage's part is done

@@ -79,6 +79,8 @@ class WorkerActor : public WorkerClient {
 
   absl::StatusOr<wire::LoadShardResponse> LoadShard(
       const wire::LoadShardRequest& request) override;
+  // Posted to the actor's executor, which then runs `done`.
+  void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) override;
   absl::StatusOr<wire::ForwardResponse> Forward(
       const wire::ForwardRequest& request) override;
   // Cuts this actor's calls to its expert peers (a stage whose own caller gave up must not wait

@@ -6,7 +6,8 @@
 // Errors are the worker's status, or UNAVAILABLE / DEADLINE_EXCEEDED when the peer is gone;
 // FailureOriginOf tells which (the worker, the transport, or the request).
 // Every call is synchronous except ForwardAsync, which lets a caller keep several stages busy
-// at once (a pipeline with micro-batches in flight).
+// at once (a pipeline with micro-batches in flight), and LoadShardAsync, which lets a plan load
+// on every worker at once.
 #ifndef FUCINA_WORKER_WORKER_CLIENT_H_
 #define FUCINA_WORKER_WORKER_CLIENT_H_
 
@@ -110,14 +111,21 @@ inline bool IsWorkerFailure(const absl::Status& status) {
   return !status.ok() && FailureOriginOf(status) != FailureOrigin::kRequest;
 }
 
-// The reply to an asynchronous Forward.
+// The replies to asynchronous calls.
 using ForwardCallback = std::function<void(absl::StatusOr<wire::ForwardResponse>)>;
+using LoadShardCallback = std::function<void(absl::StatusOr<wire::LoadShardResponse>)>;
 
 class WorkerClient {
  public:
   virtual ~WorkerClient() = default;
   virtual absl::StatusOr<wire::LoadShardResponse> LoadShard(
       const wire::LoadShardRequest& request) = 0;
+  // Starts a LoadShard and returns; `done` runs exactly once with the reply or the error (as
+  // ForwardAsync's), so a plan loads its shards on all its workers at once. The default loads
+  // on the calling thread.
+  virtual void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) {
+    done(LoadShard(request));
+  }
   virtual absl::StatusOr<wire::ForwardResponse> Forward(
       const wire::ForwardRequest& request) = 0;
   // Starts a Forward and returns; `done` runs exactly once with the reply or the error. The

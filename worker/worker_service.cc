@@ -118,44 +118,20 @@ class GrpcWorkerClient final : public WorkerClient {
   }
 
   void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
-    // Owns what the call needs until gRPC's callback (on one of its threads) is done with it.
-    struct AsyncCall {
-      grpc::ClientContext context;
-      CallScope::Registration scoped;
-      wire::ForwardRequest request;
-      wire::ForwardResponse reply;
-      ForwardCallback done;
-    };
-    auto* call = new AsyncCall;
-    call->request = std::move(request);
-    call->done = std::move(done);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++async_calls_;
-    }
-    if (absl::Status closed = Start(&call->context, deadlines_.forward_ms, &call->scoped);
-        !closed.ok()) {
-      ForwardCallback reply = std::move(call->done);
-      delete call;
-      reply(closed);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--async_calls_ == 0) idle_.notify_all();
-      return;
-    }
-    stub_->async()->Forward(&call->context, &call->request, &call->reply,
-                            [this, call](grpc::Status status) {
-                              Finish(&call->context, &call->scoped);
-                              absl::StatusOr<wire::ForwardResponse> result =
-                                  status.ok() ? absl::StatusOr<wire::ForwardResponse>(
-                                                    std::move(call->reply))
-                                              : FromWorkerCall(status, call->context);
-                              ForwardCallback reply = std::move(call->done);
-                              delete call;  // the context goes while the channel is alive
-                              reply(std::move(result));
-                              // Last: the destructor may free everything from here on.
-                              std::lock_guard<std::mutex> lock(mu_);
-                              if (--async_calls_ == 0) idle_.notify_all();
-                            });
+    CallAsync<wire::ForwardRequest, wire::ForwardResponse>(
+        std::move(request), deadlines_.forward_ms, std::move(done),
+        [this](grpc::ClientContext* context, const wire::ForwardRequest* request,
+               wire::ForwardResponse* reply, std::function<void(grpc::Status)> on_done) {
+          stub_->async()->Forward(context, request, reply, std::move(on_done));
+        });
+  }
+  void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) override {
+    CallAsync<wire::LoadShardRequest, wire::LoadShardResponse>(
+        std::move(request), deadlines_.load_ms, std::move(done),
+        [this](grpc::ClientContext* context, const wire::LoadShardRequest* request,
+               wire::LoadShardResponse* reply, std::function<void(grpc::Status)> on_done) {
+          stub_->async()->LoadShard(context, request, reply, std::move(on_done));
+        });
   }
 
   void CancelInFlight() override {
@@ -205,6 +181,48 @@ class GrpcWorkerClient final : public WorkerClient {
     in_flight_.erase(context);
   }
 
+  // An asynchronous unary call: `start` begins it on the stub's async interface; `done` runs
+  // once, on a gRPC thread (or here, when the client is closed), with the reply or the error.
+  template <typename Request, typename Reply, typename StartFn>
+  void CallAsync(Request request, int deadline_ms,
+                 std::function<void(absl::StatusOr<Reply>)> done, StartFn start) {
+    // Owns what the call needs until gRPC's callback is done with it.
+    struct AsyncCall {
+      grpc::ClientContext context;
+      CallScope::Registration scoped;
+      Request request;
+      Reply reply;
+      std::function<void(absl::StatusOr<Reply>)> done;
+    };
+    auto* call = new AsyncCall;
+    call->request = std::move(request);
+    call->done = std::move(done);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++async_calls_;
+    }
+    if (absl::Status closed = Start(&call->context, deadline_ms, &call->scoped); !closed.ok()) {
+      auto reply = std::move(call->done);
+      delete call;
+      reply(closed);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--async_calls_ == 0) idle_.notify_all();
+      return;
+    }
+    start(&call->context, &call->request, &call->reply, [this, call](grpc::Status status) {
+      Finish(&call->context, &call->scoped);
+      absl::StatusOr<Reply> result =
+          status.ok() ? absl::StatusOr<Reply>(std::move(call->reply))
+                      : absl::StatusOr<Reply>(FromWorkerCall(status, call->context));
+      auto reply = std::move(call->done);
+      delete call;  // the context goes while the channel is alive
+      reply(std::move(result));
+      // Last: the destructor may free everything from here on.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--async_calls_ == 0) idle_.notify_all();
+    });
+  }
+
   template <typename Request, typename Reply>
   absl::StatusOr<Reply> Call(grpc::Status (wire::Worker::Stub::*method)(
                                  grpc::ClientContext*, const Request&, Reply*),
@@ -224,7 +242,7 @@ class GrpcWorkerClient final : public WorkerClient {
   std::mutex mu_;  // in_flight_, async_calls_, closed_
   std::condition_variable idle_;  // async_calls_ reached 0
   absl::flat_hash_set<grpc::ClientContext*> in_flight_;
-  int async_calls_ = 0;  // ForwardAsync calls whose callback has not finished
+  int async_calls_ = 0;  // asynchronous calls whose callback has not finished
   bool closed_ = false;
   std::unique_ptr<wire::Worker::Stub> stub_;
 };

@@ -3,11 +3,12 @@
 // cancellation, stop strings, queue limits, metrics and a worker dying mid-generation.
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
-#include <chrono>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,16 +17,16 @@
 #include <prometheus/registry.h>
 
 #include "coordinator/coordinator.h"
+#include "models/engine/fixture.h"
 #include "models/engine/model.h"
 #include "models/engine/model_size.h"
 #include "models/engine/registry.h"
 #include "models/engine/session.h"
-#include "models/engine/fixture.h"
 #include "models/gguf/writer.h"
+#include "models/log/log.h"
 #include "nlohmann/json.hpp"
 #include "tests/coordinator/scripted_worker.h"
 #include "worker/worker_actor.h"
-#include "models/log/log.h"
 
 namespace fucina {
 namespace {
@@ -63,6 +64,47 @@ class DyingWorker : public WorkerClient {
   static absl::Status Dead() { return absl::UnavailableError("connection refused"); }
   std::shared_ptr<WorkerActor> actor_;
   std::atomic<int> left_;
+};
+
+// Shard loads held until the test lets them through: which loads are in flight at once.
+struct HeldLoads {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::function<void()>> pending;  // each runs its load on its actor and answers
+};
+
+// A worker whose loads wait in `held` (everything else goes straight to its actor).
+class LoadHoldingWorker : public WorkerClient {
+ public:
+  LoadHoldingWorker(std::shared_ptr<WorkerActor> actor, HeldLoads* held)
+      : actor_(std::move(actor)), held_(held) {}
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
+    return actor_->LoadShard(r);
+  }
+  void LoadShardAsync(wire::LoadShardRequest r, LoadShardCallback done) override {
+    {
+      std::lock_guard<std::mutex> lock(held_->mu);
+      held_->pending.push_back([actor = actor_, r = std::move(r), done = std::move(done)] {
+        done(actor->LoadShard(r));
+      });
+    }
+    held_->cv.notify_all();
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
+    return actor_->Forward(r);
+  }
+  void ForwardAsync(wire::ForwardRequest r, ForwardCallback done) override {
+    actor_->ForwardAsync(std::move(r), std::move(done));
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& r) override {
+    return actor_->ExpertForward(r);
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() override { return actor_->GetStats(); }
+
+ private:
+  std::shared_ptr<WorkerActor> actor_;
+  HeldLoads* held_;
 };
 
 struct Cluster {
@@ -540,6 +582,45 @@ TEST_F(ClusterTest, PromptBeyondContextIsRejected) {
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("context"), std::string::npos);
   EXPECT_EQ(s.waiting(), 0);
+}
+
+TEST_F(ClusterTest, APlanLoadsItsShardsOnEveryWorkerAtOnce) {
+  // Three stages and an expert worker: all four loads are in flight before any is answered
+  // (one after another, the second would never arrive while the first is held).
+  CoordinatorOptions options;
+  options.model_path = FixturePath("moe");
+  options.expert_workers = 1;
+  options.context = 256;
+  options.cache_type = "f32";
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto c = Coordinator::Create(options, registry);
+  ASSERT_TRUE(c.ok()) << c.status();
+  Coordinator* coordinator = c->get();
+  HeldLoads held;
+  std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>> workers;
+  for (int i = 0; i < 4; ++i) {
+    auto actor = std::make_shared<WorkerActor>(
+        WorkerOptions{.threads = 1},
+        [coordinator](const wire::Peer& p) { return coordinator->ClientFor(p.worker_id()); });
+    workers.emplace_back(WorkerInfo{"", 1, 0},
+                         std::make_shared<LoadHoldingWorker>(actor, &held));
+  }
+  coordinator->AddWorkers(workers);
+  std::vector<std::function<void()>> loads;
+  {
+    std::unique_lock<std::mutex> lock(held.mu);
+    ASSERT_TRUE(held.cv.wait_for(lock, std::chrono::seconds(30),
+                                 [&] { return held.pending.size() == 4; }))
+        << held.pending.size() << " of 4 loads in flight at once";
+    loads = std::move(held.pending);
+  }
+  EXPECT_FALSE(coordinator->scheduler().ready());
+  std::vector<std::thread> answer;
+  for (auto& load : loads) answer.emplace_back(std::move(load));
+  for (auto& t : answer) t.join();
+  ASSERT_TRUE(coordinator->scheduler().WaitForPlans(1, 60000)) << coordinator->scheduler().status();
+  EXPECT_EQ(coordinator->placement().stages_size(), 3);
+  EXPECT_TRUE(Generate(*coordinator, Job(kPrompt, 4)).outcome.status.ok());
 }
 
 TEST_F(ClusterTest, EveryLogLineOfARequestsLifeCarriesItsId) {
