@@ -12,8 +12,8 @@
 // each with --streams S concurrent greedy streams (ignore_eos, fixed max_tokens; token-id prompts
 // of mixed lengths cut from one deterministic text) and the servers started with --batch S
 // --kv-slots S plus --server-args. Aggregate decode t/s = the tokens received after every
-// stream had its first token, over the time from then to the last token (prefill excluded).
-// Also: the time to first token of a short request sent while a long prompt is being prefilled
+// stream had its first token, over the time from then to the last token (prefill excluded);
+// the time to first token of every stream (all sent at once), p50 and p99. Also: the time to first token of a short request sent while a long prompt is being prefilled
 // (with --max-step-tokens 8192 passed through, i.e. no chunking, and with the server's default),
 // and the coordinator's bytes per generated token from its Prometheus counters.
 //
@@ -288,6 +288,7 @@ absl::StatusOr<api::Placement> WaitReady(const Client& client, int stages,
 
 // One stream: when each message with token ids arrived, and how many it had.
 struct Trace {
+  Clock::time_point start;  // when the request was sent
   std::vector<std::pair<Clock::time_point, int>> arrivals;
   int completion_tokens = 0;
   absl::Status status;
@@ -303,6 +304,7 @@ Trace Stream(const Client& client, const std::vector<int32_t>& ids, int64_t max_
   grpc::ClientContext ctx;
   client.Prepare(&ctx, timeout_s);
   Trace t;
+  t.start = Clock::now();
   auto reader = client.stub->GenerateStream(&ctx, req);
   api::GenerateResponse chunk;
   while (reader->Read(&chunk)) {
@@ -492,6 +494,7 @@ class Bench {
     std::string layers;  // each stage's layer range, e.g. 0-15|15-30
     std::string forward_bytes = "n/a", activation_bytes = "n/a";
     std::string breakdown;  // StepBreakdown's lines; empty for an embedded worker
+    double ttft_p50 = 0, ttft_p99 = 0;  // seconds, over every stream of every repeat
   };
 
   absl::StatusOr<Result> Measure(bool embedded, int workers, int streams) {
@@ -514,14 +517,17 @@ class Bench {
     std::vector<std::pair<std::string, std::string>> stages;
     for (const std::string& m : stage_metrics) stages.emplace_back(ScrapeMetrics(m), "");
     const std::string before = ScrapeMetrics((*cl)->server.metrics);
-    std::vector<double> tps;
+    std::vector<double> tps, ttfts;  // ttfts: every stream's of every repeat
     for (int rep = 0; rep < a_.repeats; ++rep) {
       auto traces =
           RunStreams(*(*cl)->client, Prompts(streams, rep, a_.prompt_tokens), a_.gen, a_.timeout_s);
       if (!traces.ok()) return traces.status();
       tps.push_back(DecodeTps(*traces));
+      for (const Trace& t : *traces) ttfts.push_back(Since(t.start, t.arrivals.front().first));
     }
     r.tps = Median(tps);
+    r.ttft_p50 = Quantile(ttfts, 0.5);
+    r.ttft_p99 = Quantile(ttfts, 0.99);
     const std::string after = ScrapeMetrics((*cl)->server.metrics);
     for (size_t i = 0; i < stages.size(); ++i) stages[i].second = ScrapeMetrics(stage_metrics[i]);
     if (!stages.empty() && stages.size() == static_cast<size_t>(r.stages)) {
@@ -687,8 +693,8 @@ int RunAggregate(const AggregateArgs& a) {
                     std::string(batched.status().message()).c_str());
         rc = 1;
       }
-      std::printf("  %-36s %6s %10s %9s %9s %9s  %s\n", "configuration", "stages", "agg t/s",
-                  "/ceiling", "/batched", "/serve", "layers");
+      std::printf("  %-36s %6s %10s %9s %9s %9s %17s  %s\n", "configuration", "stages",
+                  "agg t/s", "/ceiling", "/batched", "/serve", "TTFT p50/p99 ms", "layers");
       for (size_t i = 0; i < results.size(); ++i) {
         if (!results[i].ok()) {
           std::printf("  %-36s failed: %s\n", configs[i].name,
@@ -698,9 +704,9 @@ int RunAggregate(const AggregateArgs& a) {
         }
         const Bench::Result& r = *results[i];
         auto ratio = [&](double ref) { return ref > 0 ? r.tps / ref : 0; };
-        std::printf("  %-36s %6d %10.2f %8.2fx %8.2fx %8.2fx  %s\n", configs[i].name, r.stages,
-                    r.tps, ratio(ceiling_tps), ratio(batched_tps), ratio(serve_tps),
-                    r.layers.c_str());
+        std::printf("  %-36s %6d %10.2f %8.2fx %8.2fx %8.2fx %8.0f/%-8.0f  %s\n",
+                    configs[i].name, r.stages, r.tps, ratio(ceiling_tps), ratio(batched_tps),
+                    ratio(serve_tps), r.ttft_p50 * 1000, r.ttft_p99 * 1000, r.layers.c_str());
       }
       if (results[1].ok() && ceiling_tps > 0 && serve_tps > 0) {
         const double vs_ceiling = results[1]->tps / ceiling_tps;

@@ -63,6 +63,9 @@ class BenchAggregateTest(unittest.TestCase):
                              ("coordinator \\+ 3 workers x 1 thread", 3),
                              ("serve --workers 1 --threads 2", 1)):
             self.assertRegex(out, rf"(?m)^  {name} +{stages} +[0-9.]+ +[0-9.]+x +[0-9.]+x ", out)
+        self.assertRegex(out, r"(?m)^  configuration .* TTFT p50/p99 ms  layers$")
+        self.assertRegex(out, r"(?m)^  coordinator \+ 2 workers x 1 thread +2 +[0-9.]+ +[0-9.]+x +"
+                              r"[0-9.]+x +[0-9.]+x +[0-9]+/[0-9]+ +0-")
         self.assertRegex(out, r"(?m)^  target, 2 workers x 1 thread: >= 0.90 x ceiling: ")
         # The per-step breakdown of each coordinator configuration: a line per stage, and its
         # parts add up to the step's own time within 10%.
