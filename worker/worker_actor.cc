@@ -8,6 +8,7 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <span>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -520,7 +521,9 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
         "activations: ", total_rows, " rows of ", hidden, " floats exceed the ", free_bytes,
         " bytes of the memory budget that are free")));
   }
-  std::vector<float> input;
+  // Reused across steps (decode runs every token): grown, never shrunk.
+  StepBuffers& b = buffers_;
+  std::vector<float>& input = b.input;
   if (!first && request.segments_size() > 0) {
     input.resize(total_rows * hidden);
     if (absl::Status s = DecodeActivations(request.activations(), total_rows, hidden,
@@ -533,11 +536,14 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   laps.Lap(&StepTimes::input);
 
   // Validate every segment; the bad ones are reported and left out.
-  std::vector<int> ok;
+  std::vector<int>& ok = b.ok;
+  ok.clear();
   int64_t new_kv_bytes = 0;
   int64_t step_bytes = 0;  // rows and logits of the segments accepted so far
   absl::flat_hash_map<uint64_t, int> seen;
-  std::vector<std::unique_ptr<GrammarMatcher>> grammars(request.segments_size());
+  std::vector<std::unique_ptr<GrammarMatcher>>& grammars = b.grammars;
+  grammars.clear();
+  grammars.resize(request.segments_size());
   for (int i = 0; i < request.segments_size(); ++i) {
     const wire::Segment& seg = request.segments(i);
     auto op_failed = failed_sessions.find(seg.session_id());
@@ -590,26 +596,29 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   if (ok.empty()) return response;
 
   // Rows of the segments that run, in order.
-  std::vector<int64_t> offsets(request.segments_size() + 1, 0);
+  std::vector<int64_t>& offsets = b.offsets;
+  offsets.assign(request.segments_size() + 1, 0);
   for (int i = 0; i < request.segments_size(); ++i) {
     offsets[i + 1] = offsets[i] + request.segments(i).token_ids_size();
   }
   int64_t rows = 0;
   for (int i : ok) rows += request.segments(i).token_ids_size();
-  std::vector<float> x(rows * hidden);
-  std::vector<Model::Segment> segments;
-  std::vector<Session*> sessions;
-  // Token ids of each segment: the embeddings, and the per-layer embeddings of the families
-  // that have them, read them.
-  std::vector<std::vector<int32_t>> ids(ok.size());
+  std::vector<float>& x = b.x;
+  x.resize(rows * hidden);
+  std::vector<Model::Segment>& segments = b.segments;
+  segments.clear();
+  std::vector<Session*>& sessions = b.sessions;
+  sessions.clear();
   int64_t r = 0;
   for (size_t j = 0; j < ok.size(); ++j) {
     const int i = ok[j];
     const wire::Segment& seg = request.segments(i);
     const int64_t count = seg.token_ids_size();
-    ids[j].assign(seg.token_ids().begin(), seg.token_ids().end());
+    // The embeddings, and the per-layer embeddings of the families that have them, read the
+    // segment's ids where the request holds them.
+    const std::span<const int32_t> ids(seg.token_ids().data(), static_cast<size_t>(count));
     if (first) {
-      if (absl::Status s = model_->Embed(ids[j], &x[r * hidden]); !s.ok()) {
+      if (absl::Status s = model_->Embed(ids, &x[r * hidden]); !s.ok()) {
         return WorkerDeclaredFailure(s);  // the ids were checked against the vocabulary
       }
     } else {
@@ -625,7 +634,7 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       (*session)->history.resize(std::min<size_t>((*session)->history.size(), seg.pos0()));
     }
     sessions.push_back(*session);
-    segments.push_back({(*session)->kv.get(), r, count, ids[j]});
+    segments.push_back({(*session)->kv.get(), r, count, ids});
     r += count;
   }
   laps.Lap(&StepTimes::input);
@@ -664,7 +673,8 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
   // Last stage: the head over each sampling segment's last row, or its last drafts + 1 rows
   // (one pass for all of them), and over every row of the all-logits ones.
   const int64_t vocab = c.vocab_size;
-  std::vector<float> last_rows;
+  std::vector<float>& last_rows = b.last_rows;
+  last_rows.clear();
   int64_t head_rows = 0;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);

@@ -198,6 +198,15 @@ class WorkerActor : public WorkerClient {
   int64_t activation_bytes_in_ = 0;
   int64_t activation_bytes_out_ = 0;
   std::vector<float> logits_;  // the last stage's head output, reused across steps
+  // A step's buffers, reused across steps so decode allocates none of them per token.
+  struct StepBuffers {
+    std::vector<float> input, x, last_rows;  // activations in, the rows, the head's input
+    std::vector<int64_t> offsets;            // segment i's first row in `input`
+    std::vector<int> ok;                     // the segments that run
+    std::vector<Model::Segment> segments;
+    std::vector<Session*> sessions;
+    std::vector<std::unique_ptr<GrammarMatcher>> grammars;
+  } buffers_;
   absl::node_hash_map<std::string, EsJobState> es_jobs_;  // by job id
   SerialExecutor executor_;  // last: destroyed first, so no task outlives the state
 };
