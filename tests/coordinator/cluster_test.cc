@@ -584,6 +584,28 @@ TEST_F(ClusterTest, PromptBeyondContextIsRejected) {
   EXPECT_EQ(s.waiting(), 0);
 }
 
+TEST_F(ClusterTest, AGrammarFailingOnTheLastStageFailsOnlyItsRequest) {
+  // Submitted past the front end's compile check, the grammar first fails where the last stage
+  // compiles it: that request ends with the reason, the one beside it runs on, and no worker is
+  // blamed (no re-plan).
+  auto cluster = StartCluster(FixturePath("dense"), 2, 0);
+  Scheduler& s = cluster->coordinator->scheduler();
+  const int plans = s.plans();
+  const std::vector<int32_t> want = Reference(FixturePath("dense"), Job(kPrompt, 12));
+  auto good = Submit(*cluster->coordinator, Job(kPrompt, 12));
+  GenerateJob bad = Job({7, 8, 9}, 4);
+  bad.grammar = GrammarSpec::Regex("(unclosed");
+  auto failing = Submit(*cluster->coordinator, bad);
+  const Output f = Drain(*failing);
+  EXPECT_FALSE(f.outcome.status.ok());
+  EXPECT_FALSE(IsWorkerFailure(f.outcome.status)) << f.outcome.status;
+  const Output g = Drain(*good);
+  ASSERT_TRUE(g.outcome.status.ok()) << g.outcome.status;
+  EXPECT_EQ(g.ids, want);
+  EXPECT_EQ(s.plans(), plans);
+  EXPECT_TRUE(s.ready());
+}
+
 TEST_F(ClusterTest, APlanLoadsItsShardsOnEveryWorkerAtOnce) {
   // Three stages and an expert worker: all four loads are in flight before any is answered
   // (one after another, the second would never arrive while the first is held).
