@@ -477,6 +477,7 @@ class Bench {
           if (absl::ConsumePrefix(&line, "decode: ")) {
             (void)absl::SimpleAtod(line.substr(0, line.find(' ')), &tps);
           }
+          if (absl::StartsWith(line, "decode step: ")) last_breakdown_ = std::string(line);
         }
         if (tps < 0) return c->ExitedError();
         last.push_back(tps);
@@ -574,6 +575,9 @@ class Bench {
                           Since(t0, long_trace.arrivals.front().first));
   }
 
+  // The engine's own step breakdown from the last Ceiling (one of its processes).
+  const std::string& last_breakdown() const { return last_breakdown_; }
+
   static std::vector<std::string> SplitArgs(const std::string& s) {
     return absl::StrSplit(s, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
   }
@@ -586,6 +590,7 @@ class Bench {
 
   const AggregateArgs& a_;
   std::string model_, dir_;
+  std::string last_breakdown_;  // the last ceiling process's "decode step: ..." line
   std::vector<int32_t> text_;
   std::vector<std::string> env_;
   int next_child_ = 0;
@@ -688,6 +693,9 @@ int RunAggregate(const AggregateArgs& a) {
         std::printf("  batched ceiling: fucina run --threads 1 --streams %s at once, the served "
                     "prompts and sampler: %.2f t/s\n",
                     absl::StrJoin(split, " and --streams ").c_str(), batched_tps);
+        if (!bench.last_breakdown().empty()) {
+          std::printf("    its %s\n", bench.last_breakdown().c_str());
+        }
       } else {
         std::printf("  batched ceiling: failed: %s\n",
                     std::string(batched.status().message()).c_str());

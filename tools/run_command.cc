@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "models/chat/chat_template.h"
@@ -130,6 +131,7 @@ ChatMessage Message(std::string role, std::string content) {
 int RunBench(Model& model, const std::vector<std::vector<int32_t>>& prompts, const RunArgs& args,
              GgmlType cache_type, bool served_sampler) {
   std::vector<double> prefill, decode;
+  std::string breakdown;
   SamplingParams greedy;
   greedy.temperature = 0;
   Sampler sampler(greedy);
@@ -163,19 +165,34 @@ int RunBench(Model& model, const std::vector<std::vector<int32_t>>& prompts, con
       caches.push_back(*std::move(kv));
     }
     const auto t1 = std::chrono::steady_clock::now();
+    const double attention0 = model.attention_seconds();
+    double sampling = 0;
     for (int64_t i = 0; i < args.gen; ++i) {
       auto logits = args.streams == 1 ? model.ForwardStep(*ptrs[0], {next.data(), 1},
                                                           ptrs[0]->len())
                                       : model.ForwardStepBatch(ptrs, next);
       if (!logits.ok()) return Fail(logits.status());
+      const auto s0 = std::chrono::steady_clock::now();
       for (int s = 0; s < args.streams; ++s) pick(s, logits->data() + s * vocab);
+      sampling += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
     const auto t2 = std::chrono::steady_clock::now();
+    // Where a decode step's time went, as a server's step breakdown reports it (the last
+    // repeat's): attention over the caches, sampling, and the rest (the layers' other kernels,
+    // the head, the pass's own work).
+    const double steps = static_cast<double>(args.gen);
+    const double step_ms = 1000 * std::chrono::duration<double>(t2 - t1).count() / steps;
+    const double attention_ms = 1000 * (model.attention_seconds() - attention0) / steps;
+    const double sampling_ms = 1000 * sampling / steps;
+    breakdown = absl::StrFormat(
+        "decode step: %.3f ms (attention %.3f, sampling %.3f, kernels and head %.3f)", step_ms,
+        attention_ms, sampling_ms, step_ms - attention_ms - sampling_ms);
     prefill.push_back(prompt_tokens / std::chrono::duration<double>(t1 - t0).count());
     decode.push_back(args.streams * args.gen / std::chrono::duration<double>(t2 - t1).count());
   }
   std::printf("prefill: %.2f t/s\n", Median(prefill));
   std::printf("decode: %.2f t/s\n", Median(decode));
+  std::printf("%s\n", breakdown.c_str());
   return 0;
 }
 

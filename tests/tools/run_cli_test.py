@@ -143,6 +143,8 @@ class RunTest(unittest.TestCase):
                       "--threads", "1").stdout
             self.assertRegex(out, r"(?m)^prefill: [0-9.]+ t/s$")
             self.assertRegex(out, r"(?m)^decode: [0-9.]+ t/s$")
+            self.assertRegex(out, r"(?m)^decode step: [0-9.]+ ms \(attention [0-9.]+, sampling "
+                                  r"[0-9.]+, kernels and head -?[0-9.]+\)$")
             for content, needle in (("1,2\n3,x\n", "line 2"), ("1,99999999\n", "vocabulary"),
                                     ("\n", "no prompt")):
                 bad = os.path.join(tmp, "bad.txt")
