@@ -87,30 +87,27 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       options.model_path, options.train_dir, *c->tokenizer_, c->chat_template_,
       [self](bool pipeline) { return self->TrainGroups(pipeline); },
       c->es_metrics_.get());
+  c->workers_ = std::make_unique<WorkerRegistry>(
+      options.heartbeat_ms, options.dead_after_ms, c->metrics_.get(),
+      [self](const std::string& id, const absl::Status& why) { self->MarkDead(id, why); });
   c->scheduler_ = std::make_unique<Scheduler>(
       options.scheduler, *c->tokenizer_, [self] { return self->BuildPipeline(); },
       [self](const std::string& id, const absl::Status& why) { self->MarkDead(id, why); },
       c->metrics_.get());
-  c->watcher_ = std::thread([self] { self->WatchHeartbeats(); });
   return c;
 }
 
 Coordinator::~Coordinator() {
   train_jobs_.reset();  // its jobs call workers through this object
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (watcher_.joinable()) watcher_.join();
-  // Stopped while this object is whole: its last failures may still call MarkDead.
+  // Stopped while this object is whole: the watcher and the last failures call MarkDead.
+  if (workers_) workers_->Stop();
   if (scheduler_) scheduler_->Stop();
 }
 
 std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo& info,
                                    std::shared_ptr<WorkerClient> client,
                                    const std::string& device) {
-  std::string id = Enroll(address, info, std::move(client), device);
+  std::string id = workers_->Enroll(address, info, std::move(client), device);
   // Running requests finish on the old plan first.
   scheduler_->RequestReplan(/*drain=*/true);
   return id;
@@ -119,71 +116,21 @@ std::string Coordinator::AddWorker(const std::string& address, const WorkerInfo&
 std::vector<std::string> Coordinator::AddWorkers(
     const std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>>& workers) {
   std::vector<std::string> ids;
-  for (const auto& [info, client] : workers) ids.push_back(Enroll("", info, client, "cpu"));
+  for (const auto& [info, client] : workers) {
+    ids.push_back(workers_->Enroll("", info, client, "cpu"));
+  }
   scheduler_->RequestReplan(/*drain=*/true);
   return ids;
 }
 
-std::string Coordinator::Enroll(const std::string& address, const WorkerInfo& info,
-                                std::shared_ptr<WorkerClient> client, const std::string& device) {
-  std::string id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // A worker restarted at the same address replaces its dead (or stale) record.
-    if (!address.empty()) {
-      std::erase_if(workers_, [&](const WorkerRecord& w) { return w.address == address; });
-    }
-    WorkerRecord w;
-    w.id = absl::StrCat("w", next_id_++);
-    w.address = address;
-    w.info = info;
-    w.info.id = w.id;
-    w.device = device;
-    w.client = std::move(client);
-    w.last_seen = std::chrono::steady_clock::now();
-    id = w.id;
-    workers_.push_back(std::move(w));
-    CountWorkers();
-  }
-  return id;
-}
-
-void Coordinator::CountWorkers() {
-  int alive = 0;
-  for (const WorkerRecord& w : workers_) alive += w.alive;
-  if (metrics_) metrics_->SetWorkers(alive, static_cast<int>(workers_.size()) - alive);
-}
-
-bool Coordinator::Heartbeat(const std::string& worker_id, const wire::WorkerStats* stats) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (WorkerRecord& w : workers_) {
-    if (w.id == worker_id && w.alive) {
-      w.last_seen = std::chrono::steady_clock::now();
-      if (stats != nullptr) {
-        // Only the totals are kept: the per-session and per-expert lists grow with the load.
-        w.stats = *stats;
-        w.stats->clear_session_ids();
-        w.stats->clear_session_lengths();
-        w.stats->clear_expert_token_counts();
-        w.stats_at = w.last_seen;
-      }
-      return true;
-    }
-  }
-  return false;
-}
-
 void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why) {
-  if (!Forget(worker_id, why)) return;
-  std::string address;
+  if (!workers_->Forget(worker_id, why)) return;
+  const std::string address = workers_->AddressOf(worker_id);
   bool in_plan = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const StagePlan& s : plan_.stages) in_plan |= s.worker_id == worker_id;
     for (const ExpertPlan& e : plan_.experts) in_plan |= e.worker_id == worker_id;
-    for (const WorkerRecord& w : workers_) {
-      if (w.id == worker_id) address = w.address;
-    }
   }
   // A worker that holds nothing of the current plan (a spare, or a stranger that registered and
   // left) changes nothing for the running requests. One that does: the scheduler learns why
@@ -197,88 +144,20 @@ void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why
   if (std::shared_ptr<WorkerClient> client = ClientFor(worker_id)) client->Close();
 }
 
-bool Coordinator::Forget(const std::string& worker_id, const absl::Status& why) {
-  bool changed = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (WorkerRecord& w : workers_) {
-      if (w.id == worker_id && w.alive) {
-        w.alive = false;
-        changed = true;
-        last_failure_ = absl::StrCat("worker ", w.id, " failed: ", why.message());
-        FUCINA_LOG(kWarning) << "worker " << w.id << " (" << w.address
-                             << ") marked dead: " << why.message();
-      }
-    }
-    CountWorkers();
-  }
-  return changed;
-}
-
-std::shared_ptr<WorkerClient> Coordinator::ClientFor(const std::string& worker_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const WorkerRecord& w : workers_) {
-    if (w.id == worker_id) return w.client;
-  }
-  return nullptr;
-}
-
-std::vector<WorkerRecord> Coordinator::Workers() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return workers_;
-}
-
-void Coordinator::WatchHeartbeats() {
-  const auto period = std::chrono::milliseconds(std::max(50, options_.heartbeat_ms / 2));
-  std::unique_lock<std::mutex> lock(mu_);
-  auto last_pass = std::chrono::steady_clock::now();
-  while (!stopping_) {
-    cv_.wait_for(lock, period);
-    if (stopping_) break;
-    const auto now = std::chrono::steady_clock::now();
-    // Liveness counts only the time this process ran: a pass far later than its period means
-    // the coordinator itself did not run (stopped, suspended, starved), and the heartbeats of
-    // that time could not be read. The gap beyond two periods is forgiven to every worker, so
-    // on waking it does not declare dead the workers it was the one not listening to.
-    const auto stalled = now - last_pass - 2 * period;
-    last_pass = now;
-    if (stalled > std::chrono::steady_clock::duration::zero()) {
-      for (WorkerRecord& w : workers_) w.last_seen = std::min(now, w.last_seen + stalled);
-      FUCINA_LOG(kWarning)
-          << "heartbeat watcher: this process did not run for "
-          << std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count()
-          << " ms; workers' silence of that time is not counted";
-    }
-    std::vector<std::string> silent;
-    for (const WorkerRecord& w : workers_) {
-      if (w.alive && !w.address.empty() &&
-          now - w.last_seen > std::chrono::milliseconds(options_.dead_after_ms)) {
-        silent.push_back(w.id);
-      }
-    }
-    lock.unlock();
-    for (const std::string& id : silent) {
-      MarkDead(id, absl::DeadlineExceededError("no heartbeat"));
-    }
-    lock.lock();
-  }
-}
-
 std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<WorkerRecord> alive = workers_->Alive();
   std::vector<EsGroup> groups;
   if (!pipeline) {
-    for (const WorkerRecord& w : workers_) {
-      if (w.alive) groups.push_back({{{w.id, w.client, w.address}}, {}});
-    }
+    for (const WorkerRecord& w : alive) groups.push_back({{{w.id, w.client, w.address}}, {}});
     return groups;
   }
+  std::lock_guard<std::mutex> lock(mu_);
   if (!plan_.ready || plan_.stages.empty()) return groups;
   EsGroup group;
   for (const StagePlan& stage : plan_.stages) {
-    auto w = std::find_if(workers_.begin(), workers_.end(),
+    auto w = std::find_if(alive.begin(), alive.end(),
                           [&](const WorkerRecord& r) { return r.id == stage.worker_id; });
-    if (w == workers_.end() || !w->alive) return groups;  // the next plan will have others
+    if (w == alive.end()) return groups;  // the next plan will have others
     group.workers.push_back({w->id, w->client, w->address});
     wire::EsShard& shard = group.stages.emplace_back();
     shard.set_first_layer(stage.first_layer);
@@ -294,13 +173,7 @@ Pipeline Coordinator::BuildPipeline() {
   Pipeline pipeline;
   pipeline.context = options_.context;
   while (true) {
-    std::vector<WorkerRecord> alive;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const WorkerRecord& w : workers_) {
-        if (w.alive) alive.push_back(w);
-      }
-    }
+    const std::vector<WorkerRecord> alive = workers_->Alive();
     std::vector<WorkerInfo> infos;
     for (const WorkerRecord& w : alive) infos.push_back(w.info);
     PlanRequest request;
@@ -321,13 +194,11 @@ Pipeline Coordinator::BuildPipeline() {
     pipeline.status = plan.status;
     if (!plan.ready) {
       pipeline.ready = false;
-      {
-        // Health and refusals then say why the workers went, not only that they did.
+      // Health and refusals then say why the workers went, not only that they did.
+      if (const std::string last_failure = workers_->last_failure(); !last_failure.empty()) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!last_failure_.empty()) {
-          pipeline.status = plan_.status =
-              absl::StrCat(plan.status, " (last failure: ", last_failure_, ")");
-        }
+        pipeline.status = plan_.status =
+            absl::StrCat(plan.status, " (last failure: ", last_failure, ")");
       }
       if (!infos.empty()) FUCINA_LOG(kWarning) << "model not ready: " << pipeline.status;
       return pipeline;
@@ -442,7 +313,7 @@ Pipeline Coordinator::BuildPipeline() {
       return pipeline;
     }
     if (FailureOriginOf(failed) == FailureOrigin::kTransport) {
-      Forget(failed_worker, failed);  // and plan again without it, here
+      workers_->Forget(failed_worker, failed);  // and plan again without it, here
       continue;
     }
     pipeline.ready = false;
@@ -459,6 +330,7 @@ Pipeline Coordinator::BuildPipeline() {
 
 ::fucina::v1::Placement Coordinator::placement() const {
   ::fucina::v1::Placement out;
+  const std::vector<WorkerRecord> workers = workers_->Workers();
   std::lock_guard<std::mutex> lock(mu_);
   out.set_model(served_name_);
   out.set_ready(plan_.ready);
@@ -467,7 +339,7 @@ Pipeline Coordinator::BuildPipeline() {
   out.set_resident_slots(scheduler_->resident_slots());
   out.set_micro_batches(scheduler_->micro_batches());
   auto record = [&](const std::string& id) -> const WorkerRecord* {
-    for (const WorkerRecord& w : workers_) {
+    for (const WorkerRecord& w : workers) {
       if (w.id == id) return &w;
     }
     return nullptr;
@@ -494,7 +366,7 @@ Pipeline Coordinator::BuildPipeline() {
     for (int32_t x : e.experts) p->add_experts(x);
   }
   const auto now = std::chrono::steady_clock::now();
-  for (const WorkerRecord& w : workers_) {
+  for (const WorkerRecord& w : workers) {
     ::fucina::v1::WorkerState* p = out.add_workers();
     p->set_worker_id(w.id);
     p->set_address(w.address);

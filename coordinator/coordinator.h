@@ -1,5 +1,5 @@
-// The coordinator of one model: its tokenizer and chat template, the worker registry, the
-// placement plan and the scheduler. Front ends (gRPC, HTTP) talk to it; workers register with
+// The coordinator of one model: its tokenizer and chat template, the worker registry
+// (worker_registry.h), the placement plan and the scheduler. Front ends (gRPC, HTTP) talk to it; workers register with
 // it (in-process ones through AddWorker, remote ones through the Registry service).
 //
 // Liveness: remote workers heartbeat; one silent for `dead_after_ms`, or failing a call, is
@@ -25,6 +25,7 @@
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/train_jobs.h"
+#include "coordinator/worker_registry.h"
 #include "fucina/v1/generate.pb.h"
 #include "models/chat/chat_template.h"
 #include "models/engine/config.h"
@@ -67,19 +68,6 @@ struct CoordinatorOptions {
   std::chrono::milliseconds grammar_timeout = kDefaultGrammarCompileLimit;
 };
 
-struct WorkerRecord {
-  std::string id;
-  std::string address;  // empty: in process
-  WorkerInfo info;
-  std::string device = "cpu";  // as registered: cpu | cuda
-  std::shared_ptr<WorkerClient> client;
-  bool alive = true;
-  std::chrono::steady_clock::time_point last_seen;
-  // The load its last heartbeat reported (per-session lists dropped); none before the first.
-  std::optional<wire::WorkerStats> stats;
-  std::chrono::steady_clock::time_point stats_at;
-};
-
 class Coordinator {
  public:
   // Opens the model's GGUF for its metadata, tokenizer and template (the weights stay on the
@@ -96,10 +84,14 @@ class Coordinator {
       const std::vector<std::pair<WorkerInfo, std::shared_ptr<WorkerClient>>>& workers);
   // False when the id is unknown or was declared dead (the worker should register again).
   // `stats` (optional) is the worker's load, kept for placement().
-  bool Heartbeat(const std::string& worker_id, const wire::WorkerStats* stats = nullptr);
+  bool Heartbeat(const std::string& worker_id, const wire::WorkerStats* stats = nullptr) {
+    return workers_->Heartbeat(worker_id, stats);
+  }
   void MarkDead(const std::string& worker_id, const absl::Status& why);
-  std::shared_ptr<WorkerClient> ClientFor(const std::string& worker_id) const;
-  std::vector<WorkerRecord> Workers() const;
+  std::shared_ptr<WorkerClient> ClientFor(const std::string& worker_id) const {
+    return workers_->ClientFor(worker_id);
+  }
+  std::vector<WorkerRecord> Workers() const { return workers_->Workers(); }
 
   const CoordinatorOptions& options() const { return options_; }
   const std::string& served_name() const { return served_name_; }
@@ -144,13 +136,6 @@ class Coordinator {
   // Train replicas (TrainJobs' placement): every alive worker whole, or the serving plan's
   // stages as one pipelined replica once its shards are loaded.
   std::vector<EsGroup> TrainGroups(bool pipeline) const;
-  // Publishes the alive and dead worker counts (under mu_).
-  void CountWorkers();
-  // Marks a worker dead without asking for a re-plan; true if it was alive.
-  bool Forget(const std::string& worker_id, const absl::Status& why);
-  std::string Enroll(const std::string& address, const WorkerInfo& info,
-                     std::shared_ptr<WorkerClient> client, const std::string& device);
-  void WatchHeartbeats();
 
   CoordinatorOptions options_;
   std::string served_name_;
@@ -164,14 +149,9 @@ class Coordinator {
   mutable std::mutex grammar_mu_;  // grammar_vocab_
   mutable std::shared_ptr<const GrammarVocab> grammar_vocab_;
 
-  mutable std::mutex mu_;  // workers_, plan_, last_failure_, next_id_, stopping_
-  std::condition_variable cv_;
-  std::vector<WorkerRecord> workers_;
+  std::unique_ptr<WorkerRegistry> workers_;  // its watcher calls MarkDead
+  mutable std::mutex mu_;  // plan_
   Plan plan_;
-  std::string last_failure_;  // why the last worker was declared dead
-  int next_id_ = 0;
-  bool stopping_ = false;
-  std::thread watcher_;
   std::unique_ptr<Scheduler> scheduler_;  // after the state its planner reads
   std::unique_ptr<EsMetrics> es_metrics_;
   std::unique_ptr<TrainJobs> train_jobs_;  // last: its jobs call Workers() until they stop
