@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/metrics.h"
 #include "coordinator/placement.h"
+#include "coordinator/plan_loader.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/train_jobs.h"
 #include "coordinator/worker_registry.h"
@@ -132,7 +133,6 @@ class Coordinator {
 
  private:
   Coordinator() = default;
-  Pipeline BuildPipeline();  // the scheduler's planner, on its thread
   // Train replicas (TrainJobs' placement): every alive worker whole, or the serving plan's
   // stages as one pipelined replica once its shards are loaded.
   std::vector<EsGroup> TrainGroups(bool pipeline) const;
@@ -151,7 +151,8 @@ class Coordinator {
 
   std::unique_ptr<WorkerRegistry> workers_;  // its watcher calls MarkDead
   mutable std::mutex mu_;  // plan_
-  Plan plan_;
+  Plan plan_;  // as the loader last published it
+  std::unique_ptr<PlanLoader> loader_;  // the scheduler's planner
   std::unique_ptr<Scheduler> scheduler_;  // after the state its planner reads
   std::unique_ptr<EsMetrics> es_metrics_;
   std::unique_ptr<TrainJobs> train_jobs_;  // last: its jobs call Workers() until they stop
