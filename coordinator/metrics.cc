@@ -67,8 +67,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, const std::stri
                               "activations among themselves, so 0 in a healthy pipeline).");
   auto& steps = prometheus::BuildCounter()
                     .Name("fucina_coordinator_steps_total")
-                    .Help("Pipeline steps the coordinator ran, by kind (decode: no prompt "
-                          "chunk in the step).")
+                    .Help("Pipeline steps the coordinator ran, by kind (decode: every "
+                          "segment one row, or one plus its drafts).")
                     .Register(*registry_);
   auto& step = prometheus::BuildCounter()
                    .Name("fucina_coordinator_step_seconds_total")

@@ -41,7 +41,8 @@ class Metrics {
   struct StepSeconds {
     double step = 0, assemble = 0, round_trip = 0, mailbox = 0, reply = 0, output_text = 0;
   };
-  // `decode`: every segment of the step decoded (no prompt chunk), counted apart.
+  // `decode`: every segment of the step is one row, or one plus its drafts (IsDecodeStep, the
+  // workers' rule), counted apart.
   void OnStep(const StepSeconds& s, bool decode);
   // One verify step of speculative decoding: `drafted` draft tokens (> 0), the first
   // `accepted` of them accepted (vLLM's spec_decode counters under our prefix).

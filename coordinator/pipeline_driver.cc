@@ -5,17 +5,17 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "models/speculative/drafter.h"
 #include "worker/forward_reply.h"
 #include "worker/sampling_wire.h"
+#include "worker/step_times.h"
 
 namespace fucina {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
 
@@ -189,8 +189,7 @@ int PipelineDriver::LaunchGroup(int g) {
   }
   group.in_flight = true;
   ++in_flight_;
-  group.decode = !group.order.empty() &&
-                 std::all_of(take.begin(), take.end(), [](int64_t t) { return t == 0; });
+  group.decode = IsDecodeStep(request);
   group.sent = Clock::now();
   entry_->ForwardAsync(std::move(request),
                        [post = hooks_.post, this, epoch = epoch_,
@@ -248,8 +247,8 @@ void PipelineDriver::OnReply(uint64_t epoch, int g, Clock::time_point arrived,
     }
     // About these requests: the ones with rows in the step, and the ones whose sessions its
     // operations changed (on some stages only, maybe).
-    absl::flat_hash_map<uint64_t, bool> touched;
-    for (const wire::SessionOp& op : ops_sent) touched[SessionOpTarget(op)] = true;
+    absl::flat_hash_set<uint64_t> touched;
+    for (const wire::SessionOp& op : ops_sent) touched.insert(SessionOpTarget(op));
     for (Running* r : std::vector<Running*>(group.members)) {
       if (touched.contains(r->slot->id) ||
           std::find(order.begin(), order.end(), r) != order.end()) {

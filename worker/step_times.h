@@ -13,6 +13,11 @@
 
 namespace fucina {
 
+// A steady-clock duration in seconds, as the step times count them.
+inline double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
 // Seconds by part, summed over `steps` steps (the fields of wire::StepTimes).
 struct StepTimes {
   int64_t steps = 0;
@@ -33,7 +38,7 @@ class StepLaps {
 
   void Lap(double StepTimes::*part) {
     const Clock::time_point now = Clock::now();
-    times_.*part += std::chrono::duration<double>(now - last_).count();
+    times_.*part += Seconds(now - last_);
     last_ = now;
   }
   // Moves `seconds` (measured inside an earlier lap of `from`) from `from` to `to`.
@@ -50,7 +55,8 @@ class StepLaps {
 
 // Whether every segment of `request` decodes (one row, or one plus its drafts, sampled): a
 // decode step, whose times are kept apart from prompt chunks' (they differ by orders of
-// magnitude, and serving throughput is measured on decode).
+// magnitude, and serving throughput is measured on decode). The coordinator counts its side
+// of a step by the same rule, so both count the same steps.
 bool IsDecodeStep(const wire::ForwardRequest& request);
 
 // The worker's totals by kind of step, added to from the executor and from the threads replies

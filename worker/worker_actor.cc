@@ -23,11 +23,6 @@
 #include "worker/sampling_wire.h"
 
 namespace fucina {
-namespace {
-
-double Seconds(StepLaps::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-}  // namespace
 
 WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
     : options_(options),
