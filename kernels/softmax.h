@@ -35,6 +35,22 @@ double LogSumExpIsa(const float* x, int64_t n, float* scratch, Isa isa);
 // Scalar reference: the max, then std::exp of the differences summed in double.
 double LogSumExpRef(const float* x, int64_t n);
 
+// The first index of the largest of x[0, n) (n > 0): a greedy sampler's choice, ties to the
+// lowest id. NaN entries count as -inf; 0 when every entry is -inf or NaN. Dispatched by
+// ActiveIsa(): the SIMD paths take the max, then find its first index, in vectors.
+int64_t ArgMax(const float* x, int64_t n);
+// The same at a given ISA level (at most DetectedIsa()), for tests.
+int64_t ArgMaxIsa(const float* x, int64_t n, Isa isa);
+
+// Scalar reference: one pass, keeping the first strictly larger entry.
+int64_t ArgMaxRef(const float* x, int64_t n);
+
+// The first i with x[i] >= value, n when none (NaN entries never match): how a sampler's
+// bounded heap skips the long run of a row's tokens below its worst kept one. Dispatched by
+// ActiveIsa(), vector compares; FindAtLeastRef is the scalar loop.
+int64_t FindAtLeast(const float* x, int64_t n, float value);
+int64_t FindAtLeastRef(const float* x, int64_t n, float value);
+
 }  // namespace fucina
 
 #endif  // FUCINA_KERNELS_SOFTMAX_H_

@@ -54,10 +54,12 @@ namespace fucina {
 // above FLT_MAX go to inf, NaN stays NaN); it returns the sum of y[0, n) in span order:
 // ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)), a_l the sum of y[t] for t % 8 == l in
 // increasing t (every level and attention.cc's scalar path add so: the order depends on n
-// alone). MaxF32: the largest of x[0, n) (n > 0), NaNs ignored.
+// alone). MaxF32: the largest of x[0, n) (n > 0), NaNs ignored. FindAtLeastF32: the first i
+// with x[i] >= value, n when none.
 #define FUCINA_OPS_ISA_DECLS                                                                   \
   float ExpF32(const float* x, float shift, float* y, int64_t n);                              \
   float MaxF32(const float* x, int64_t n);                                                     \
+  int64_t FindAtLeastF32(const float* x, int64_t n, float value);                                \
   void RmsNorm(const float* x, const float* weight, float eps, int64_t rows, int64_t n,         \
                float* out);                                                                    \
   void Softmax(float* x, int64_t rows, int64_t n, float scale, const float* mask,              \

@@ -50,6 +50,7 @@ namespace {
 
 using MaxFn = float (*)(const float*, int64_t);
 using ExpFn = float (*)(const float*, float, float*, int64_t);
+using FindFn = int64_t (*)(const float*, int64_t, float);
 
 double LogSumExpWith(MaxFn max_of, ExpFn exp_of, const float* x, int64_t n, float* scratch) {
   if (n <= 0) return -std::numeric_limits<double>::infinity();
@@ -72,7 +73,58 @@ double LogSumExpWith(MaxFn max_of, ExpFn exp_of, const float* x, int64_t n, floa
   return max + std::log(sum);
 }
 
+// ArgMax from a level's max and find: two vector passes (the second stops at the max).
+int64_t ArgMaxWith(MaxFn max_of, FindFn find_of, const float* x, int64_t n) {
+  const float max = max_of(x, n);  // NaNs ignored; -inf when every entry is -inf or NaN
+  if (std::isinf(max) && max < 0) return 0;
+  return find_of(x, n, max);  // nothing is above the max
+}
+
 }  // namespace
+
+int64_t ArgMaxRef(const float* x, int64_t n) {
+  int64_t best = 0;
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] > max) {  // false for NaN
+      max = x[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
+int64_t ArgMax(const float* x, int64_t n) { return ArgMaxIsa(x, n, ActiveIsa()); }
+
+int64_t FindAtLeastRef(const float* x, int64_t n, float value) {
+  int64_t i = 0;
+  while (i < n && !(x[i] >= value)) ++i;
+  return i;
+}
+
+int64_t FindAtLeast(const float* x, int64_t n, float value) {
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return avx512::FindAtLeastF32(x, n, value);
+    case Isa::kAvx2:
+      return avx2::FindAtLeastF32(x, n, value);
+    case Isa::kScalar:
+      break;
+  }
+  return FindAtLeastRef(x, n, value);
+}
+
+int64_t ArgMaxIsa(const float* x, int64_t n, Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return ArgMaxWith(avx512::MaxF32, avx512::FindAtLeastF32, x, n);
+    case Isa::kAvx2:
+      return ArgMaxWith(avx2::MaxF32, avx2::FindAtLeastF32, x, n);
+    case Isa::kScalar:
+      break;
+  }
+  return ArgMaxRef(x, n);
+}
 
 double LogSumExpRef(const float* x, int64_t n) {
   double max = -std::numeric_limits<double>::infinity();

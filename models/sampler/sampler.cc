@@ -11,6 +11,9 @@
 namespace fucina {
 namespace {
 
+// Rows are read once, in blocks this long (16 KiB of floats: with the exps' scratch, within L1).
+constexpr int64_t kBlock = 4096;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The one candidate order used everywhere: logit descending, then id ascending. Total on
@@ -44,30 +47,75 @@ double SoftmaxWeights(const std::vector<Candidate>& candidates, std::vector<doub
   return total;
 }
 
-}  // namespace
+// log(exp(a) + exp(b)), exact at the infinities.
+double LogAddExp(double a, double b) {
+  if (a < b) std::swap(a, b);
+  if (std::isinf(a) || std::isinf(b)) return a;  // +inf wins; a -inf b adds nothing
+  return a + std::log1p(std::exp(b - a));
+}
 
-void ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
-                    const SamplingParams& params) {
+// Offers v[0, m) (token ids from `first`) to a bounded heap of the `k` best, its front the
+// worst kept. Tokens arrive in ascending id order, so one whose logit ties the front's is never
+// better than it: only a logit above the front's gets in. FindAtLeast skips, in vectors, the
+// long runs of a row below the front.
+void OfferToHeap(std::vector<Candidate>& heap, size_t k, const float* v, int64_t m,
+                 int64_t first) {
+  int64_t i = 0;
+  for (; i < m && heap.size() < k; ++i) {
+    heap.push_back({static_cast<int32_t>(first + i), v[i]});
+    std::push_heap(heap.begin(), heap.end(), Before);
+  }
+  if (heap.empty()) return;
+  float floor = heap.front().logit;
+  auto offer = [&](int64_t j) {
+    if (v[j] > floor) {
+      std::pop_heap(heap.begin(), heap.end(), Before);
+      heap.back() = {static_cast<int32_t>(first + j), v[j]};
+      std::push_heap(heap.begin(), heap.end(), Before);
+      floor = heap.front().logit;
+    }
+  };
+  while ((i += FindAtLeast(v + i, m - i, floor)) < m) offer(i++);
+}
+
+// The ids seen in the penalty window (inside [0, vocab)), ascending, with their counts; none
+// when the penalties are off.
+std::vector<std::pair<int32_t, float>> PenaltyCounts(std::span<const int32_t> history,
+                                                     const SamplingParams& params, size_t vocab) {
+  std::vector<std::pair<int32_t, float>> counts;
   if (params.penalty_last_n == 0 ||
       (params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
        params.presence_penalty == 0.0f)) {
-    return;
+    return counts;
   }
   size_t window = history.size();
   if (params.penalty_last_n > 0) window = std::min(window, size_t(params.penalty_last_n));
   std::vector<int32_t> recent(history.end() - window, history.end());
   std::sort(recent.begin(), recent.end());
-  const int64_t n = static_cast<int64_t>(logits.size());
   for (size_t i = 0; i < recent.size();) {
     size_t j = i;
     while (j < recent.size() && recent[j] == recent[i]) ++j;
     const int32_t id = recent[i];
-    const float count = static_cast<float>(j - i);
+    if (id >= 0 && static_cast<size_t>(id) < vocab) {
+      counts.emplace_back(id, static_cast<float>(j - i));
+    }
     i = j;
-    if (id < 0 || id >= n) continue;
-    float& logit = logits[id];
-    logit = logit <= 0.0f ? logit * params.repetition_penalty : logit / params.repetition_penalty;
-    logit -= count * params.frequency_penalty + params.presence_penalty;
+  }
+  return counts;
+}
+
+// llama.cpp's penalties of a token seen `count` times.
+float Penalized(float logit, float count, const SamplingParams& params) {
+  logit = logit <= 0.0f ? logit * params.repetition_penalty : logit / params.repetition_penalty;
+  return logit - (count * params.frequency_penalty + params.presence_penalty);
+}
+
+}  // namespace
+
+void ApplyPenalties(std::span<float> logits, std::span<const int32_t> history,
+                    const SamplingParams& params) {
+  for (const auto& [id, count] : PenaltyCounts(history, params, logits.size())) {
+    logits[id] = Penalized(logits[id], count, params);
   }
 }
 
@@ -151,35 +199,73 @@ Sampler::Sampler(SamplingParams params) : params_(params) {}
 void Sampler::Reset(uint64_t seed) { params_.seed = seed; }
 
 void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> history,
-                     std::span<const uint32_t> allowed) {
-  work_.assign(logits.begin(), logits.end());
-  for (float& x : work_) {
-    if (std::isnan(x)) x = kNegInf;
-  }
-  if (!allowed.empty()) {
-    for (size_t i = 0; i < work_.size(); ++i) {
-      const size_t w = i >> 5;
-      if (w >= allowed.size() || ((allowed[w] >> (i & 31)) & 1u) == 0) work_[i] = kNegInf;
-    }
-  }
-  ApplyLogitBias(work_, params_.logit_bias);
-  ApplyPenalties(work_, history, params_);
+                     std::span<const uint32_t> allowed, bool raw_statistics) {
   candidates_.clear();
-  if (work_.empty()) return;
+  raw_top_.clear();
+  log_z_ = kNegInf;
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (n == 0) return;
 
-  if (params_.temperature <= 0.0f) {
-    int32_t best = 0;
-    for (size_t i = 1; i < work_.size(); ++i) {
-      if (work_[i] > work_[best]) best = static_cast<int32_t>(i);
+  // The tokens whose logit a bias or the penalties change, ascending by id; a token's biases
+  // keep their order and come before its penalties (the chain's order).
+  adjustments_.clear();
+  for (const LogitBias& b : params_.logit_bias) {
+    if (b.id >= 0 && b.id < n) adjustments_.push_back({b.id, false, b.bias});
+  }
+  for (const auto& [id, count] : PenaltyCounts(history, params_, logits.size())) {
+    adjustments_.push_back({id, true, count});
+  }
+  std::stable_sort(adjustments_.begin(), adjustments_.end(),
+                   [](const Adjustment& a, const Adjustment& b) { return a.id < b.id; });
+
+  const bool greedy = params_.temperature <= 0.0f;
+  const bool top_k = !greedy && params_.top_k > 0 && params_.top_k < n;
+  const size_t k_raw = std::min(size_t(std::max(params_.top_logprobs, 0)), logits.size());
+  if (!greedy && !top_k) candidates_.resize(n);
+  Candidate best{-1, kNegInf};
+  block_.resize(std::min(n, kBlock));
+  exp_scratch_.resize(block_.size());
+  size_t next = 0;  // into adjustments_
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - b0);
+    const float* raw = logits.data() + b0;
+    float* v = block_.data();
+    if (raw_statistics) {
+      log_z_ = LogAddExp(log_z_, LogSumExp(raw, m, exp_scratch_.data()));
     }
-    candidates_.push_back({best, work_[best]});
+    for (int64_t i = 0; i < m; ++i) v[i] = std::isnan(raw[i]) ? kNegInf : raw[i];
+    if (raw_statistics && k_raw > 0) OfferToHeap(raw_top_, k_raw, v, m, b0);
+    if (!allowed.empty()) {
+      for (int64_t i = 0; i < m; ++i) {
+        const size_t id = static_cast<size_t>(b0 + i);
+        const size_t w = id >> 5;
+        if (w >= allowed.size() || ((allowed[w] >> (id & 31)) & 1u) == 0) v[i] = kNegInf;
+      }
+    }
+    for (; next < adjustments_.size() && adjustments_[next].id < b0 + m; ++next) {
+      const Adjustment& a = adjustments_[next];
+      float& x = v[a.id - b0];
+      x = a.penalty ? Penalized(x, a.value, params_) : x + a.value;
+    }
+    if (greedy) {
+      const int64_t at = ArgMax(v, m);
+      if (best.id < 0 || v[at] > best.logit) best = {static_cast<int32_t>(b0 + at), v[at]};
+    } else if (top_k) {
+      OfferToHeap(candidates_, size_t(params_.top_k), v, m, b0);
+    } else {
+      for (int64_t i = 0; i < m; ++i) candidates_[b0 + i] = {static_cast<int32_t>(b0 + i), v[i]};
+    }
+  }
+
+  if (greedy) {
+    candidates_.push_back(best);
     return;
   }
-
-  candidates_.resize(work_.size());
-  for (size_t i = 0; i < work_.size(); ++i) candidates_[i] = {static_cast<int32_t>(i), work_[i]};
-  if (params_.top_k > 0) {
-    ApplyTopK(candidates_, params_.top_k);
+  if (top_k) {
+    std::sort(candidates_.begin(), candidates_.end(), Before);  // ApplyTopK's result
+    ApplyTopP(candidates_, params_.top_p);
+  } else if (params_.top_k > 0) {
+    ApplyTopK(candidates_, params_.top_k);  // k >= the vocabulary: sorts them all
     ApplyTopP(candidates_, params_.top_p);
   } else {
     if (params_.top_p >= 1.0f && params_.min_p > 0.0f) {
@@ -196,7 +282,7 @@ void Sampler::Filter(std::span<const float> logits, std::span<const int32_t> his
 std::vector<Candidate> Sampler::Candidates(std::span<const float> logits,
                                            std::span<const int32_t> history,
                                            std::span<const uint32_t> allowed) {
-  Filter(logits, history, allowed);
+  Filter(logits, history, allowed, /*raw_statistics=*/false);
   return candidates_;
 }
 
@@ -204,7 +290,7 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
                              std::span<const uint32_t> allowed) {
   SampleResult result{-1, kNegInf, {}};
   if (logits.empty()) return result;
-  Filter(logits, history, allowed);
+  Filter(logits, history, allowed, /*raw_statistics=*/true);
 
   if (params_.temperature <= 0.0f) {
     result.id = candidates_[0].id;
@@ -226,35 +312,13 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
     }
   }
 
-  // Raw distribution: log-softmax of the logits as given (NaN as -inf). The normalizer is one
-  // vectorized pass (it used to be most of a greedy row's cost: a scalar exp per entry);
-  // work_, done with once Filter has chosen the candidates, holds the exps.
-  auto raw = [&](size_t i) { return std::isnan(logits[i]) ? kNegInf : logits[i]; };
-  const double log_z =
-      LogSumExp(logits.data(), static_cast<int64_t>(logits.size()), work_.data());
-  result.logprob = static_cast<float>(double(raw(result.id)) - log_z);
-
-  const size_t k = std::min(size_t(std::max(params_.top_logprobs, 0)), logits.size());
-  if (k > 0) {
-    // Bounded heap of the k best raw candidates: the heap top is the worst kept one.
-    std::vector<Candidate> heap;
-    heap.reserve(k + 1);
-    for (size_t i = 0; i < logits.size(); ++i) {
-      const Candidate c{static_cast<int32_t>(i), raw(i)};
-      if (heap.size() < k) {
-        heap.push_back(c);
-        std::push_heap(heap.begin(), heap.end(), Before);
-      } else if (Before(c, heap.front())) {
-        std::pop_heap(heap.begin(), heap.end(), Before);
-        heap.back() = c;
-        std::push_heap(heap.begin(), heap.end(), Before);
-      }
-    }
-    std::sort(heap.begin(), heap.end(), Before);
-    result.top.reserve(k);
-    for (const Candidate& c : heap) {
-      result.top.push_back({c.id, static_cast<float>(double(c.logit) - log_z)});
-    }
+  // Raw distribution: log-softmax of the logits as given (NaN as -inf).
+  const float chosen = logits[result.id];
+  result.logprob = static_cast<float>(double(std::isnan(chosen) ? kNegInf : chosen) - log_z_);
+  std::sort(raw_top_.begin(), raw_top_.end(), Before);
+  result.top.reserve(raw_top_.size());
+  for (const Candidate& c : raw_top_) {
+    result.top.push_back({c.id, static_cast<float>(double(c.logit) - log_z_)});
   }
   return result;
 }

@@ -157,14 +157,31 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  // Fills candidates_ (mask + penalties + filters + temperature) from `logits`.
+  // A token's logit changed before the filters: by a logit bias (`value` the bias) or by the
+  // penalties (`value` the count in the window).
+  struct Adjustment {
+    int32_t id;
+    bool penalty;
+    float value;
+  };
+
+  // Fills candidates_ (mask + bias + penalties + filters + temperature) from `logits` in one
+  // pass over the row: block by block, each block copied into block_ (L1-sized), masked and
+  // adjusted there (biases and penalties touch their tokens only), and folded into the
+  // selection (the argmax, a top-k heap, or every token when no top-k cuts). With
+  // `raw_statistics`, the same pass takes the raw distribution's log-normalizer (log_z_) and
+  // its top_logprobs best (raw_top_, unsorted).
   void Filter(std::span<const float> logits, std::span<const int32_t> history,
-              std::span<const uint32_t> allowed);
+              std::span<const uint32_t> allowed, bool raw_statistics);
 
   SamplingParams params_;
   // Scratch reused across calls so a sample over a 150k vocabulary does not allocate.
-  std::vector<float> work_;
+  std::vector<float> block_;
+  std::vector<float> exp_scratch_;
+  std::vector<Adjustment> adjustments_;
   std::vector<Candidate> candidates_;
+  std::vector<Candidate> raw_top_;
+  double log_z_ = 0.0;
 };
 
 }  // namespace fucina

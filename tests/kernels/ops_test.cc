@@ -210,6 +210,44 @@ TEST(LogSumExpTest, LevelsMatchTheReferenceOnVocabularyRows) {
   }
 }
 
+// A greedy sample's choice: every level picks the reference's index (the first of the largest,
+// NaN as -inf), wherever the max falls and however often it repeats.
+TEST(ArgMaxTest, LevelsPickTheFirstLargestAsTheReferenceDoes) {
+  std::vector<Isa> levels = {Isa::kScalar};
+  if (DetectedIsa() >= Isa::kAvx2) levels.push_back(Isa::kAvx2);
+  if (DetectedIsa() >= Isa::kAvx512) levels.push_back(Isa::kAvx512);
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{4096}, int64_t{49152}}) {
+    std::vector<float> x = Random(n, -12.0f, 8.0f, 3 + static_cast<uint32_t>(n));
+    for (int64_t at : {int64_t{0}, n / 3, n - 1}) {
+      std::vector<float> row = x;
+      row[at] = 20.0f;
+      if (at + 5 < n) row[at + 5] = 20.0f;  // a tie after it: the first one wins
+      if (at > 0) row[at - 1] = std::numeric_limits<float>::quiet_NaN();
+      ASSERT_EQ(ArgMaxRef(row.data(), n), at);
+      for (Isa isa : levels) {
+        EXPECT_EQ(ArgMaxIsa(row.data(), n, isa), at) << IsaName(isa) << " n=" << n;
+      }
+    }
+  }
+  for (Isa isa : levels) {
+    const float none[3] = {-kInf, std::numeric_limits<float>::quiet_NaN(), -kInf};
+    EXPECT_EQ(ArgMaxIsa(none, 3, isa), 0) << IsaName(isa);
+    const float inf[3] = {1.0f, kInf, kInf};
+    EXPECT_EQ(ArgMaxIsa(inf, 3, isa), 1) << IsaName(isa);
+  }
+  // The search a sampler's heap skips with: the first entry at or above a bound, as the loop
+  // finds it, for bounds at, between and above the entries (NaN never matches).
+  std::vector<float> x = Random(1000, -12.0f, 8.0f, 11);
+  x[500] = std::numeric_limits<float>::quiet_NaN();
+  for (float bound : {-kInf, -3.0f, 7.9f, x[777], 9.0f, kInf}) {
+    for (int64_t from : {int64_t{0}, int64_t{5}, int64_t{499}, int64_t{999}}) {
+      EXPECT_EQ(FindAtLeast(x.data() + from, 1000 - from, bound),
+                FindAtLeastRef(x.data() + from, 1000 - from, bound))
+          << bound << " from " << from;
+    }
+  }
+}
+
 TEST(RmsNormTest, ReferenceHandCase) {
   const float x[2] = {3.0f, 4.0f};
   const float w[2] = {2.0f, -1.0f};

@@ -154,6 +154,19 @@ float MaxF32(const float* x, int64_t n) {
   return HorizontalMax(m);
 }
 
+int64_t FindAtLeastF32(const float* x, int64_t n, float value) {
+  const __m256 v = _mm256_set1_ps(value);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), v, _CMP_GE_OQ));
+    if (hit != 0) return i + __builtin_ctz(hit);
+  }
+  for (; i < n; ++i) {
+    if (x[i] >= value) return i;
+  }
+  return n;
+}
+
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu8); }
 
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanh8); }

@@ -116,6 +116,17 @@ float MaxF32(const float* x, int64_t n) {
   return _mm512_reduce_max_ps(m);
 }
 
+int64_t FindAtLeastF32(const float* x, int64_t n, float value) {
+  const __m512 v = _mm512_set1_ps(value);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = TailMask(i + 16 <= n ? 16 : n - i);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), v,
+                                                  _CMP_GE_OQ);
+    if (hit != 0) return i + __builtin_ctz(hit);
+  }
+  return n;
+}
+
 void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, Silu16); }
 
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanh16); }

@@ -525,5 +525,106 @@ TEST(Sampler, AMaskRestrictsTheDrawButNotTheLogprobs) {
   }
 }
 
+// The chain spelled out stage by stage over a copy of the row: the reference the one-pass
+// Filter (block by block, biases and penalties on their tokens only) must equal exactly.
+std::vector<Candidate> ChainByStages(const SamplingParams& p, std::vector<float> work,
+                                     const std::vector<int32_t>& history,
+                                     const std::vector<uint32_t>& allowed) {
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (std::isnan(work[i])) work[i] = -INFINITY;
+    if (!allowed.empty() && ((allowed[i >> 5] >> (i & 31)) & 1u) == 0) work[i] = -INFINITY;
+  }
+  ApplyLogitBias(work, p.logit_bias);
+  ApplyPenalties(work, history, p);
+  if (p.temperature <= 0) {
+    const auto best = std::max_element(work.begin(), work.end());  // the first of the largest
+    return {{int32_t(best - work.begin()), *best}};
+  }
+  std::vector<Candidate> c = FromLogits(work);
+  if (p.top_k > 0) {
+    ApplyTopK(c, p.top_k);
+    ApplyTopP(c, p.top_p);
+  } else {
+    ApplyTopK(c, 0);
+    ApplyTopP(c, p.top_p);
+  }
+  ApplyMinP(c, p.min_p);
+  for (Candidate& x : c) x.logit /= p.temperature;
+  return c;
+}
+
+// Rows longer than the pass's block (4096), with peaks, ties across blocks, NaN, a mask,
+// repeated biases and penalised history: greedy, top-k, top-p alone and min-p alone give the
+// candidates the stages give, and Sample's logprobs are the raw log-softmax.
+TEST(Sampler, OnePassEqualsTheStagesComposed) {
+  const int n = 10000;
+  std::vector<float> row(n);
+  uint64_t state = 12345;
+  for (float& x : row) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = float((state >> 40) % 2000) / 100.0f - 10.0f;  // many ties: a 0.01 grid
+  }
+  row[4095] = row[4096] = row[9999] = 14.0f;  // tied peaks in three blocks
+  row[17] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int32_t> history;
+  for (int i = 0; i < 300; ++i) history.push_back((i * 7919) % n);
+  history.push_back(4096);
+  history.push_back(4096);
+  std::vector<uint32_t> mask((n + 31) / 32, 0xffffffffu);
+  mask[4095 / 32] &= ~(1u << (4095 % 32));  // the first peak masked
+  for (int i = 0; i < n; i += 3) mask[i / 32] &= ~(1u << (i % 32));
+
+  std::vector<SamplingParams> chains;
+  SamplingParams greedy = NoFilters(0.0f);
+  greedy.repetition_penalty = 1.3f;
+  greedy.frequency_penalty = 0.5f;
+  greedy.logit_bias = {{5000, 3.0f}, {5000, 2.5f}, {123, -100.0f}, {n + 5, 1.0f}};
+  chains.push_back(greedy);
+  SamplingParams top_k = greedy;
+  top_k.temperature = 0.7f;
+  top_k.top_k = 40;
+  top_k.top_p = 0.9f;
+  top_k.min_p = 0.05f;
+  top_k.presence_penalty = -0.4f;
+  top_k.penalty_last_n = -1;
+  chains.push_back(top_k);
+  SamplingParams top_p = NoFilters(1.2f);
+  top_p.top_p = 0.5f;
+  top_p.logit_bias = greedy.logit_bias;
+  chains.push_back(top_p);
+  SamplingParams min_p = NoFilters(0.9f);
+  min_p.min_p = 0.2f;
+  chains.push_back(min_p);
+  for (size_t c = 0; c < chains.size(); ++c) {
+    for (const std::vector<uint32_t>& allowed : {std::vector<uint32_t>{}, mask}) {
+      SCOPED_TRACE("chain " + std::to_string(c) + (allowed.empty() ? "" : ", masked"));
+      Sampler sampler(chains[c]);
+      const std::vector<Candidate> got = sampler.Candidates(row, history, allowed);
+      const std::vector<Candidate> want = ChainByStages(chains[c], row, history, allowed);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].id, want[i].id) << i;
+        EXPECT_EQ(got[i].logit, want[i].logit) << i;
+      }
+    }
+  }
+  SamplingParams logprobs = top_k;
+  logprobs.top_logprobs = 5;
+  const SampleResult r = Sampler(logprobs).Sample(row, history);
+  double max = -INFINITY, sum = 0;
+  for (float x : row) {
+    if (!std::isnan(x)) max = std::max<double>(max, x);
+  }
+  for (float x : row) {
+    if (!std::isnan(x)) sum += std::exp(double(x) - max);
+  }
+  const double log_z = max + std::log(sum);
+  EXPECT_NEAR(r.logprob, row[r.id] - log_z, 1e-5);
+  ASSERT_EQ(r.top.size(), 5u);
+  EXPECT_THAT(std::vector<int32_t>({r.top[0].id, r.top[1].id, r.top[2].id}),
+              ElementsAre(4095, 4096, 9999));  // the raw peaks, ties by lower id
+  for (const TokenLogprob& t : r.top) EXPECT_NEAR(t.logprob, row[t.id] - log_z, 1e-5);
+}
+
 }  // namespace
 }  // namespace fucina
