@@ -167,13 +167,11 @@ int RunBench(Model& model, const std::vector<std::vector<int32_t>>& prompts, con
     const auto t1 = std::chrono::steady_clock::now();
     const double attention0 = model.attention_seconds();
     double sampling = 0;
+    std::vector<float> logits;  // [streams, vocab], reused every step
     for (int64_t i = 0; i < args.gen; ++i) {
-      auto logits = args.streams == 1 ? model.ForwardStep(*ptrs[0], {next.data(), 1},
-                                                          ptrs[0]->len())
-                                      : model.ForwardStepBatch(ptrs, next);
-      if (!logits.ok()) return Fail(logits.status());
+      if (absl::Status st = model.ForwardStepBatch(ptrs, next, logits); !st.ok()) return Fail(st);
       const auto s0 = std::chrono::steady_clock::now();
-      for (int s = 0; s < args.streams; ++s) pick(s, logits->data() + s * vocab);
+      for (int s = 0; s < args.streams; ++s) pick(s, logits.data() + s * vocab);
       sampling += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
     const auto t2 = std::chrono::steady_clock::now();

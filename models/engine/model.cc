@@ -455,6 +455,14 @@ absl::StatusOr<std::vector<float>> Model::RunFull(std::span<KvCache* const> cach
                                                   std::span<const int32_t> tokens,
                                                   std::span<const int64_t> counts,
                                                   bool all_logits) {
+  std::vector<float> logits;
+  if (absl::Status s = RunFull(caches, tokens, counts, all_logits, logits); !s.ok()) return s;
+  return logits;
+}
+
+absl::Status Model::RunFull(std::span<KvCache* const> caches, std::span<const int32_t> tokens,
+                            std::span<const int64_t> counts, bool all_logits,
+                            std::vector<float>& logits) {
   if (!is_full()) return absl::FailedPreconditionError("model holds only a shard");
   if (tokens.empty()) return absl::InvalidArgumentError("empty token sequence");
   const int64_t rows = static_cast<int64_t>(tokens.size());
@@ -481,9 +489,8 @@ absl::StatusOr<std::vector<float>> Model::RunFull(std::span<KvCache* const> cach
     head_in = h.data();
     head_rows = static_cast<int64_t>(segments.size());
   }
-  std::vector<float> logits(head_rows * config_.vocab_size);
-  if (absl::Status s = Head(head_in, head_rows, logits.data()); !s.ok()) return s;
-  return logits;
+  logits.resize(head_rows * config_.vocab_size);  // keeps its capacity: no page faults
+  return Head(head_in, head_rows, logits.data());
 }
 
 absl::StatusOr<std::vector<float>> Model::RunOne(KvCache& kv, std::span<const int32_t> tokens,
@@ -511,12 +518,20 @@ absl::StatusOr<std::vector<float>> Model::ForwardStepAllLogits(KvCache& kv,
 
 absl::StatusOr<std::vector<float>> Model::ForwardStepBatch(std::span<KvCache* const> caches,
                                                            std::span<const int32_t> tokens) {
+  std::vector<float> logits;
+  if (absl::Status s = ForwardStepBatch(caches, tokens, logits); !s.ok()) return s;
+  return logits;
+}
+
+absl::Status Model::ForwardStepBatch(std::span<KvCache* const> caches,
+                                     std::span<const int32_t> tokens,
+                                     std::vector<float>& logits) {
   if (caches.size() != tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat(caches.size(), " caches for ",
                                                    tokens.size(), " tokens"));
   }
   std::vector<int64_t> counts(caches.size(), 1);
-  return RunFull(caches, tokens, counts, false);
+  return RunFull(caches, tokens, counts, false, logits);
 }
 
 absl::StatusOr<std::vector<float>> Model::ForwardLastLogits(std::span<const int32_t> tokens) {

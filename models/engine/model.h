@@ -106,6 +106,10 @@ class Model {
   // pass for all streams; returns [n, vocab]. Rows equal per-stream ForwardStep bit for bit.
   absl::StatusOr<std::vector<float>> ForwardStepBatch(std::span<KvCache* const> caches,
                                                       std::span<const int32_t> tokens);
+  // The same into `logits` (resized to [n, vocab]): a decode loop passing the same vector
+  // every step allocates and faults in those pages once, not per step.
+  absl::Status ForwardStepBatch(std::span<KvCache* const> caches,
+                                std::span<const int32_t> tokens, std::vector<float>& logits);
 
   // ---- Shard pieces. ----
   // Rows of the embedding table: out[n, hidden]. Requires has_embeddings(); ids must be in
@@ -167,6 +171,9 @@ class Model {
   absl::StatusOr<std::vector<float>> RunFull(std::span<KvCache* const> caches,
                                              std::span<const int32_t> tokens,
                                              std::span<const int64_t> counts, bool all_logits);
+  absl::Status RunFull(std::span<KvCache* const> caches, std::span<const int32_t> tokens,
+                       std::span<const int64_t> counts, bool all_logits,
+                       std::vector<float>& logits);
   absl::StatusOr<std::vector<float>> RunOne(KvCache& kv, std::span<const int32_t> tokens,
                                             int64_t pos0, bool all_logits);
 
