@@ -36,29 +36,24 @@ WorkerActor::WorkerActor(const WorkerOptions& options, PeerResolver resolver)
   }
 }
 
-WorkerActor::~WorkerActor() = default;
-
-absl::StatusOr<wire::LoadShardResponse> WorkerActor::LoadShard(
-    const wire::LoadShardRequest& request) {
-  return executor_.Call([&] { return DoLoadShard(request); });
+WorkerActor::~WorkerActor() {
+  // The train calls still running off the executor post to it: they end before it goes. Joined
+  // outside the lock: a finishing call's `done` may start another.
+  for (;;) {
+    std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> running;
+    {
+      std::lock_guard<std::mutex> lock(off_mu_);
+      running.swap(off_threads_);
+    }
+    if (running.empty()) return;
+    for (auto& [thread, finished] : running) thread.join();
+  }
 }
 
 void WorkerActor::LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) {
   executor_.Post([this, request = std::move(request), done = std::move(done)] {
     done(DoLoadShard(request));
   });
-}
-
-absl::StatusOr<wire::ForwardResponse> WorkerActor::Forward(
-    const wire::ForwardRequest& request) {
-  // Waits off the executor: with a next stage, the reply comes after this stage's part is done
-  // and the executor has gone on to other steps.
-  std::promise<absl::StatusOr<wire::ForwardResponse>> reply;
-  auto future = reply.get_future();
-  ForwardAsync(request, [&reply](absl::StatusOr<wire::ForwardResponse> r) {
-    reply.set_value(std::move(r));
-  });
-  return future.get();
 }
 
 void WorkerActor::CancelInFlight() {
@@ -126,16 +121,39 @@ void WorkerActor::ForwardAsync(wire::ForwardRequest request, ForwardCallback don
   });
 }
 
-absl::StatusOr<wire::ExpertForwardResponse> WorkerActor::ExpertForward(
-    const wire::ExpertForwardRequest& request) {
-  return executor_.Call([&] { return DoExpertForward(request); });
+void WorkerActor::ExpertForwardAsync(wire::ExpertForwardRequest request,
+                                     Callback<wire::ExpertForwardResponse> done) {
+  executor_.Post([this, request = std::move(request), done = std::move(done)] {
+    done(DoExpertForward(request));
+  });
 }
 
-absl::StatusOr<wire::WorkerStats> WorkerActor::GetStats() {
+void WorkerActor::GetStatsAsync(Callback<wire::WorkerStats> done) {
   const int depth = executor_.pending();
-  wire::WorkerStats stats = executor_.Call([&] { return DoStats(); });
-  stats.set_queue_depth(depth);
-  return stats;
+  executor_.Post([this, depth, done = std::move(done)] {
+    wire::WorkerStats stats = DoStats();
+    stats.set_queue_depth(depth);
+    done(std::move(stats));
+  });
+}
+
+void WorkerActor::OffExecutor(std::function<void()> body) {
+  std::lock_guard<std::mutex> lock(off_mu_);
+  std::erase_if(off_threads_, [](auto& t) {
+    if (!*t.second) return false;
+    t.first.join();
+    return true;
+  });
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  off_threads_.emplace_back(
+      std::thread([scope = CallScope::Current(), body = std::move(body), finished] {
+        {
+          CallScope::Enter enter(scope);
+          body();
+        }
+        *finished = true;
+      }),
+      finished);
 }
 
 int64_t WorkerActor::UsedBytes() const {

@@ -2,8 +2,9 @@
 // head, or a set of MoE experts) and the KV caches of the sessions the coordinator runs
 // through it.
 //
-// Threading: all state lives on the actor's SerialExecutor; every public method posts to it and
-// waits, so gRPC handlers and in-process callers may call from any thread. Forward steps run
+// Threading: all state lives on the actor's SerialExecutor; every call posts to it (the train
+// calls that drive it from outside run on a thread of their own), so gRPC handlers and
+// in-process callers may call from any thread. Forward steps run
 // one at a time on the executor, each using the shard's whole thread pool.
 //
 // Pipelining: a stage with a next stage sends its output rows there itself (asynchronously)
@@ -19,11 +20,14 @@
 #ifndef FUCINA_WORKER_WORKER_ACTOR_H_
 #define FUCINA_WORKER_WORKER_ACTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/node_hash_map.h"
@@ -77,35 +81,32 @@ class WorkerActor : public WorkerClient {
   explicit WorkerActor(const WorkerOptions& options, PeerResolver resolver = nullptr);
   ~WorkerActor() override;
 
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(
-      const wire::LoadShardRequest& request) override;
   // Posted to the actor's executor, which then runs `done`.
   void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) override;
-  absl::StatusOr<wire::ForwardResponse> Forward(
-      const wire::ForwardRequest& request) override;
+  // Posted to the executor; with a next stage, `done` runs on the thread of that stage's reply.
+  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override;
   // Cuts this actor's calls to its expert peers (a stage whose own caller gave up must not wait
   // on a hung expert worker until the deadline); from any thread.
   void CancelInFlight() override;
-  // Posted to the actor's executor, which then runs `done`.
-  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override;
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& request) override;
-  absl::StatusOr<wire::WorkerStats> GetStats() override;
+  void ExpertForwardAsync(wire::ExpertForwardRequest request,
+                          Callback<wire::ExpertForwardResponse> done) override;
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override;
   // Train jobs: each holds its own replica beside the shard (the whole model, or one stage of a
-  // pipelined replica). A member's scoring runs on the calling thread (the first stage's
-  // EsEvaluate, a later stage's EsForward): each stage's part of a pass is one executor task,
-  // so the shard's forward steps wait for one pass at most, never for a whole member, and calls
-  // to the next stage wait off the executor, so no stage holds its executor while another
-  // computes (two jobs' pipelines may cross the same workers).
-  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override;
-  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
-      const wire::EsEvaluateRequest& request) override;
-  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) override;
-  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
-      const wire::EsSnapshotRequest& request) override;
-  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override;
-  absl::StatusOr<wire::EsForwardResponse> EsForward(
-      const wire::EsForwardRequest& request) override;
+  // pipelined replica). A member's scoring runs off the executor, on a thread of the call's own
+  // (the first stage's EsEvaluate, a later stage's EsForward; EsUpdate too): each stage's part
+  // of a pass is one executor task, so the shard's forward steps wait for one pass at most,
+  // never for a whole member, and calls to the next stage wait off the executor, so no stage
+  // holds its executor while another computes (two jobs' pipelines may cross the same
+  // workers). The others are posted to the executor.
+  void EsLoadAsync(wire::EsJob job, Callback<wire::EsState> done) override;
+  void EsEvaluateAsync(wire::EsEvaluateRequest request,
+                       Callback<wire::EsEvaluateResponse> done) override;
+  void EsUpdateAsync(wire::EsUpdateRequest request, Callback<wire::EsState> done) override;
+  void EsSnapshotAsync(wire::EsSnapshotRequest request,
+                       Callback<wire::EsSnapshotChunk> done) override;
+  void EsReleaseAsync(wire::EsReleaseRequest request, Callback<wire::EsState> done) override;
+  void EsForwardAsync(wire::EsForwardRequest request,
+                      Callback<wire::EsForwardResponse> done) override;
 
   int64_t memory_budget() const { return options_.memory_budget; }
   int num_threads() const { return max_threads_; }
@@ -137,6 +138,14 @@ class WorkerActor : public WorkerClient {
                                                   StepLaps& laps);
   absl::StatusOr<wire::ExpertForwardResponse> DoExpertForward(
       const wire::ExpertForwardRequest& request);
+  // The train calls' bodies, run off the executor (they post its tasks and wait for them).
+  absl::StatusOr<wire::EsEvaluateResponse> DoEsEvaluate(const wire::EsEvaluateRequest& request);
+  absl::StatusOr<wire::EsState> DoEsUpdate(const wire::EsUpdateRequest& request);
+  absl::StatusOr<wire::EsForwardResponse> DoEsForward(const wire::EsForwardRequest& request);
+  absl::StatusOr<wire::EsState> DoEsLoad(const wire::EsJob& job);  // on the executor
+  // Runs `body` on a thread of its own, in the calling thread's CallScope (so the peer calls
+  // it makes are cut with the call that made it); the destructor joins what is still running.
+  void OffExecutor(std::function<void()> body);
   // One of a step's session operations; a failure is about the request (its session).
   absl::Status ApplySessionOp(const wire::SessionOp& op);
   absl::Status ApplyCopyPrefix(const wire::CopyPrefix& copy);
@@ -208,6 +217,9 @@ class WorkerActor : public WorkerClient {
     std::vector<std::unique_ptr<GrammarMatcher>> grammars;
   } buffers_;
   absl::node_hash_map<std::string, EsJobState> es_jobs_;  // by job id
+  // OffExecutor's threads: each marks itself finished; the next start joins those.
+  std::mutex off_mu_;
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> off_threads_;
   SerialExecutor executor_;  // last: destroyed first, so no task outlives the state
 };
 

@@ -122,50 +122,73 @@ absl::StatusOr<WorkerActor::EsJobState> WorkerActor::Stage(const std::string& jo
   return it->second;
 }
 
-absl::StatusOr<wire::EsState> WorkerActor::EsLoad(const wire::EsJob& job) {
-  if (absl::Status s = ValidateEsJob(job); !s.ok()) return s;
-  return executor_.Call([&]() -> absl::StatusOr<wire::EsState> {
-    es_jobs_.erase(job.job_id());  // its memory goes before the new replica's is taken
-    std::string path = job.model_path();
-    if (options_.locate_model) {
-      // The tensors the replica holds: the whole model, or its shard.
-      wire::LoadShardRequest whole;
-      whole.set_model_path(job.model_path());
-      whole.set_last_layer(job.has_shard() ? job.shard().last_layer() : -1);
-      whole.set_first_layer(job.has_shard() ? job.shard().first_layer() : 0);
-      whole.set_embeddings(!job.has_shard() || job.shard().embeddings());
-      whole.set_head(!job.has_shard() || job.shard().head());
-      auto located = options_.locate_model(whole);
-      if (!located.ok()) return located.status();
-      path = *std::move(located);
-    }
-    std::shared_ptr<WorkerClient> next;
-    if (job.has_next_stage()) {
-      next = resolver_(job.next_stage());
-      if (next == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("next_stage: cannot reach worker ",
-                                                       job.next_stage().worker_id(), " ",
-                                                       job.next_stage().address()));
-      }
-    }
-    auto replica = EsReplica::Create(job, path, max_threads_);
-    if (!replica.ok()) return replica.status();
-    // Checked once the replica's size is known (its owned copies are made by the load); a
-    // refused replica is freed at once.
-    const int64_t need = ReplicaBytes(**replica);
-    if (options_.memory_budget > 0 && UsedBytes() + need > options_.memory_budget) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "train job '", job.job_id(), "' needs ", need, " bytes on this worker; ",
-          std::max<int64_t>(0, options_.memory_budget - UsedBytes()),
-          " of its memory budget are free"));
-    }
-    wire::EsState state = (*replica)->State();
-    es_jobs_[job.job_id()] = {*std::move(replica), std::move(next)};
-    return state;
+// The loading runs on the executor.
+void WorkerActor::EsLoadAsync(wire::EsJob job, Callback<wire::EsState> done) {
+  if (absl::Status s = ValidateEsJob(job); !s.ok()) return done(s);
+  executor_.Post([this, job = std::move(job), done = std::move(done)] { done(DoEsLoad(job)); });
+}
+
+void WorkerActor::EsEvaluateAsync(wire::EsEvaluateRequest request,
+                                  Callback<wire::EsEvaluateResponse> done) {
+  OffExecutor([this, request = std::move(request), done = std::move(done)] {
+    done(DoEsEvaluate(request));
   });
 }
 
-absl::StatusOr<wire::EsEvaluateResponse> WorkerActor::EsEvaluate(
+void WorkerActor::EsUpdateAsync(wire::EsUpdateRequest request, Callback<wire::EsState> done) {
+  OffExecutor([this, request = std::move(request), done = std::move(done)] {
+    done(DoEsUpdate(request));
+  });
+}
+
+void WorkerActor::EsForwardAsync(wire::EsForwardRequest request,
+                                 Callback<wire::EsForwardResponse> done) {
+  OffExecutor([this, request = std::move(request), done = std::move(done)] {
+    done(DoEsForward(request));
+  });
+}
+
+absl::StatusOr<wire::EsState> WorkerActor::DoEsLoad(const wire::EsJob& job) {
+  es_jobs_.erase(job.job_id());  // its memory goes before the new replica's is taken
+  std::string path = job.model_path();
+  if (options_.locate_model) {
+    // The tensors the replica holds: the whole model, or its shard.
+    wire::LoadShardRequest whole;
+    whole.set_model_path(job.model_path());
+    whole.set_last_layer(job.has_shard() ? job.shard().last_layer() : -1);
+    whole.set_first_layer(job.has_shard() ? job.shard().first_layer() : 0);
+    whole.set_embeddings(!job.has_shard() || job.shard().embeddings());
+    whole.set_head(!job.has_shard() || job.shard().head());
+    auto located = options_.locate_model(whole);
+    if (!located.ok()) return located.status();
+    path = *std::move(located);
+  }
+  std::shared_ptr<WorkerClient> next;
+  if (job.has_next_stage()) {
+    next = resolver_(job.next_stage());
+    if (next == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("next_stage: cannot reach worker ",
+                                                     job.next_stage().worker_id(), " ",
+                                                     job.next_stage().address()));
+    }
+  }
+  auto replica = EsReplica::Create(job, path, max_threads_);
+  if (!replica.ok()) return replica.status();
+  // Checked once the replica's size is known (its owned copies are made by the load); a
+  // refused replica is freed at once.
+  const int64_t need = ReplicaBytes(**replica);
+  if (options_.memory_budget > 0 && UsedBytes() + need > options_.memory_budget) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "train job '", job.job_id(), "' needs ", need, " bytes on this worker; ",
+        std::max<int64_t>(0, options_.memory_budget - UsedBytes()),
+        " of its memory budget are free"));
+  }
+  wire::EsState state = (*replica)->State();
+  es_jobs_[job.job_id()] = {*std::move(replica), std::move(next)};
+  return state;
+}
+
+absl::StatusOr<wire::EsEvaluateResponse> WorkerActor::DoEsEvaluate(
     const wire::EsEvaluateRequest& request) {
   wire::EsEvaluateResponse response;
   const auto start = std::chrono::steady_clock::now();
@@ -209,7 +232,7 @@ absl::StatusOr<float> WorkerActor::ScoreThroughPipeline(const EsJobState& stage,
   return stage.replica->Score(pipeline, member, request.holdout());
 }
 
-absl::StatusOr<wire::EsForwardResponse> WorkerActor::EsForward(
+absl::StatusOr<wire::EsForwardResponse> WorkerActor::DoEsForward(
     const wire::EsForwardRequest& request) {
   auto stage = executor_.Call([&] { return Stage(request.job_id()); });
   if (!stage.ok()) return stage.status();
@@ -270,7 +293,7 @@ absl::StatusOr<wire::EsForwardResponse> WorkerActor::EsForward(
   return stage->next->EsForward(onward);
 }
 
-absl::StatusOr<wire::EsState> WorkerActor::EsUpdate(const wire::EsUpdateRequest& request) {
+absl::StatusOr<wire::EsState> WorkerActor::DoEsUpdate(const wire::EsUpdateRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   auto stage = executor_.Call([&] { return Stage(request.job_id()); });
   if (!stage.ok()) return stage.status();
@@ -294,21 +317,21 @@ absl::StatusOr<wire::EsState> WorkerActor::EsUpdate(const wire::EsUpdateRequest&
   });
 }
 
-absl::StatusOr<wire::EsSnapshotChunk> WorkerActor::EsSnapshot(
-    const wire::EsSnapshotRequest& request) {
-  return executor_.Call([&]() -> absl::StatusOr<wire::EsSnapshotChunk> {
+void WorkerActor::EsSnapshotAsync(wire::EsSnapshotRequest request,
+                                  Callback<wire::EsSnapshotChunk> done) {
+  executor_.Post([this, request = std::move(request), done = std::move(done)] {
     auto replica = Replica(request.job_id());
-    if (!replica.ok()) return replica.status();
-    return (*replica)->Snapshot();
+    if (!replica.ok()) return done(replica.status());
+    done((*replica)->Snapshot());
   });
 }
 
-absl::StatusOr<wire::EsState> WorkerActor::EsRelease(const wire::EsReleaseRequest& request) {
-  return executor_.Call([&]() -> absl::StatusOr<wire::EsState> {
+void WorkerActor::EsReleaseAsync(wire::EsReleaseRequest request, Callback<wire::EsState> done) {
+  executor_.Post([this, request = std::move(request), done = std::move(done)] {
     wire::EsState state;
     state.set_job_id(request.job_id());
     es_jobs_.erase(request.job_id());  // idempotent, like ReleaseSession
-    return state;
+    done(std::move(state));
   });
 }
 

@@ -5,17 +5,18 @@
 // (proto/fucina/cluster/v1/worker.proto), so both implementations carry exactly the same data.
 // Errors are the worker's status, or UNAVAILABLE / DEADLINE_EXCEEDED when the peer is gone;
 // FailureOriginOf tells which (the worker, the transport, or the request).
-// Every call is synchronous except ForwardAsync, which lets a caller keep several stages busy
-// at once (a pipeline with micro-batches in flight), and LoadShardAsync, which lets a plan load
-// on every worker at once.
 #ifndef FUCINA_WORKER_WORKER_CLIENT_H_
 #define FUCINA_WORKER_WORKER_CLIENT_H_
 
+#include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -111,73 +112,155 @@ inline bool IsWorkerFailure(const absl::Status& status) {
   return !status.ok() && FailureOriginOf(status) != FailureOrigin::kRequest;
 }
 
-// The replies to asynchronous calls.
-using ForwardCallback = std::function<void(absl::StatusOr<wire::ForwardResponse>)>;
-using LoadShardCallback = std::function<void(absl::StatusOr<wire::LoadShardResponse>)>;
+// The reply to an asynchronous call: runs exactly once, with the reply or the error.
+template <typename Reply>
+using Callback = std::function<void(absl::StatusOr<Reply>)>;
+using ForwardCallback = Callback<wire::ForwardResponse>;
+using LoadShardCallback = Callback<wire::LoadShardResponse>;
 
+// Every call is asynchronous: it starts and returns, and its `done` runs exactly once with the
+// reply or the error, never inside the call except when the client is closed (UNAVAILABLE at
+// once) or the answer needs no wait (a fake's script, an UNIMPLEMENTED default). The gRPC
+// client runs `done` on a gRPC thread, the in-process actor on its executor (or, for the train
+// calls that drive the executor from outside it, on a thread of the call's own). `done` must
+// not block for long: the next reply may need its thread. A caller keeps many calls in flight
+// with no thread per call (a pipeline's micro-batches, a plan's loads, a train job's
+// members); the synchronous forms below wait for the reply on the calling thread, which must
+// then not be one a reply needs (a `done`, the actor's executor). Fakes implement the
+// asynchronous forms and may hold any call (tests/worker/fake_worker_client.h).
 class WorkerClient {
  public:
   virtual ~WorkerClient() = default;
-  virtual absl::StatusOr<wire::LoadShardResponse> LoadShard(
-      const wire::LoadShardRequest& request) = 0;
-  // Starts a LoadShard and returns; `done` runs exactly once with the reply or the error (as
-  // ForwardAsync's), so a plan loads its shards on all its workers at once. The default loads
-  // on the calling thread.
-  virtual void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) {
-    done(LoadShard(request));
-  }
-  virtual absl::StatusOr<wire::ForwardResponse> Forward(
-      const wire::ForwardRequest& request) = 0;
-  // Starts a Forward and returns; `done` runs exactly once with the reply or the error. The
-  // in-process actor runs it on its executor, the gRPC client on a gRPC thread (never inside
-  // this call); `done` must not block for long, as the next reply may wait for that thread.
-  // CancelInFlight reaches these calls too. The default runs Forward on the calling thread,
-  // for clients whose Forward cannot wait on a peer.
-  virtual void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) {
-    done(Forward(request));
-  }
-  virtual absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& request) = 0;
-  virtual absl::StatusOr<wire::WorkerStats> GetStats() = 0;
+
+  virtual void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) = 0;
+  // CancelInFlight reaches these calls too.
+  virtual void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) = 0;
+  virtual void ExpertForwardAsync(wire::ExpertForwardRequest request,
+                                  Callback<wire::ExpertForwardResponse> done) = 0;
+  virtual void GetStatsAsync(Callback<wire::WorkerStats> done) = 0;
 
   // Evolution-strategies train jobs (worker/es_replica.h). Clients of workers that take no
   // train jobs (test fakes) keep these defaults: UNIMPLEMENTED.
-  virtual absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) {
-    return Unimplemented("EsLoad");
+  virtual void EsLoadAsync(wire::EsJob job, Callback<wire::EsState> done) {
+    done(Unimplemented("EsLoad"));
   }
-  virtual absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
-      const wire::EsEvaluateRequest& request) {
-    return Unimplemented("EsEvaluate");
+  virtual void EsEvaluateAsync(wire::EsEvaluateRequest request,
+                               Callback<wire::EsEvaluateResponse> done) {
+    done(Unimplemented("EsEvaluate"));
   }
-  virtual absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) {
-    return Unimplemented("EsUpdate");
+  virtual void EsUpdateAsync(wire::EsUpdateRequest request, Callback<wire::EsState> done) {
+    done(Unimplemented("EsUpdate"));
   }
   // The whole snapshot file in one message (the gRPC stream's chunks joined).
-  virtual absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
-      const wire::EsSnapshotRequest& request) {
-    return Unimplemented("EsSnapshot");
+  virtual void EsSnapshotAsync(wire::EsSnapshotRequest request,
+                               Callback<wire::EsSnapshotChunk> done) {
+    done(Unimplemented("EsSnapshot"));
   }
-  virtual absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) {
-    return Unimplemented("EsRelease");
+  virtual void EsReleaseAsync(wire::EsReleaseRequest request, Callback<wire::EsState> done) {
+    done(Unimplemented("EsRelease"));
   }
-  virtual absl::StatusOr<wire::EsForwardResponse> EsForward(
-      const wire::EsForwardRequest& request) {
-    return Unimplemented("EsForward");
+  virtual void EsForwardAsync(wire::EsForwardRequest request,
+                              Callback<wire::EsForwardResponse> done) {
+    done(Unimplemented("EsForward"));
   }
+
   // Makes the calls in flight return CANCELLED now (a remote peer that hangs would otherwise
   // hold them until their deadline); later calls are not affected. In-process clients, whose
   // calls cannot hang on a peer, need not do anything.
   virtual void CancelInFlight() {}
   // The worker was declared dead: cancels the calls in flight and fails every later call at
-  // once with UNAVAILABLE (ForwardAsync's `done` then runs inside the call). A worker that
-  // registers again gets a new client. In-process clients need not do anything.
+  // once with UNAVAILABLE (`done` then runs inside the call). A worker that registers again
+  // gets a new client. In-process clients need not do anything.
   virtual void Close() {}
+
+  // ---- The synchronous forms: each starts its call and waits for the reply. ----
+  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& request) {
+    return Wait<wire::LoadShardResponse>(
+        [&](LoadShardCallback done) { LoadShardAsync(request, std::move(done)); });
+  }
+  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& request) {
+    return Wait<wire::ForwardResponse>(
+        [&](ForwardCallback done) { ForwardAsync(request, std::move(done)); });
+  }
+  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
+      const wire::ExpertForwardRequest& request) {
+    return Wait<wire::ExpertForwardResponse>([&](Callback<wire::ExpertForwardResponse> done) {
+      ExpertForwardAsync(request, std::move(done));
+    });
+  }
+  absl::StatusOr<wire::WorkerStats> GetStats() {
+    return Wait<wire::WorkerStats>(
+        [&](Callback<wire::WorkerStats> done) { GetStatsAsync(std::move(done)); });
+  }
+  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) {
+    return Wait<wire::EsState>(
+        [&](Callback<wire::EsState> done) { EsLoadAsync(job, std::move(done)); });
+  }
+  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(const wire::EsEvaluateRequest& request) {
+    return Wait<wire::EsEvaluateResponse>([&](Callback<wire::EsEvaluateResponse> done) {
+      EsEvaluateAsync(request, std::move(done));
+    });
+  }
+  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) {
+    return Wait<wire::EsState>(
+        [&](Callback<wire::EsState> done) { EsUpdateAsync(request, std::move(done)); });
+  }
+  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(const wire::EsSnapshotRequest& request) {
+    return Wait<wire::EsSnapshotChunk>([&](Callback<wire::EsSnapshotChunk> done) {
+      EsSnapshotAsync(request, std::move(done));
+    });
+  }
+  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) {
+    return Wait<wire::EsState>(
+        [&](Callback<wire::EsState> done) { EsReleaseAsync(request, std::move(done)); });
+  }
+  absl::StatusOr<wire::EsForwardResponse> EsForward(const wire::EsForwardRequest& request) {
+    return Wait<wire::EsForwardResponse>([&](Callback<wire::EsForwardResponse> done) {
+      EsForwardAsync(request, std::move(done));
+    });
+  }
+
+  // Starts a call through `start` (given the callback) and waits for its reply.
+  template <typename Reply, typename Start>
+  static absl::StatusOr<Reply> Wait(Start start) {
+    std::promise<absl::StatusOr<Reply>> reply;
+    std::future<absl::StatusOr<Reply>> future = reply.get_future();
+    start(Callback<Reply>(
+        [&reply](absl::StatusOr<Reply> r) { reply.set_value(std::move(r)); }));
+    return future.get();
+  }
 
  private:
   static absl::Status Unimplemented(const char* method) {
     return absl::UnimplementedError(std::string(method) + ": this worker takes no train jobs");
   }
 };
+
+// Calls `start(i, done)` for every i in [0, n) at once, then waits until every `done` has run;
+// the replies in index order. A fan-out over workers with no thread per call.
+template <typename Reply>
+std::vector<absl::StatusOr<Reply>> CallAll(
+    size_t n, const std::function<void(size_t i, Callback<Reply> done)>& start) {
+  struct Replies {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<absl::StatusOr<Reply>> replies;
+    size_t left;
+  };
+  auto all = std::make_shared<Replies>();
+  all->replies.assign(n, absl::StatusOr<Reply>(absl::UnknownError("no reply")));
+  all->left = n;
+  for (size_t i = 0; i < n; ++i) {
+    start(i, [all, i](absl::StatusOr<Reply> reply) {
+      std::lock_guard<std::mutex> lock(all->mu);
+      all->replies[i] = std::move(reply);
+      if (--all->left == 0) all->cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(all->mu);
+  all->cv.wait(lock, [&] { return all->left == 0; });
+  return std::move(all->replies);
+}
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a
 // long prefill chunk on a slow machine can take seconds. A hung worker is found by its

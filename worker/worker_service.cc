@@ -49,89 +49,51 @@ class GrpcWorkerClient final : public WorkerClient {
         grpc::CreateCustomChannel(address, credentials_.ChannelCredentials(), args));
   }
 
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(
-      const wire::LoadShardRequest& request) override {
-    return Call(&wire::Worker::Stub::LoadShard, request, deadlines_.load_ms);
-  }
-  absl::StatusOr<wire::ForwardResponse> Forward(
-      const wire::ForwardRequest& request) override {
-    return Call(&wire::Worker::Stub::Forward, request, deadlines_.forward_ms);
-  }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& request) override {
-    return Call(&wire::Worker::Stub::ExpertForward, request, deadlines_.forward_ms);
-  }
-  absl::StatusOr<wire::WorkerStats> GetStats() override {
-    return Call(&wire::Worker::Stub::GetStats, wire::StatsRequest(),
-                deadlines_.stats_ms);
-  }
-  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
-    return Call(&wire::Worker::Stub::EsLoad, job, deadlines_.es_load_ms);
-  }
-  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
-      const wire::EsEvaluateRequest& request) override {
-    return Call(&wire::Worker::Stub::EsEvaluate, request, deadlines_.es_evaluate_ms);
-  }
-  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& request) override {
-    return Call(&wire::Worker::Stub::EsUpdate, request, deadlines_.es_load_ms);
-  }
-  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& request) override {
-    return Call(&wire::Worker::Stub::EsRelease, request, deadlines_.es_release_ms);
-  }
-  absl::StatusOr<wire::EsForwardResponse> EsForward(
-      const wire::EsForwardRequest& request) override {
-    return Call(&wire::Worker::Stub::EsForward, request, deadlines_.es_evaluate_ms);
-  }
-  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(
-      const wire::EsSnapshotRequest& request) override {
-    grpc::ClientContext context;
-    CallScope::Registration scoped;
-    if (absl::Status closed = Start(&context, deadlines_.es_load_ms, &scoped); !closed.ok()) {
-      return closed;
-    }
-    std::unique_ptr<grpc::ClientReader<wire::EsSnapshotChunk>> reader =
-        stub_->EsSnapshot(&context, request);
-    wire::EsSnapshotChunk whole, chunk;
-    bool too_big = false;
-    for (bool first = true; reader->Read(&chunk); first = false) {
-      if (first) {
-        whole.set_file_name(chunk.file_name());
-        whole.set_generation(chunk.generation());
-      }
-      if (request.max_bytes() > 0 && static_cast<int64_t>(whole.data().size() +
-                                                          chunk.data().size()) >
-                                         request.max_bytes()) {
-        too_big = true;  // a worker sending more than the values' size is not buffered
-        context.TryCancel();
-        break;
-      }
-      whole.mutable_data()->append(chunk.data());
-    }
-    grpc::Status status = reader->Finish();
-    Finish(&context, &scoped);
-    if (too_big) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "EsSnapshot: the worker sent more than ", request.max_bytes(), " bytes"));
-    }
-    if (!status.ok()) return FromWorkerCall(status, context);
-    return whole;
-  }
-
-  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
-    CallAsync<wire::ForwardRequest, wire::ForwardResponse>(
-        std::move(request), deadlines_.forward_ms, std::move(done),
-        [this](grpc::ClientContext* context, const wire::ForwardRequest* request,
-               wire::ForwardResponse* reply, std::function<void(grpc::Status)> on_done) {
-          stub_->async()->Forward(context, request, reply, std::move(on_done));
-        });
-  }
   void LoadShardAsync(wire::LoadShardRequest request, LoadShardCallback done) override {
-    CallAsync<wire::LoadShardRequest, wire::LoadShardResponse>(
-        std::move(request), deadlines_.load_ms, std::move(done),
-        [this](grpc::ClientContext* context, const wire::LoadShardRequest* request,
-               wire::LoadShardResponse* reply, std::function<void(grpc::Status)> on_done) {
-          stub_->async()->LoadShard(context, request, reply, std::move(on_done));
-        });
+    CallAsync(&Async::LoadShard, std::move(request), deadlines_.load_ms, std::move(done));
+  }
+  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
+    CallAsync(&Async::Forward, std::move(request), deadlines_.forward_ms, std::move(done));
+  }
+  void ExpertForwardAsync(wire::ExpertForwardRequest request,
+                          Callback<wire::ExpertForwardResponse> done) override {
+    CallAsync(&Async::ExpertForward, std::move(request), deadlines_.forward_ms,
+              std::move(done));
+  }
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override {
+    CallAsync(&Async::GetStats, wire::StatsRequest(), deadlines_.stats_ms, std::move(done));
+  }
+  void EsLoadAsync(wire::EsJob job, Callback<wire::EsState> done) override {
+    CallAsync(&Async::EsLoad, std::move(job), deadlines_.es_load_ms, std::move(done));
+  }
+  void EsEvaluateAsync(wire::EsEvaluateRequest request,
+                       Callback<wire::EsEvaluateResponse> done) override {
+    CallAsync(&Async::EsEvaluate, std::move(request), deadlines_.es_evaluate_ms,
+              std::move(done));
+  }
+  void EsUpdateAsync(wire::EsUpdateRequest request, Callback<wire::EsState> done) override {
+    CallAsync(&Async::EsUpdate, std::move(request), deadlines_.es_load_ms, std::move(done));
+  }
+  void EsReleaseAsync(wire::EsReleaseRequest request, Callback<wire::EsState> done) override {
+    CallAsync(&Async::EsRelease, std::move(request), deadlines_.es_release_ms,
+              std::move(done));
+  }
+  void EsForwardAsync(wire::EsForwardRequest request,
+                      Callback<wire::EsForwardResponse> done) override {
+    CallAsync(&Async::EsForward, std::move(request), deadlines_.es_evaluate_ms,
+              std::move(done));
+  }
+  // The stream's chunks joined as they arrive, on gRPC's threads.
+  void EsSnapshotAsync(wire::EsSnapshotRequest request,
+                       Callback<wire::EsSnapshotChunk> done) override {
+    auto* reader = new SnapshotReader(this, std::move(request), std::move(done));
+    if (!Begin(&reader->context, deadlines_.es_load_ms, &reader->scoped, &reader->done)) {
+      delete reader;
+      return;
+    }
+    stub_->async()->EsSnapshot(&reader->context, &reader->request, reader);
+    reader->StartRead(&reader->chunk);
+    reader->StartCall();
   }
 
   void CancelInFlight() override {
@@ -181,61 +143,114 @@ class GrpcWorkerClient final : public WorkerClient {
     in_flight_.erase(context);
   }
 
-  // An asynchronous unary call: `start` begins it on the stub's async interface; `done` runs
-  // once, on a gRPC thread (or here, when the client is closed), with the reply or the error.
-  template <typename Request, typename Reply, typename StartFn>
-  void CallAsync(Request request, int deadline_ms,
-                 std::function<void(absl::StatusOr<Reply>)> done, StartFn start) {
+  using Async = class wire::Worker::Stub::async;  // "class": the stub also has a method async()
+  // A unary method of the stub's callback interface.
+  template <typename Request, typename Reply>
+  using AsyncMethod = void (Async::*)(grpc::ClientContext*, const Request*, Reply*,
+                                      std::function<void(grpc::Status)>);
+
+  // An asynchronous unary call of `method`; `done` runs once, on a gRPC thread (or here, when
+  // the client is closed), with the reply or the error.
+  template <typename Request, typename Reply>
+  void CallAsync(AsyncMethod<Request, Reply> method, Request request, int deadline_ms,
+                 Callback<Reply> done) {
     // Owns what the call needs until gRPC's callback is done with it.
     struct AsyncCall {
       grpc::ClientContext context;
       CallScope::Registration scoped;
       Request request;
       Reply reply;
-      std::function<void(absl::StatusOr<Reply>)> done;
+      Callback<Reply> done;
     };
     auto* call = new AsyncCall;
     call->request = std::move(request);
     call->done = std::move(done);
+    if (!Begin(&call->context, deadline_ms, &call->scoped, &call->done)) {
+      delete call;
+      return;
+    }
+    (stub_->async()->*method)(&call->context, &call->request, &call->reply,
+                              [this, call](grpc::Status status) {
+      absl::StatusOr<Reply> result =
+          status.ok() ? absl::StatusOr<Reply>(std::move(call->reply))
+                      : absl::StatusOr<Reply>(FromWorkerCall(status, call->context));
+      End(&call->context, &call->scoped, std::move(call->done), std::move(result),
+          [call] { delete call; });
+    });
+  }
+
+  // An asynchronous call's start: counted (the destructor waits for it) and started as
+  // Start does. False when the client is closed: `done` has then run with the error.
+  template <typename Reply>
+  bool Begin(grpc::ClientContext* context, int deadline_ms, CallScope::Registration* scoped,
+             std::function<void(absl::StatusOr<Reply>)>* done) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++async_calls_;
     }
-    if (absl::Status closed = Start(&call->context, deadline_ms, &call->scoped); !closed.ok()) {
-      auto reply = std::move(call->done);
-      delete call;
+    if (absl::Status closed = Start(context, deadline_ms, scoped); !closed.ok()) {
+      auto reply = std::move(*done);
       reply(closed);
       std::lock_guard<std::mutex> lock(mu_);
       if (--async_calls_ == 0) idle_.notify_all();
-      return;
+      return false;
     }
-    start(&call->context, &call->request, &call->reply, [this, call](grpc::Status status) {
-      Finish(&call->context, &call->scoped);
-      absl::StatusOr<Reply> result =
-          status.ok() ? absl::StatusOr<Reply>(std::move(call->reply))
-                      : absl::StatusOr<Reply>(FromWorkerCall(status, call->context));
-      auto reply = std::move(call->done);
-      delete call;  // the context goes while the channel is alive
-      reply(std::move(result));
-      // Last: the destructor may free everything from here on.
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--async_calls_ == 0) idle_.notify_all();
-    });
+    return true;
+  }
+  // An asynchronous call's end, on a gRPC thread: `free` deletes what holds the context (while
+  // the channel is alive), then `done` gets the result, and only then is the call uncounted
+  // (the destructor may free everything from there on).
+  template <typename Reply, typename Free>
+  void End(grpc::ClientContext* context, CallScope::Registration* scoped,
+           std::function<void(absl::StatusOr<Reply>)> done, absl::StatusOr<Reply> result,
+           Free free) {
+    Finish(context, scoped);
+    free();
+    done(std::move(result));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--async_calls_ == 0) idle_.notify_all();
   }
 
-  template <typename Request, typename Reply>
-  absl::StatusOr<Reply> Call(grpc::Status (wire::Worker::Stub::*method)(
-                                 grpc::ClientContext*, const Request&, Reply*),
-                             const Request& request, int deadline_ms) {
+  // EsSnapshot's reader: appends each chunk, cuts a worker sending more than max_bytes.
+  struct SnapshotReader : grpc::ClientReadReactor<wire::EsSnapshotChunk> {
+    SnapshotReader(GrpcWorkerClient* client, wire::EsSnapshotRequest request,
+                   Callback<wire::EsSnapshotChunk> done)
+        : client(client), request(std::move(request)), done(std::move(done)) {}
+    void OnReadDone(bool ok) override {
+      if (!ok) return;  // the stream ended: OnDone follows
+      if (first) {
+        whole.set_file_name(chunk.file_name());
+        whole.set_generation(chunk.generation());
+        first = false;
+      }
+      if (request.max_bytes() > 0 &&
+          static_cast<int64_t>(whole.data().size() + chunk.data().size()) > request.max_bytes()) {
+        too_big = true;  // what a worker sends beyond the values' size is not buffered
+        context.TryCancel();
+        return;
+      }
+      whole.mutable_data()->append(chunk.data());
+      StartRead(&chunk);
+    }
+    void OnDone(const grpc::Status& status) override {
+      absl::StatusOr<wire::EsSnapshotChunk> result =
+          too_big ? absl::StatusOr<wire::EsSnapshotChunk>(absl::ResourceExhaustedError(
+                        absl::StrCat("EsSnapshot: the worker sent more than ",
+                                     request.max_bytes(), " bytes")))
+          : !status.ok() ? absl::StatusOr<wire::EsSnapshotChunk>(FromWorkerCall(status, context))
+                         : absl::StatusOr<wire::EsSnapshotChunk>(std::move(whole));
+      client->End(&context, &scoped, std::move(done), std::move(result), [this] { delete this; });
+    }
+
+    GrpcWorkerClient* client;
     grpc::ClientContext context;
     CallScope::Registration scoped;
-    if (absl::Status closed = Start(&context, deadline_ms, &scoped); !closed.ok()) return closed;
-    Reply reply;
-    grpc::Status status = (stub_.get()->*method)(&context, request, &reply);
-    Finish(&context, &scoped);
-    if (!status.ok()) return FromWorkerCall(status, context);
-    return reply;
-  }
+    wire::EsSnapshotRequest request;
+    Callback<wire::EsSnapshotChunk> done;
+    wire::EsSnapshotChunk chunk, whole;
+    bool first = true;
+    bool too_big = false;
+  };
 
   WorkerDeadlines deadlines_;
   ClusterCredentials credentials_;

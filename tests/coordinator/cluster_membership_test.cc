@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "models/engine/model_size.h"
+#include "tests/worker/fake_worker_client.h"
 #include "models/engine/registry.h"
 #include "tests/coordinator/cluster_fixture.h"
 
@@ -21,32 +22,31 @@ namespace {
 
 // A worker that forwards to a real actor until it "dies": after `fail_after` forward calls
 // every call fails with UNAVAILABLE, as a killed process's would.
-class DyingWorker : public WorkerClient {
+class DyingWorker : public ForwardingWorkerClient {
  public:
   DyingWorker(std::shared_ptr<WorkerActor> actor, int fail_after)
-      : actor_(std::move(actor)), left_(fail_after) {}
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
-    if (dead()) return Dead();
-    return actor_->LoadShard(r);
+      : ForwardingWorkerClient(std::move(actor)), left_(fail_after) {}
+  void LoadShardAsync(wire::LoadShardRequest r, LoadShardCallback done) override {
+    if (dead()) return done(Dead());
+    ForwardingWorkerClient::LoadShardAsync(std::move(r), std::move(done));
   }
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
-    if (left_-- <= 0) return Dead();
-    return actor_->Forward(r);
+  void ForwardAsync(wire::ForwardRequest r, ForwardCallback done) override {
+    if (left_-- <= 0) return done(Dead());
+    ForwardingWorkerClient::ForwardAsync(std::move(r), std::move(done));
   }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& r) override {
-    if (dead()) return Dead();
-    return actor_->ExpertForward(r);
+  void ExpertForwardAsync(wire::ExpertForwardRequest r,
+                          Callback<wire::ExpertForwardResponse> done) override {
+    if (dead()) return done(Dead());
+    ForwardingWorkerClient::ExpertForwardAsync(std::move(r), std::move(done));
   }
-  absl::StatusOr<wire::WorkerStats> GetStats() override {
-    if (dead()) return Dead();
-    return actor_->GetStats();
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override {
+    if (dead()) return done(Dead());
+    ForwardingWorkerClient::GetStatsAsync(std::move(done));
   }
 
  private:
   bool dead() const { return left_ < 0; }
   static absl::Status Dead() { return absl::UnavailableError("connection refused"); }
-  std::shared_ptr<WorkerActor> actor_;
   std::atomic<int> left_;
 };
 
@@ -58,36 +58,21 @@ struct HeldLoads {
 };
 
 // A worker whose loads wait in `held` (everything else goes straight to its actor).
-class LoadHoldingWorker : public WorkerClient {
+class LoadHoldingWorker : public ForwardingWorkerClient {
  public:
   LoadHoldingWorker(std::shared_ptr<WorkerActor> actor, HeldLoads* held)
-      : actor_(std::move(actor)), held_(held) {}
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
-    return actor_->LoadShard(r);
-  }
+      : ForwardingWorkerClient(std::move(actor)), held_(held) {}
   void LoadShardAsync(wire::LoadShardRequest r, LoadShardCallback done) override {
     {
       std::lock_guard<std::mutex> lock(held_->mu);
-      held_->pending.push_back([actor = actor_, r = std::move(r), done = std::move(done)] {
+      held_->pending.push_back([actor = target(), r = std::move(r), done = std::move(done)] {
         done(actor->LoadShard(r));
       });
     }
     held_->cv.notify_all();
   }
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
-    return actor_->Forward(r);
-  }
-  void ForwardAsync(wire::ForwardRequest r, ForwardCallback done) override {
-    actor_->ForwardAsync(std::move(r), std::move(done));
-  }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& r) override {
-    return actor_->ExpertForward(r);
-  }
-  absl::StatusOr<wire::WorkerStats> GetStats() override { return actor_->GetStats(); }
 
  private:
-  std::shared_ptr<WorkerActor> actor_;
   HeldLoads* held_;
 };
 

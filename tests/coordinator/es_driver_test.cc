@@ -17,9 +17,11 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -28,6 +30,7 @@
 #include "models/engine/model.h"
 #include "models/engine/registry.h"
 #include "models/tokenizer/tokenizer.h"
+#include "tests/worker/fake_worker_client.h"
 #include "models/train/es.h"
 #include "models/train/tasks.h"
 #include "tests/models/engine/fixture_files.h"
@@ -58,28 +61,64 @@ void AddTasks(wire::EsJob& job) {
 // (1-based) every call fails UNAVAILABLE, as a killed worker's would. Its death can be
 // announced to another client (`death`) that waits for it before evaluating (`start_after`),
 // which orders the two workers' calls.
-class DyingClient : public WorkerClient {
+class DyingClient : public ForwardingWorkerClient {
  public:
-  DyingClient(std::shared_ptr<WorkerActor> actor, int die_at) : actor_(actor), die_at_(die_at) {}
+  DyingClient(std::shared_ptr<WorkerActor> actor, int die_at)
+      : ForwardingWorkerClient(actor), actor_(actor), die_at_(die_at) {}
+  // An evaluation may wait for another client's death: each runs on a thread of its own, so
+  // a caller fanning out from one thread is not held by it.
+  ~DyingClient() override {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    for (std::thread& t : threads_) {
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+      } else {
+        t.join();
+      }
+    }
+  }
   std::shared_future<void> death() { return death_.get_future().share(); }
   void StartAfter(std::shared_future<void> f) { start_after_ = f; }
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest& r) override {
-    return actor_->LoadShard(r);
+  void EsLoadAsync(wire::EsJob job, Callback<wire::EsState> done) override {
+    if (dead()) return done(Gone());
+    ForwardingWorkerClient::EsLoadAsync(std::move(job), std::move(done));
   }
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& r) override {
-    return actor_->Forward(r);
+  void EsEvaluateAsync(wire::EsEvaluateRequest r,
+                       Callback<wire::EsEvaluateResponse> done) override {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    threads_.emplace_back([this, r = std::move(r), done = std::move(done)] {
+      done(Evaluate(r));
+    });
   }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest& r) override {
-    return actor_->ExpertForward(r);
+  void EsUpdateAsync(wire::EsUpdateRequest r, Callback<wire::EsState> done) override {
+    if (dead()) return done(Gone());
+    auto state = actor_->EsUpdate(r);
+    if (state.ok() && corrupt_checksum_) state->set_checksum(state->checksum() ^ 1);
+    done(std::move(state));
   }
-  absl::StatusOr<wire::WorkerStats> GetStats() override { return actor_->GetStats(); }
-  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
-    if (dead()) return Gone();
-    return actor_->EsLoad(job);
+  void EsSnapshotAsync(wire::EsSnapshotRequest r,
+                       Callback<wire::EsSnapshotChunk> done) override {
+    if (dead()) return done(Gone());
+    auto chunk = actor_->EsSnapshot(r);
+    if (chunk.ok() && !snapshot_name_.empty()) chunk->set_file_name(snapshot_name_);
+    done(std::move(chunk));
   }
-  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
-      const wire::EsEvaluateRequest& r) override {
+  // A later pipeline stage: its EsForward calls count toward its death instead.
+  void EsForwardAsync(wire::EsForwardRequest r, Callback<wire::EsForwardResponse> done) override {
+    if (die_on_forward_) {
+      if (++evaluations_ == die_at_) death_.set_value();
+    }
+    if (dead()) return done(Gone());
+    ForwardingWorkerClient::EsForwardAsync(std::move(r), std::move(done));
+  }
+  void DieOnForward() { die_on_forward_ = true; }
+  void CorruptChecksums() { corrupt_checksum_ = true; }
+  // A worker that lies: every fitness it reports is `f`; its snapshots are named `name`.
+  void ReportFitness(float f) { fitness_ = f; }
+  void NameSnapshots(std::string name) { snapshot_name_ = std::move(name); }
+
+ private:
+  absl::StatusOr<wire::EsEvaluateResponse> Evaluate(const wire::EsEvaluateRequest& r) {
     if (start_after_.valid()) start_after_.wait();
     if (++evaluations_ == die_at_) death_.set_value();
     if (evaluations_ >= die_at_) return Gone();
@@ -89,36 +128,6 @@ class DyingClient : public WorkerClient {
     }
     return reply;
   }
-  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& r) override {
-    if (dead()) return Gone();
-    auto state = actor_->EsUpdate(r);
-    if (state.ok() && corrupt_checksum_) state->set_checksum(state->checksum() ^ 1);
-    return state;
-  }
-  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(const wire::EsSnapshotRequest& r) override {
-    if (dead()) return Gone();
-    auto chunk = actor_->EsSnapshot(r);
-    if (chunk.ok() && !snapshot_name_.empty()) chunk->set_file_name(snapshot_name_);
-    return chunk;
-  }
-  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& r) override {
-    return actor_->EsRelease(r);
-  }
-  // A later pipeline stage: its EsForward calls count toward its death instead.
-  absl::StatusOr<wire::EsForwardResponse> EsForward(const wire::EsForwardRequest& r) override {
-    if (die_on_forward_) {
-      if (++evaluations_ == die_at_) death_.set_value();
-    }
-    if (dead()) return Gone();
-    return actor_->EsForward(r);
-  }
-  void DieOnForward() { die_on_forward_ = true; }
-  void CorruptChecksums() { corrupt_checksum_ = true; }
-  // A worker that lies: every fitness it reports is `f`; its snapshots are named `name`.
-  void ReportFitness(float f) { fitness_ = f; }
-  void NameSnapshots(std::string name) { snapshot_name_ = std::move(name); }
-
- private:
   bool dead() const { return evaluations_ >= die_at_; }
   static absl::Status Gone() { return absl::UnavailableError("connection reset (test)"); }
   std::shared_ptr<WorkerActor> actor_;
@@ -130,6 +139,8 @@ class DyingClient : public WorkerClient {
   std::string snapshot_name_;
   std::promise<void> death_;
   std::shared_future<void> start_after_;
+  std::mutex threads_mu_;
+  std::vector<std::thread> threads_;
 };
 
 class EsDriverTest : public testing::Test {

@@ -18,10 +18,13 @@ class ScriptedWorker : public FakeWorkerClient {
  public:
   ScriptedWorker(std::vector<int32_t> script, int32_t eos) : script_(std::move(script)), eos_(eos) {}
 
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest&) override {
-    return wire::LoadShardResponse();
+  void LoadShardAsync(wire::LoadShardRequest, LoadShardCallback done) override {
+    done(wire::LoadShardResponse());
   }
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest& request) override {
+  void ForwardAsync(wire::ForwardRequest request, ForwardCallback done) override {
+    done(Step(request));
+  }
+  wire::ForwardResponse Step(const wire::ForwardRequest& request) {
     std::lock_guard<std::mutex> lock(mu_);
     wire::ForwardResponse response;
     for (const wire::Segment& seg : request.segments()) {
@@ -47,7 +50,7 @@ class ScriptedWorker : public FakeWorkerClient {
     }
     return response;
   }
-  absl::StatusOr<wire::WorkerStats> GetStats() override { return wire::WorkerStats(); }
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override { done(wire::WorkerStats()); }
 
   std::vector<int32_t> prompt() {
     std::lock_guard<std::mutex> lock(mu_);

@@ -31,35 +31,22 @@ using Clock = std::chrono::steady_clock;
 constexpr int kLongTasks = 8000;
 
 // Forwards train calls to an actor and says when the first member (not the center) is being
-// scored, so a test can act in the middle of a generation without sleeping. Serving calls are
-// FakeWorkerClient's UNIMPLEMENTED: train jobs make none.
-class SignallingClient : public FakeWorkerClient {
+// scored, so a test can act in the middle of a generation without sleeping.
+class SignallingClient : public ForwardingWorkerClient {
  public:
-  explicit SignallingClient(std::shared_ptr<WorkerActor> actor) : actor_(std::move(actor)) {}
+  explicit SignallingClient(std::shared_ptr<WorkerActor> actor)
+      : ForwardingWorkerClient(std::move(actor)) {}
   std::shared_future<void> member_started() { return started_future_; }
 
-  absl::StatusOr<wire::EsState> EsLoad(const wire::EsJob& job) override {
-    return actor_->EsLoad(job);
-  }
-  absl::StatusOr<wire::EsEvaluateResponse> EsEvaluate(
-      const wire::EsEvaluateRequest& r) override {
+  void EsEvaluateAsync(wire::EsEvaluateRequest r,
+                       Callback<wire::EsEvaluateResponse> done) override {
     if (r.members_size() > 0 && r.members(0) >= 0 && !signalled_.exchange(true)) {
       started_.set_value();
     }
-    return actor_->EsEvaluate(r);
-  }
-  absl::StatusOr<wire::EsState> EsUpdate(const wire::EsUpdateRequest& r) override {
-    return actor_->EsUpdate(r);
-  }
-  absl::StatusOr<wire::EsSnapshotChunk> EsSnapshot(const wire::EsSnapshotRequest& r) override {
-    return actor_->EsSnapshot(r);
-  }
-  absl::StatusOr<wire::EsState> EsRelease(const wire::EsReleaseRequest& r) override {
-    return actor_->EsRelease(r);
+    ForwardingWorkerClient::EsEvaluateAsync(std::move(r), std::move(done));
   }
 
  private:
-  std::shared_ptr<WorkerActor> actor_;
   std::atomic<bool> signalled_{false};
   std::promise<void> started_;
   std::shared_future<void> started_future_ = started_.get_future().share();

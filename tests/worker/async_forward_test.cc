@@ -94,7 +94,8 @@ class Server {
 // it counts the calls whose caller gave up (their CallScope was cancelled) while they hung.
 class HangingWorker : public FakeWorkerClient {
  public:
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
+  // Hangs on the calling thread (the service's handler), where the served call's scope is.
+  void ForwardAsync(wire::ForwardRequest, ForwardCallback done) override {
     CallScope::Registration cut = CallScope::OnCancel([this] {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -106,7 +107,8 @@ class HangingWorker : public FakeWorkerClient {
     ++entered_;
     cv_.notify_all();
     cv_.wait(lock, [this] { return released_; });
-    return wire::ForwardResponse();
+    lock.unlock();
+    done(wire::ForwardResponse());
   }
   bool WaitEntered(int n) {
     std::unique_lock<std::mutex> lock(mu_);

@@ -151,15 +151,15 @@ TEST_F(FailureOriginTest, ARollbackTheRingRefusesFailsOnlyItsRequest) {
 // A worker answering every call with a scripted failure.
 class FailingWorker : public FakeWorkerClient {
  public:
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
-    return RequestFailure(absl::FailedPreconditionError("the token table is not ready"));
+  void ForwardAsync(wire::ForwardRequest, ForwardCallback done) override {
+    done(RequestFailure(absl::FailedPreconditionError("the token table is not ready")));
   }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest&) override {
-    return WorkerDeclaredFailure(absl::InvalidArgumentError("this worker lost its shard"));
+  void ExpertForwardAsync(wire::ExpertForwardRequest,
+                          Callback<wire::ExpertForwardResponse> done) override {
+    done(WorkerDeclaredFailure(absl::InvalidArgumentError("this worker lost its shard")));
   }
-  absl::StatusOr<wire::WorkerStats> GetStats() override {
-    return absl::InternalError("unmarked");
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override {
+    done(absl::InternalError("unmarked"));
   }
 };
 

@@ -1,7 +1,8 @@
 // Test doubles of WorkerClient.
 //
 // FakeWorkerClient answers UNIMPLEMENTED (naming the call) to everything, so a fake scripts only
-// the calls its test needs. HoldingWorkerClient holds every ForwardAsync until the test releases
+// the calls its test needs. ForwardingWorkerClient passes everything to a real actor, so a fake
+// intercepts only the calls its test needs. HoldingWorkerClient holds every ForwardAsync until the test releases
 // it: the test decides when and in which order replies arrive, so overlap and failure orderings
 // are tested deterministically rather than with sleeps.
 #ifndef FUCINA_TESTS_WORKER_FAKE_WORKER_CLIENT_H_
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -20,22 +22,70 @@ namespace fucina {
 
 class FakeWorkerClient : public WorkerClient {
  public:
-  absl::StatusOr<wire::LoadShardResponse> LoadShard(const wire::LoadShardRequest&) override {
-    return Unscripted("LoadShard");
+  void LoadShardAsync(wire::LoadShardRequest, LoadShardCallback done) override {
+    done(Unscripted("LoadShard"));
   }
-  absl::StatusOr<wire::ForwardResponse> Forward(const wire::ForwardRequest&) override {
-    return Unscripted("Forward");
+  void ForwardAsync(wire::ForwardRequest, ForwardCallback done) override {
+    done(Unscripted("Forward"));
   }
-  absl::StatusOr<wire::ExpertForwardResponse> ExpertForward(
-      const wire::ExpertForwardRequest&) override {
-    return Unscripted("ExpertForward");
+  void ExpertForwardAsync(wire::ExpertForwardRequest,
+                          Callback<wire::ExpertForwardResponse> done) override {
+    done(Unscripted("ExpertForward"));
   }
-  absl::StatusOr<wire::WorkerStats> GetStats() override { return Unscripted("GetStats"); }
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override { done(Unscripted("GetStats")); }
 
  protected:
   static absl::Status Unscripted(const std::string& call) {
     return absl::UnimplementedError("the fake worker does not script " + call);
   }
+};
+
+// Passes every call to `target` (a real actor, usually): a fake overrides the calls it
+// intercepts and calls these for the rest.
+class ForwardingWorkerClient : public WorkerClient {
+ public:
+  explicit ForwardingWorkerClient(std::shared_ptr<WorkerClient> target)
+      : target_(std::move(target)) {}
+  void LoadShardAsync(wire::LoadShardRequest r, LoadShardCallback done) override {
+    target_->LoadShardAsync(std::move(r), std::move(done));
+  }
+  void ForwardAsync(wire::ForwardRequest r, ForwardCallback done) override {
+    target_->ForwardAsync(std::move(r), std::move(done));
+  }
+  void ExpertForwardAsync(wire::ExpertForwardRequest r,
+                          Callback<wire::ExpertForwardResponse> done) override {
+    target_->ExpertForwardAsync(std::move(r), std::move(done));
+  }
+  void GetStatsAsync(Callback<wire::WorkerStats> done) override {
+    target_->GetStatsAsync(std::move(done));
+  }
+  void EsLoadAsync(wire::EsJob job, Callback<wire::EsState> done) override {
+    target_->EsLoadAsync(std::move(job), std::move(done));
+  }
+  void EsEvaluateAsync(wire::EsEvaluateRequest r,
+                       Callback<wire::EsEvaluateResponse> done) override {
+    target_->EsEvaluateAsync(std::move(r), std::move(done));
+  }
+  void EsUpdateAsync(wire::EsUpdateRequest r, Callback<wire::EsState> done) override {
+    target_->EsUpdateAsync(std::move(r), std::move(done));
+  }
+  void EsSnapshotAsync(wire::EsSnapshotRequest r,
+                       Callback<wire::EsSnapshotChunk> done) override {
+    target_->EsSnapshotAsync(std::move(r), std::move(done));
+  }
+  void EsReleaseAsync(wire::EsReleaseRequest r, Callback<wire::EsState> done) override {
+    target_->EsReleaseAsync(std::move(r), std::move(done));
+  }
+  void EsForwardAsync(wire::EsForwardRequest r, Callback<wire::EsForwardResponse> done) override {
+    target_->EsForwardAsync(std::move(r), std::move(done));
+  }
+  void CancelInFlight() override { target_->CancelInFlight(); }
+
+ protected:
+  const std::shared_ptr<WorkerClient>& target() const { return target_; }
+
+ private:
+  std::shared_ptr<WorkerClient> target_;
 };
 
 class HoldingWorkerClient : public FakeWorkerClient {
