@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -21,6 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/es_members.h"
 #include "models/gguf/gguf.h"
 #include "models/gguf/writer.h"
 #include "models/log/log.h"
@@ -169,30 +169,35 @@ wire::EsJob EsDriver::StageJob(const EsGroup& group, size_t i) const {
   return job;
 }
 
-absl::StatusOr<wire::EsState> EsDriver::UpdateGroup(const EsGroup& group,
-                                                    const wire::EsUpdateRequest& update) {
-  const size_t n = group.workers.size();
-  std::vector<absl::StatusOr<wire::EsState>> states(n, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      states[i] = group.workers[i].client->EsUpdate(update);
-      Count(static_cast<int64_t>(update.ByteSizeLong()),
-            states[i].ok() ? static_cast<int64_t>(states[i]->ByteSizeLong()) : 0);
-    });
+std::vector<absl::StatusOr<wire::EsState>> EsDriver::UpdateGroups(
+    const std::vector<const EsGroup*>& groups, const wire::EsUpdateRequest& update) {
+  std::vector<std::pair<size_t, size_t>> calls;  // (group, stage)
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g]->workers.size(); ++i) calls.emplace_back(g, i);
   }
-  for (std::thread& t : threads) t.join();
-  wire::EsState sum;
-  uint64_t checksum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!states[i].ok()) return states[i].status();
-    checksum += states[i]->checksum();  // wraps: the stages' sums add up to the whole model's
-    sum.set_num_values(sum.num_values() + states[i]->num_values());
-    sum.set_seconds(std::max(sum.seconds(), states[i]->seconds()));
-    sum.set_generation(states[i]->generation());
+  const int64_t sent = static_cast<int64_t>(update.ByteSizeLong());
+  const auto states = CallAll<wire::EsState>(calls.size(), [&](size_t c, auto done) {
+    groups[calls[c].first]->workers[calls[c].second].client->EsUpdateAsync(
+        update, [this, sent, done = std::move(done)](absl::StatusOr<wire::EsState> state) {
+          Count(sent, state.ok() ? static_cast<int64_t>(state->ByteSizeLong()) : 0);
+          done(std::move(state));
+        });
+  });
+  std::vector<absl::StatusOr<wire::EsState>> sums(groups.size(), wire::EsState());
+  for (size_t c = 0; c < calls.size(); ++c) {
+    absl::StatusOr<wire::EsState>& sum = sums[calls[c].first];
+    if (!sum.ok()) continue;  // the group's first failing stage names it
+    if (!states[c].ok()) {
+      sum = states[c].status();
+      continue;
+    }
+    // Wraps: the stages' sums add up to the whole model's.
+    sum->set_checksum(sum->checksum() + states[c]->checksum());
+    sum->set_num_values(sum->num_values() + states[c]->num_values());
+    sum->set_seconds(std::max(sum->seconds(), states[c]->seconds()));
+    sum->set_generation(states[c]->generation());
   }
-  sum.set_checksum(checksum);
-  return sum;
+  return sums;
 }
 
 std::vector<std::string> EsDriver::replica_workers() const {
@@ -224,44 +229,81 @@ void EsDriver::Drop(const std::string& id, const absl::Status& why) {
   if (dropped->workers.size() > 1) Release(*dropped);
 }
 
-absl::Status EsDriver::JoinOne(const EsGroup& group) {
-  int64_t num_values = 0;
-  uint64_t checksum = 0;
-  for (size_t i = 0; i < group.workers.size(); ++i) {
-    auto state = group.workers[i].client->EsLoad(StageJob(group, i));
-    if (!state.ok()) {
-      if (i > 0) Release(group);  // the stages loaded so far
-      return state.status();
+std::vector<absl::Status> EsDriver::JoinAll(const std::vector<EsGroup>& groups) {
+  // Every stage of every group loads at once: each maps and copies its layers.
+  std::vector<std::pair<size_t, size_t>> calls;  // (group, stage)
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].workers.size(); ++i) calls.emplace_back(g, i);
+  }
+  const auto loads = CallAll<wire::EsState>(calls.size(), [&](size_t c, auto done) {
+    const auto [g, i] = calls[c];
+    groups[g].workers[i].client->EsLoadAsync(StageJob(groups[g], i), std::move(done));
+  });
+  std::vector<absl::Status> results(groups.size());
+  std::vector<int64_t> num_values(groups.size(), 0);
+  std::vector<uint64_t> checksums(groups.size(), 0);
+  std::vector<bool> loaded_any(groups.size(), false);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const size_t g = calls[c].first;
+    if (!loads[c].ok()) {
+      if (results[g].ok()) results[g] = loads[c].status();  // the first failing stage's
+      continue;
     }
-    num_values += state->num_values();
-    checksum += state->checksum();
+    loaded_any[g] = true;
+    num_values[g] += loads[c]->num_values();
+    checksums[g] += loads[c]->checksum();
   }
-  if (num_values == 0) {
-    Release(group);
-    return absl::InvalidArgumentError(
-        options_.job.mode() == "lora" ? "lora_targets: no adapters in the model"
-                                      : "tensors: no trainable tensor of the model matches");
+  std::vector<const EsGroup*> replaying;
+  std::vector<size_t> index;  // replaying[k] is groups[index[k]]
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (results[g].ok() && num_values[g] == 0) {
+      results[g] = absl::InvalidArgumentError(
+          options_.job.mode() == "lora" ? "lora_targets: no adapters in the model"
+                                        : "tensors: no trainable tensor of the model matches");
+    }
+    if (!results[g].ok()) {
+      if (loaded_any[g]) Release(groups[g]);  // the stages that did load
+      continue;
+    }
+    replaying.push_back(&groups[g]);
+    index.push_back(g);
   }
-  // Replay: the same updates in the same order give the same values, bit for bit.
-  for (size_t g = 0; g < log_.size(); ++g) {
+  // Replay: the same updates in the same order give the same values, bit for bit (the groups
+  // side by side, one generation at a time).
+  for (size_t gen = 0; gen < log_.size() && !replaying.empty(); ++gen) {
     wire::EsUpdateRequest update;
     update.set_job_id(options_.job.job_id());
-    update.set_generation(static_cast<int64_t>(g));
-    update.mutable_shaped()->Add(log_[g].begin(), log_[g].end());
-    auto state = UpdateGroup(group, update);
-    if (!state.ok()) return state.status();
-    checksum = state->checksum();
-    if (checksums_[g] != 0 && checksum != checksums_[g]) {
-      return absl::DataLossError(absl::StrFormat(
-          "replaying generation %d gave checksum %016x, the job's is %016x", g + 1, checksum,
-          checksums_[g]));
+    update.set_generation(static_cast<int64_t>(gen));
+    update.mutable_shaped()->Add(log_[gen].begin(), log_[gen].end());
+    const auto states = UpdateGroups(replaying, update);
+    std::vector<const EsGroup*> still;
+    std::vector<size_t> still_index;
+    for (size_t k = 0; k < states.size(); ++k) {
+      const size_t g = index[k];
+      if (!states[k].ok()) {
+        results[g] = states[k].status();
+        continue;
+      }
+      checksums[g] = states[k]->checksum();
+      if (checksums_[gen] != 0 && checksums[g] != checksums_[gen]) {
+        results[g] = absl::DataLossError(absl::StrFormat(
+            "replaying generation %d gave checksum %016x, the job's is %016x", gen + 1,
+            checksums[g], checksums_[gen]));
+        continue;
+      }
+      still.push_back(replaying[k]);
+      still_index.push_back(g);
     }
+    replaying.swap(still);
+    index.swap(still_index);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  num_values_ = num_values;
-  if (log_.empty()) checksum_ = checksum;
-  replicas_[group.id()] = group;
-  return absl::OkStatus();
+  for (size_t g : index) {
+    num_values_ = num_values[g];
+    if (log_.empty()) checksum_ = checksums[g];
+    replicas_[groups[g].id()] = groups[g];
+  }
+  return results;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver::Join() {
@@ -289,14 +331,8 @@ absl::StatusOr<std::vector<std::pair<std::string, EsDriver::Replica>>> EsDriver:
         if (!replicas_.contains(g.id())) fresh.push_back(g);
       }
     }
-    // Loads run in parallel: each maps and copies a whole model.
-    std::vector<absl::Status> results(fresh.size());
+    const std::vector<absl::Status> results = JoinAll(fresh);
     std::vector<absl::Status> refused;  // RESOURCE_EXHAUSTED: no room for a replica
-    std::vector<std::thread> loads;
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      loads.emplace_back([&, i] { results[i] = JoinOne(fresh[i]); });
-    }
-    for (std::thread& t : loads) t.join();
     for (size_t i = 0; i < fresh.size(); ++i) {
       if (!results[i].ok()) {
         // A worker refusing the job itself (bad job) is the job's error, not the worker's;
@@ -385,81 +421,56 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
     event.generation = g + 1;
 
     // ---- Members: one queue, every replica takes the next member when free. ----
-    std::vector<float> fitness(population, 0.0f);
-    std::vector<int> attempts(population, 0);
-    std::deque<int> queue;
-    for (int m = 0; m < population; ++m) queue.push_back(m);
-    int done = 0, retried = 0, replicas_used = 0;
-    absl::Status job_error;
-    double overhead = 0;  // summed over replicas: call time not spent on the worker
-    while (done < population) {
+    EsMemberQueue members(
+        population, options_.max_member_attempts, g,
+        {.on_member = [this](const EsScored& s) {
+           if (metrics_ != nullptr) metrics_->OnMember(s.worker_seconds);
+         },
+         .on_retried = [this] {
+           if (metrics_ != nullptr) metrics_->OnMemberRetried();
+         }});
+    int replicas_used = 0;
+    while (!members.finished()) {
       auto ready = Join();
       if (!ready.ok()) return ready.status();
       replicas_used = std::max<int>(replicas_used, static_cast<int>(ready->size()));
-      std::mutex qmu;
-      std::vector<std::thread> threads;
+      std::map<std::string, std::shared_ptr<WorkerClient>> clients;
+      std::vector<std::string> ids;
       for (const auto& [id, replica] : *ready) {
-        threads.emplace_back([&, id = id, client = replica.workers[0].client] {
-          for (;;) {
-            int member;
-            {
-              std::lock_guard<std::mutex> lock(qmu);
-              // A stop takes effect between members: the generation is dropped, and the
-              // checkpoint holds the one before.
-              if (queue.empty() || !job_error.ok() || stop_) return;
-              member = queue.front();
-              queue.pop_front();
-              ++attempts[member];
-            }
-            wire::EsEvaluateRequest request;
-            request.set_job_id(job.job_id());
-            request.set_generation(g);
-            request.add_members(member);
-            const auto call = Clock::now();
-            auto reply = client->EsEvaluate(request);
-            const double wall = Since(call);
-            if (reply.ok() && reply->fitness_size() != 1) {
-              reply = absl::InternalError(absl::StrCat(reply->fitness_size(),
-                                                       " fitness values for one member"));
-            }
-            Count(static_cast<int64_t>(request.ByteSizeLong()),
-                  reply.ok() ? static_cast<int64_t>(reply->ByteSizeLong()) : 0);
-            if (reply.ok() && !std::isfinite(reply->fitness(0))) {
-              reply = absl::InvalidArgumentError(
-                  train::NonFiniteFitness(member, g, reply->fitness(0)));
-            }
-            std::unique_lock<std::mutex> lock(qmu);
-            if (reply.ok()) {
-              fitness[member] = reply->fitness(0);
-              ++done;
-              overhead += std::max(0.0, wall - reply->seconds());
-              if (metrics_ != nullptr) metrics_->OnMember(reply->seconds());
-              continue;
-            }
-            if (!IsWorkerFailure(reply.status()) ||
-                attempts[member] >= options_.max_member_attempts) {
-              if (job_error.ok()) {
-                job_error = absl::Status(
-                    reply.status().code(),
-                    absl::StrCat("member ", member, " of generation ", g + 1, ": ",
-                                 reply.status().message()));
-              }
-              return;
-            }
-            // The worker is gone: the member runs again elsewhere, from its seed.
-            queue.push_front(member);
-            ++retried;
-            if (metrics_ != nullptr) metrics_->OnMemberRetried();
-            lock.unlock();  // dropping calls the group's other workers: not under the queue's lock
-            Drop(id, reply.status());
-            return;
-          }
-        });
+        clients[id] = replica.workers[0].client;
+        ids.push_back(id);
       }
-      for (std::thread& t : threads) t.join();
-      if (!job_error.ok()) return job_error;
-      if (stop_ && done < population) return Stopped();
+      const EsMemberQueue::Score score = [&](const std::string& id, int member,
+                                             Callback<EsScored> done) {
+        wire::EsEvaluateRequest request;
+        request.set_job_id(job.job_id());
+        request.set_generation(g);
+        request.add_members(member);
+        const int64_t sent = static_cast<int64_t>(request.ByteSizeLong());
+        clients.at(id)->EsEvaluateAsync(
+            std::move(request), [this, g, member, sent, call = Clock::now(),
+                                 done = std::move(done)](
+                                    absl::StatusOr<wire::EsEvaluateResponse> reply) {
+              Count(sent, reply.ok() ? static_cast<int64_t>(reply->ByteSizeLong()) : 0);
+              if (!reply.ok()) return done(reply.status());
+              if (reply->fitness_size() != 1) {
+                return done(absl::InternalError(
+                    absl::StrCat(reply->fitness_size(), " fitness values for one member")));
+              }
+              if (!std::isfinite(reply->fitness(0))) {
+                return done(absl::InvalidArgumentError(
+                    train::NonFiniteFitness(member, g, reply->fitness(0))));
+              }
+              done(EsScored{reply->fitness(0), reply->seconds(), Since(call)});
+            });
+      };
+      // Dropping calls the group's other workers: after the members' callbacks, not in them.
+      for (const auto& [id, why] : members.RunOn(ids, score, stop_)) Drop(id, why);
+      if (absl::Status error = members.error(); !error.ok()) return error;
+      if (stop_ && !members.finished()) return Stopped();
     }
+    const std::vector<float> fitness = members.fitness();
+    double overhead = members.overhead();  // summed over replicas: call time not on the worker
     event.evaluate_seconds = Since(start);
 
     // ---- The update, on every replica; their checksums must agree. ----
@@ -474,18 +485,11 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
       std::lock_guard<std::mutex> lock(mu_);
       targets.assign(replicas_.begin(), replicas_.end());
     }
-    std::vector<absl::StatusOr<wire::EsState>> states(targets.size(),
-                                                      absl::UnknownError("not run"));
-    std::vector<double> walls(targets.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < targets.size(); ++i) {
-      threads.emplace_back([&, i] {
-        const auto call = Clock::now();
-        states[i] = UpdateGroup(targets[i].second, update);
-        walls[i] = Since(call);
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    std::vector<const EsGroup*> groups;
+    for (const auto& [id, group] : targets) groups.push_back(&group);
+    const auto call = Clock::now();
+    const auto states = UpdateGroups(groups, update);
+    const double wall = Since(call);  // each replica's call: all were in flight together
     uint64_t checksum = 0;
     std::string first_id;
     for (size_t i = 0; i < targets.size(); ++i) {
@@ -494,7 +498,7 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
         Drop(targets[i].first, states[i].status());
         continue;
       }
-      overhead += std::max(0.0, walls[i] - states[i]->seconds());
+      overhead += std::max(0.0, wall - states[i]->seconds());
       if (first_id.empty()) {
         first_id = targets[i].first;
         checksum = states[i]->checksum();
@@ -517,8 +521,8 @@ absl::Status EsDriver::Run(const std::function<void(const EsGenerationEvent&)>& 
     event.reward_min = lo;
     event.reward_max = hi;
     event.sigma = EsOptionsOf(job).SigmaAt(g);  // as the replicas compute it
-    event.members_done = done;
-    event.members_retried = retried;
+    event.members_done = members.done();
+    event.members_retried = members.retried();
     event.workers = replicas_used;
     event.communicate_seconds = replicas_used > 0 ? overhead / replicas_used : 0;
     {

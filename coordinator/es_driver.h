@@ -145,12 +145,15 @@ class EsDriver {
   // Gives the job to the available groups that lack it and replays the log on them; returns
   // the ready replicas. Waits (up to wait_for_workers_ms) while there is none.
   absl::StatusOr<std::vector<std::pair<std::string, Replica>>> Join();
-  absl::Status JoinOne(const EsGroup& group);
+  // Gives the job to every stage of `groups` at once and replays the log on those that loaded:
+  // each group's outcome (OK: it is a replica now).
+  std::vector<absl::Status> JoinAll(const std::vector<EsGroup>& groups);
   // The job as stage `i` of `group` gets it (its shard and next stage).
   wire::EsJob StageJob(const EsGroup& group, size_t i) const;
-  // The update of generation `g` on every stage of `group`: its checksum (the stages' sum).
-  absl::StatusOr<wire::EsState> UpdateGroup(const EsGroup& group,
-                                            const wire::EsUpdateRequest& update);
+  // An update on every stage of every group at once: each group's state, its checksum the
+  // stages' sum (or its first failing stage's error).
+  std::vector<absl::StatusOr<wire::EsState>> UpdateGroups(
+      const std::vector<const EsGroup*>& groups, const wire::EsUpdateRequest& update);
   // The group's trainable values as one GGUF file (a pipeline's stages' files merged).
   absl::StatusOr<wire::EsSnapshotChunk> SnapshotGroup(const EsGroup& group);
   // Drops a replica whose worker failed, freeing its stages on the others; it may join again
@@ -167,7 +170,7 @@ class EsDriver {
   EsJobMetrics* metrics_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> abort_{false};
-  mutable std::mutex mu_;  // replicas_, byte counters (members run on several threads)
+  mutable std::mutex mu_;  // replicas_, byte counters (replies arrive on the clients' threads)
   std::map<std::string, Replica> replicas_;
   // Groups that refused a replica for lack of memory (by id, with the first worker's client then).
   std::map<std::string, std::shared_ptr<WorkerClient>> no_room_;

@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <limits>
@@ -20,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -357,6 +360,130 @@ TEST_F(EsDriverTest, TrafficPerGenerationDoesNotGrowWithTheParameters) {
   // O(population): ids out and a float back per member, the shaped floats to each replica.
   EXPECT_LT(small, 8 * 64 + 2 * 8 * 8 + 512);
   EXPECT_LT(small, small_values * 4 / 10);  // far below sending one copy of the values
+}
+
+// The train calls a test holds: each with the replica it went to, the thread it came from,
+// and how to answer it.
+struct HeldEsCalls {
+  struct Call {
+    int replica;
+    std::string kind;  // "evaluate" or "update"
+    std::thread::id from;
+    std::function<void()> answer;  // null once answered
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Call> calls;
+
+  void Add(Call call) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      calls.push_back(std::move(call));
+    }
+    cv.notify_all();
+  }
+  bool WaitFor(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return calls.size() >= n; });
+  }
+  Call Get(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    return calls.at(i);
+  }
+  // Answers call i on this thread.
+  void Answer(size_t i) {
+    std::function<void()> answer;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      answer = std::move(calls.at(i).answer);
+      calls.at(i).answer = nullptr;
+    }
+    ASSERT_TRUE(answer != nullptr) << "call " << i << " was answered already";
+    answer();
+  }
+};
+
+// A replica whose evaluations and updates wait in `held` until the test answers them.
+class HoldingEsClient : public FakeWorkerClient {
+ public:
+  HoldingEsClient(int replica, HeldEsCalls* held) : replica_(replica), held_(held) {}
+  void EsLoadAsync(wire::EsJob, Callback<wire::EsState> done) override { done(State()); }
+  void EsEvaluateAsync(wire::EsEvaluateRequest r,
+                       Callback<wire::EsEvaluateResponse> done) override {
+    held_->Add({replica_, "evaluate", std::this_thread::get_id(),
+                [member = r.members(0), done = std::move(done)] {
+                  wire::EsEvaluateResponse reply;
+                  reply.add_fitness(static_cast<float>(member));
+                  done(reply);
+                }});
+  }
+  void EsUpdateAsync(wire::EsUpdateRequest, Callback<wire::EsState> done) override {
+    held_->Add({replica_, "update", std::this_thread::get_id(),
+                [done = std::move(done)] { done(State()); }});
+  }
+  void EsReleaseAsync(wire::EsReleaseRequest, Callback<wire::EsState> done) override {
+    done(wire::EsState());
+  }
+
+ private:
+  static wire::EsState State() {
+    wire::EsState state;
+    state.set_num_values(4);
+    state.set_checksum(9);
+    return state;
+  }
+  const int replica_;
+  HeldEsCalls* held_;
+};
+
+TEST_F(EsDriverTest, MembersAndUpdatesFanOutThroughCallbacksWithNoThreadPerCall) {
+  // Three replicas: each has a member in flight before any is answered, all started by the
+  // driver's own thread; an answer starts that replica's next member from the answer's thread
+  // (its callback), and the update reaches every replica at once.
+  wire::EsJob job = Job();
+  job.set_population(6);
+  HeldEsCalls held;
+  std::vector<EsWorker> workers;
+  for (int i = 0; i < 3; ++i) {
+    workers.push_back({"r" + std::to_string(i), std::make_shared<HoldingEsClient>(i, &held)});
+  }
+  EsDriver driver(Options(job, 1), WholeReplicas([&] { return workers; }));
+  absl::Status run_status;
+  std::vector<EsGenerationEvent> events;
+  std::thread run([&] {
+    run_status = driver.Run([&](const EsGenerationEvent& e) { events.push_back(e); });
+  });
+  ASSERT_TRUE(held.WaitFor(3));
+  const std::thread::id driver_thread = held.Get(0).from;
+  std::set<int> replicas;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(held.Get(i).kind, "evaluate");
+    EXPECT_EQ(held.Get(i).from, driver_thread);
+    replicas.insert(held.Get(i).replica);
+  }
+  EXPECT_EQ(replicas.size(), 3u);
+  EXPECT_NE(driver_thread, std::this_thread::get_id());
+  for (size_t i = 0; i < 3; ++i) {
+    held.Answer(i);
+    ASSERT_TRUE(held.WaitFor(4 + i));
+    const HeldEsCalls::Call next = held.Get(3 + i);
+    EXPECT_EQ(next.kind, "evaluate");
+    EXPECT_EQ(next.replica, held.Get(i).replica);  // the replica that was free
+    EXPECT_EQ(next.from, std::this_thread::get_id());
+  }
+  for (size_t i = 3; i < 6; ++i) held.Answer(i);
+  ASSERT_TRUE(held.WaitFor(9));
+  for (size_t i = 6; i < 9; ++i) {
+    EXPECT_EQ(held.Get(i).kind, "update");
+    EXPECT_EQ(held.Get(i).from, driver_thread);
+  }
+  for (size_t i = 6; i < 9; ++i) held.Answer(i);
+  run.join();
+  ASSERT_TRUE(run_status.ok()) << run_status;
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].members_done, 6);
+  EXPECT_EQ(events[0].reward_max, 5.0f);  // each member's fitness is its id
+  EXPECT_EQ(driver.checksum(), 9u);
 }
 
 TEST_F(EsDriverTest, MembersLostWithADyingWorkerRunAgainElsewhere) {
