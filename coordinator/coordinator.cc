@@ -90,9 +90,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       options.heartbeat_ms, options.dead_after_ms, c->metrics_.get(),
       [self](const std::string& id, const absl::Status& why) { self->MarkDead(id, why); });
   c->loader_ = std::make_unique<PlanLoader>(
-      c->options_, c->config_, c->size_, *c->workers_, [self](const Plan& plan) {
+      c->options_, c->config_, c->size_, *c->workers_,
+      [self](std::shared_ptr<const ClusterPlan> plan) {
         std::lock_guard<std::mutex> lock(self->mu_);
-        self->plan_ = plan;
+        self->plan_ = std::move(plan);
       });
   c->scheduler_ = std::make_unique<Scheduler>(
       options.scheduler, *c->tokenizer_, [self] { return self->loader_->Load(); },
@@ -130,12 +131,7 @@ std::vector<std::string> Coordinator::AddWorkers(
 void Coordinator::MarkDead(const std::string& worker_id, const absl::Status& why) {
   if (!workers_->Forget(worker_id, why)) return;
   const std::string address = workers_->AddressOf(worker_id);
-  bool in_plan = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const StagePlan& s : plan_.stages) in_plan |= s.worker_id == worker_id;
-    for (const ExpertPlan& e : plan_.experts) in_plan |= e.worker_id == worker_id;
-  }
+  const bool in_plan = plan()->Uses(worker_id);
   // A worker that holds nothing of the current plan (a spare, or a stranger that registered and
   // left) changes nothing for the running requests. One that does: the scheduler learns why
   // first, so the failures the cuts below cause are laid to this death, not to the stages.
@@ -155,10 +151,10 @@ std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
     for (const WorkerRecord& w : alive) groups.push_back({{{w.id, w.client, w.address}}, {}});
     return groups;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!plan_.ready || plan_.stages.empty()) return groups;
+  const std::shared_ptr<const ClusterPlan> plan = this->plan();
+  if (!plan->ready || plan->stages.empty()) return groups;
   EsGroup group;
-  for (const StagePlan& stage : plan_.stages) {
+  for (const StagePlan& stage : plan->stages) {
     auto w = std::find_if(alive.begin(), alive.end(),
                           [&](const WorkerRecord& r) { return r.id == stage.worker_id; });
     if (w == alive.end()) return groups;  // the next plan will have others
@@ -176,11 +172,11 @@ std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
 ::fucina::v1::Placement Coordinator::placement() const {
   ::fucina::v1::Placement out;
   const std::vector<WorkerRecord> workers = workers_->Workers();
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::shared_ptr<const ClusterPlan> plan = this->plan();
   out.set_model(served_name_);
-  out.set_ready(plan_.ready);
-  out.set_status(plan_.status);
-  out.set_kv_slots(plan_.kv_slots);
+  out.set_ready(plan->ready);
+  out.set_status(plan->status);
+  out.set_kv_slots(plan->kv_slots);
   out.set_resident_slots(scheduler_->resident_slots());
   out.set_micro_batches(scheduler_->micro_batches());
   auto record = [&](const std::string& id) -> const WorkerRecord* {
@@ -189,7 +185,7 @@ std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
     }
     return nullptr;
   };
-  for (const StagePlan& s : plan_.stages) {
+  for (const StagePlan& s : plan->stages) {
     auto* p = out.add_stages();
     p->set_worker_id(s.worker_id);
     if (const WorkerRecord* w = record(s.worker_id)) {
@@ -201,7 +197,7 @@ std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
     p->set_embeddings(s.embeddings);
     p->set_head(s.head);
   }
-  for (const ExpertPlan& e : plan_.experts) {
+  for (const ExpertPlan& e : plan->experts) {
     auto* p = out.add_experts();
     p->set_worker_id(e.worker_id);
     if (const WorkerRecord* w = record(e.worker_id)) {

@@ -150,8 +150,13 @@ class Coordinator {
   mutable std::shared_ptr<const GrammarVocab> grammar_vocab_;
 
   std::unique_ptr<WorkerRegistry> workers_;  // its watcher calls MarkDead
+  // The plan as the loader last published it (never null).
+  std::shared_ptr<const ClusterPlan> plan() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return plan_;
+  }
   mutable std::mutex mu_;  // plan_
-  Plan plan_;  // as the loader last published it
+  std::shared_ptr<const ClusterPlan> plan_ = std::make_shared<const ClusterPlan>();
   std::unique_ptr<PlanLoader> loader_;  // the scheduler's planner
   std::unique_ptr<Scheduler> scheduler_;  // after the state its planner reads
   std::unique_ptr<EsMetrics> es_metrics_;

@@ -14,23 +14,35 @@ int64_t Budget(const WorkerInfo& w) { return w.memory_budget > 0 ? w.memory_budg
 
 }  // namespace
 
-Plan PlanPlacement(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
-  Plan plan = PlanWith(r, workers);
+std::vector<std::string> ClusterPlan::worker_ids() const {
+  std::vector<std::string> ids;
+  for (const StagePlan& s : stages) ids.push_back(s.worker_id);
+  for (const ExpertPlan& e : experts) ids.push_back(e.worker_id);
+  return ids;
+}
+
+bool ClusterPlan::Uses(const std::string& worker_id) const {
+  const std::vector<std::string> ids = worker_ids();
+  return std::find(ids.begin(), ids.end(), worker_id) != ids.end();
+}
+
+ClusterPlan PlanPlacement(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
+  ClusterPlan plan = PlanWith(r, workers);
   // A MoE model the stage workers cannot hold with its experts: move the experts to dedicated
   // workers, as few as will do.
   if (!plan.ready && r.config.IsMoe() && r.expert_workers == 0) {
     for (int e = 1; e < static_cast<int>(workers.size()); ++e) {
       PlanRequest with_experts = r;
       with_experts.expert_workers = e;
-      Plan p = PlanWith(with_experts, workers);
+      ClusterPlan p = PlanWith(with_experts, workers);
       if (p.ready) return p;
     }
   }
   return plan;
 }
 
-Plan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
-  Plan plan;
+ClusterPlan PlanWith(const PlanRequest& r, const std::vector<WorkerInfo>& workers) {
+  ClusterPlan plan;
   const ModelConfig& c = r.config;
   const int64_t num_layers = c.num_layers;
   const bool moe = c.IsMoe();

@@ -10,6 +10,7 @@
 #define FUCINA_COORDINATOR_PLACEMENT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "models/engine/model_size.h"
 
 namespace fucina {
+
+class WorkerClient;  // worker/worker_client.h
 
 struct WorkerInfo {
   std::string id;
@@ -30,6 +33,7 @@ struct StagePlan {
   int64_t first_layer = 0, last_layer = 0;  // [first, last)
   bool embeddings = false, head = false;
   int64_t weight_bytes = 0;
+  std::shared_ptr<WorkerClient> client;  // the worker's, set by the plan loader (placement: null)
 };
 
 struct ExpertPlan {
@@ -38,12 +42,24 @@ struct ExpertPlan {
   int64_t weight_bytes = 0;
 };
 
-struct Plan {
+// The one plan of a model on the cluster: its placement, then its load state. PlanPlacement
+// makes it (`ready`: a placement was found); the plan loader (plan_loader.h) fills in the
+// workers' clients and loads the shards on the scheduler's thread (`ready` then: every shard
+// is loaded), and the scheduler steps it. Everyone else reads the loader's published copies,
+// immutable (`std::shared_ptr<const ClusterPlan>`).
+struct ClusterPlan {
   bool ready = false;
   std::string status;  // why not ready, or a one-line summary
+  // In order; each stage hands its activations and the step's session operations to the next
+  // itself, so steps go to stages[0] only.
   std::vector<StagePlan> stages;
   std::vector<ExpertPlan> experts;
   int kv_slots = 0;  // resident sessions every stage can hold
+  int64_t context = 0;
+
+  // Every worker the plan uses: the stages', then the expert workers'.
+  std::vector<std::string> worker_ids() const;
+  bool Uses(const std::string& worker_id) const;
 };
 
 struct PlanRequest {
@@ -58,9 +74,9 @@ struct PlanRequest {
 
 // With expert_workers == 0, a MoE model that does not fit is retried with 1, 2, ... expert
 // workers before it is declared not ready.
-Plan PlanPlacement(const PlanRequest& request, const std::vector<WorkerInfo>& workers);
+ClusterPlan PlanPlacement(const PlanRequest& request, const std::vector<WorkerInfo>& workers);
 // Exactly as requested (no automatic expert workers).
-Plan PlanWith(const PlanRequest& request, const std::vector<WorkerInfo>& workers);
+ClusterPlan PlanWith(const PlanRequest& request, const std::vector<WorkerInfo>& workers);
 
 }  // namespace fucina
 

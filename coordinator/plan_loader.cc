@@ -1,8 +1,6 @@
 #include "coordinator/plan_loader.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -14,9 +12,7 @@
 
 namespace fucina {
 
-Pipeline PlanLoader::Load() {
-  Pipeline pipeline;
-  pipeline.context = options_.context;
+ClusterPlan PlanLoader::Load() {
   while (true) {
     const std::vector<WorkerRecord> alive = workers_.Alive();
     std::vector<WorkerInfo> infos;
@@ -28,28 +24,29 @@ Pipeline PlanLoader::Load() {
     request.cache_type = *ParseKvCacheType(options_.cache_type);
     request.kv_slots = options_.kv_slots;
     request.expert_workers = options_.expert_workers;
-    Plan plan = PlanPlacement(request, infos);
-    // What GetPlacement reports: not ready until the shards below are loaded.
-    Plan published = plan;
-    published.ready = false;
-    if (plan.ready) published.status = "loading: " + plan.status;
-    publish_(published);
-    pipeline.status = plan.status;
+    ClusterPlan plan = PlanPlacement(request, infos);
+    plan.context = options_.context;
     if (!plan.ready) {
-      pipeline.ready = false;
       // Health and refusals then say why the workers went, not only that they did.
       if (const std::string last_failure = workers_.last_failure(); !last_failure.empty()) {
-        pipeline.status = published.status =
-            absl::StrCat(plan.status, " (last failure: ", last_failure, ")");
-        publish_(published);
+        absl::StrAppend(&plan.status, " (last failure: ", last_failure, ")");
       }
-      if (!infos.empty()) FUCINA_LOG(kWarning) << "model not ready: " << pipeline.status;
-      return pipeline;
+      publish_(std::make_shared<const ClusterPlan>(plan));
+      if (!infos.empty()) FUCINA_LOG(kWarning) << "model not ready: " << plan.status;
+      return plan;
     }
     auto record = [&](const std::string& id) -> const WorkerRecord& {
       return *std::find_if(alive.begin(), alive.end(),
                            [&](const WorkerRecord& w) { return w.id == id; });
     };
+    for (StagePlan& s : plan.stages) s.client = record(s.worker_id).client;
+    // What GetPlacement reports: not ready until the shards below are loaded.
+    {
+      ClusterPlan loading = plan;
+      loading.ready = false;
+      loading.status = "loading: " + plan.status;
+      publish_(std::make_shared<const ClusterPlan>(std::move(loading)));
+    }
     wire::ActivationType activation;
     ParseActivationType(options_.activation_type, &activation).IgnoreError();
     // Every shard of the plan, expert workers first; all load at once (a stage only names its
@@ -57,7 +54,6 @@ Pipeline PlanLoader::Load() {
     struct Load {
       std::string worker_id;
       wire::LoadShardRequest request;
-      absl::Status status;
     };
     std::vector<Load> loads;
     for (const ExpertPlan& e : plan.experts) {
@@ -70,7 +66,7 @@ Pipeline PlanLoader::Load() {
       load.set_cache_type(options_.cache_type);
       load.set_threads(options_.threads);
       for (int32_t x : e.experts) load.add_serve_experts(x);
-      loads.push_back({e.worker_id, std::move(load), absl::OkStatus()});
+      loads.push_back({e.worker_id, std::move(load)});
     }
     for (size_t i = 0; i < plan.stages.size(); ++i) {
       const StagePlan& s = plan.stages[i];
@@ -98,46 +94,19 @@ Pipeline PlanLoader::Load() {
         load.mutable_next_stage()->set_worker_id(next.id);
         load.mutable_next_stage()->set_address(next.address);
       }
-      loads.push_back({s.worker_id, std::move(load), absl::OkStatus()});
+      loads.push_back({s.worker_id, std::move(load)});
     }
-    {
-      std::mutex done_mu;
-      std::condition_variable done_cv;
-      size_t answered = 0;
-      for (Load& load : loads) {
-        record(load.worker_id)
-            .client->LoadShardAsync(load.request,
-                                    [&, status = &load.status](
-                                        absl::StatusOr<wire::LoadShardResponse> r) {
-                                      std::lock_guard<std::mutex> lock(done_mu);
-                                      *status = r.status();
-                                      ++answered;
-                                      done_cv.notify_all();
-                                    });
-      }
-      std::unique_lock<std::mutex> lock(done_mu);
-      done_cv.wait(lock, [&] { return answered == loads.size(); });
-    }
+    const auto replies = CallAll<wire::LoadShardResponse>(loads.size(), [&](size_t i, auto done) {
+      record(loads[i].worker_id).client->LoadShardAsync(loads[i].request, std::move(done));
+    });
     absl::Status failed;
     std::string failed_worker;
-    for (const Load& load : loads) {
-      if (!load.status.ok()) {
-        failed = load.status;
-        failed_worker = load.worker_id;
-        break;
-      }
-    }
-    pipeline.stages.clear();
-    for (const StagePlan& s : plan.stages) {
-      const WorkerRecord& w = record(s.worker_id);
-      pipeline.stages.push_back({w.id, w.client, s.first_layer, s.last_layer});
+    for (size_t i = 0; i < loads.size() && failed.ok(); ++i) {
+      failed = replies[i].status();
+      failed_worker = loads[i].worker_id;
     }
     if (failed.ok()) {
-      publish_(plan);
-      pipeline.ready = true;
-      pipeline.kv_slots = plan.kv_slots;
-      for (const StagePlan& st : plan.stages) pipeline.worker_ids.push_back(st.worker_id);
-      for (const ExpertPlan& e : plan.experts) pipeline.worker_ids.push_back(e.worker_id);
+      publish_(std::make_shared<const ClusterPlan>(plan));
       // Which worker (and device) holds what: the first thing to read when a plan surprises.
       std::string where;
       for (const StagePlan& st : plan.stages) {
@@ -150,19 +119,17 @@ Pipeline PlanLoader::Load() {
         absl::StrAppend(&where, "; ", w.id, " (", w.device, ") ", e.experts.size(), " experts");
       }
       FUCINA_LOG(kInfo) << "placement: " << plan.status << where;
-      return pipeline;
+      return plan;
     }
     if (FailureOriginOf(failed) == FailureOrigin::kTransport) {
       workers_.Forget(failed_worker, failed);  // and plan again without it, here
       continue;
     }
-    pipeline.ready = false;
-    pipeline.status = absl::StrCat("loading on worker ", failed_worker, " failed: ",
-                                   failed.message());
-    published.status = pipeline.status;
-    publish_(published);
-    FUCINA_LOG(kWarning) << "model not ready: " << pipeline.status;
-    return pipeline;
+    plan.ready = false;
+    plan.status = absl::StrCat("loading on worker ", failed_worker, " failed: ", failed.message());
+    publish_(std::make_shared<const ClusterPlan>(plan));
+    FUCINA_LOG(kWarning) << "model not ready: " << plan.status;
+    return plan;
   }
 }
 

@@ -6,6 +6,7 @@
 #define FUCINA_COORDINATOR_PLAN_LOADER_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "coordinator/placement.h"
@@ -21,8 +22,8 @@ struct CoordinatorOptions;  // coordinator.h
 class PlanLoader {
  public:
   // Every state of the plan as it changes (placed and loading, ready, or why not), for
-  // GetPlacement and the train jobs; called on the loader's thread.
-  using Publish = std::function<void(const Plan& plan)>;
+  // GetPlacement and the train jobs: an immutable copy each, called on the loader's thread.
+  using Publish = std::function<void(std::shared_ptr<const ClusterPlan> plan)>;
 
   // All borrowed; they outlive the loader.
   PlanLoader(const CoordinatorOptions& options, const ModelConfig& config,
@@ -30,8 +31,9 @@ class PlanLoader {
       : options_(options), config_(config), size_(size), workers_(workers),
         publish_(std::move(publish)) {}
 
-  // The plan over the workers alive now, its shards loaded: what the scheduler steps.
-  Pipeline Load();
+  // The plan over the workers alive now, its shards loaded (`ready`), or why not: what the
+  // scheduler steps.
+  ClusterPlan Load();
 
  private:
   const CoordinatorOptions& options_;

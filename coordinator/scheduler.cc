@@ -243,16 +243,16 @@ void Scheduler::Replan() {
     std::lock_guard<std::mutex> lock(cancel_mu_);
     stage_clients_.clear();
   }
-  pipeline_ = planner_();
-  const bool usable = pipeline_.ready && !pipeline_.stages.empty();
-  context_ = pipeline_.context;
-  kv_slots_ = usable ? pipeline_.kv_slots : 0;
+  plan_ = planner_();
+  const bool usable = plan_.ready && !plan_.stages.empty();
+  context_ = plan_.context;
+  kv_slots_ = usable ? plan_.kv_slots : 0;
   slots_.Reset(kv_slots_);
   const int groups =
       options_.micro_batches > 0 ? options_.micro_batches
-                                 : std::max<int>(1, static_cast<int>(pipeline_.stages.size()));
-  driver_.Reset(usable ? pipeline_.stages[0].client : nullptr,
-                usable ? pipeline_.stages[0].worker_id : "",
+                                 : std::max<int>(1, static_cast<int>(plan_.stages.size()));
+  driver_.Reset(usable ? plan_.stages[0].client : nullptr,
+                usable ? plan_.stages[0].worker_id : "",
                 {.micro_batches = groups,
                  .max_step_tokens = options_.max_step_tokens,
                  .speculative = options_.speculative,
@@ -260,14 +260,12 @@ void Scheduler::Replan() {
   micro_batches_ = usable ? groups : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    status_ = pipeline_.status;
+    status_ = plan_.status;
     ++plans_;
     planning_ = false;
     // A death announced while planning matters only if the new plan uses that worker (its
     // record may have been read before it was forgotten): then the loop plans again.
-    const bool uses_dead =
-        !death_.ok() && std::find(pipeline_.worker_ids.begin(), pipeline_.worker_ids.end(),
-                                  dead_worker_) != pipeline_.worker_ids.end();
+    const bool uses_dead = !death_.ok() && plan_.Uses(dead_worker_);
     if (!death_.ok() && !uses_dead) {
       death_ = absl::OkStatus();
       replan_ = false;
@@ -278,7 +276,9 @@ void Scheduler::Replan() {
   }
   {
     std::lock_guard<std::mutex> lock(cancel_mu_);
-    for (const StageRef& stage : pipeline_.stages) stage_clients_.push_back(stage.client);
+    for (const StagePlan& stage : plan_.stages) {
+      if (stage.client != nullptr) stage_clients_.push_back(stage.client);
+    }
   }
   cv_.notify_all();
   NotifyReady();

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/admission.h"
 #include "coordinator/pipeline_driver.h"
+#include "coordinator/placement.h"
 #include "coordinator/request.h"
 #include "coordinator/slot_table.h"
 #include "models/tokenizer/tokenizer.h"
@@ -35,24 +36,6 @@
 namespace fucina {
 
 class Metrics;
-
-// A pipeline stage as the scheduler drives it.
-struct StageRef {
-  std::string worker_id;
-  std::shared_ptr<WorkerClient> client;
-  int64_t first_layer = 0, last_layer = 0;
-};
-
-struct Pipeline {
-  bool ready = false;
-  std::string status;  // why not ready
-  // In order; each stage hands its activations and the step's session operations to the next
-  // itself, so steps go to stages[0] only.
-  std::vector<StageRef> stages;
-  std::vector<std::string> worker_ids;  // every worker the plan uses: stages and expert workers
-  int kv_slots = 1;
-  int64_t context = 0;
-};
 
 struct SchedulerOptions {
   int max_queue = 64;  // requests admitted but not yet running
@@ -65,8 +48,8 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  // Builds (loads) a pipeline from the current workers; runs on the scheduler thread.
-  using Planner = std::function<Pipeline()>;
+  // Makes (places and loads) the plan over the current workers; runs on the scheduler thread.
+  using Planner = std::function<ClusterPlan()>;
   // Told when a worker failed a call (the scheduler then re-plans).
   using FailureHook = std::function<void(const std::string& worker_id, const absl::Status&)>;
 
@@ -169,7 +152,7 @@ class Scheduler {
   std::atomic<int64_t> context_{0};
 
   // ---- Scheduler thread only. ----
-  Pipeline pipeline_;
+  ClusterPlan plan_;  // the planner's last, stepped here
   SlotTable slots_;
   PipelineDriver driver_;
   std::thread thread_;  // last

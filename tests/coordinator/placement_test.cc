@@ -37,7 +37,7 @@ WorkerInfo W(const std::string& id, int cores, int64_t budget = 0) {
 }
 
 TEST(Placement, OneWorkerHoldsEverything) {
-  Plan p = PlanPlacement(Request(10), {W("a", 2)});
+  ClusterPlan p = PlanPlacement(Request(10), {W("a", 2)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 1u);
   EXPECT_EQ(p.stages[0].first_layer, 0);
@@ -50,7 +50,7 @@ TEST(Placement, OneWorkerHoldsEverything) {
 TEST(Placement, SplitsInProportionToCores) {
   PlanRequest r = Request(12);
   r.size.head_bytes = 0;  // layers alone (the next test weighs the head)
-  Plan p = PlanPlacement(r, {W("a", 1), W("b", 2), W("c", 1)});
+  ClusterPlan p = PlanPlacement(r, {W("a", 1), W("b", 2), W("c", 1)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 3u);
   EXPECT_EQ(p.stages[0].last_layer - p.stages[0].first_layer, 3);
@@ -70,7 +70,7 @@ TEST(Placement, TheHeadCountsAsWorkOfTheLastStage) {
   // equal workers, so the last stage holds 4 layers beside the head.
   PlanRequest r = Request(12);
   r.size.head_bytes = 400;
-  Plan p = PlanPlacement(r, {W("a", 1), W("b", 1)});
+  ClusterPlan p = PlanPlacement(r, {W("a", 1), W("b", 1)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 2u);
   EXPECT_EQ(p.stages[0].last_layer, 8);
@@ -80,7 +80,7 @@ TEST(Placement, TheHeadCountsAsWorkOfTheLastStage) {
 
 TEST(Placement, SmallBudgetTakesFewerLayers) {
   // Worker a can hold embeddings + 2 layers + KV for 4 slots: 1000 + 200 + 4*2*8 = 1264.
-  Plan p = PlanPlacement(Request(10), {W("a", 1, 1300), W("b", 1)});
+  ClusterPlan p = PlanPlacement(Request(10), {W("a", 1, 1300), W("b", 1)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 2u);
   EXPECT_EQ(p.stages[0].last_layer, 2);
@@ -89,21 +89,21 @@ TEST(Placement, SmallBudgetTakesFewerLayers) {
 }
 
 TEST(Placement, NotReadyWhenBudgetsCannotHoldTheModel) {
-  Plan p = PlanPlacement(Request(10), {W("a", 1, 1200), W("b", 1, 1200)});
+  ClusterPlan p = PlanPlacement(Request(10), {W("a", 1, 1200), W("b", 1, 1200)});
   EXPECT_FALSE(p.ready);
   EXPECT_NE(p.status.find("not enough memory"), std::string::npos) << p.status;
   EXPECT_TRUE(p.stages.empty());
 }
 
 TEST(Placement, NoWorkersIsNotReady) {
-  Plan p = PlanPlacement(Request(4), {});
+  ClusterPlan p = PlanPlacement(Request(4), {});
   EXPECT_FALSE(p.ready);
   EXPECT_EQ(p.status, "no workers");
 }
 
 TEST(Placement, SlotsClampedToWhatBudgetsHold) {
   // Everything on one worker: weights 1000 + 1000 + 1000 = 3000; KV 10 layers * 8 = 80 a slot.
-  Plan p = PlanPlacement(Request(10), {W("a", 1, 3000 + 2 * 80 + 79)});
+  ClusterPlan p = PlanPlacement(Request(10), {W("a", 1, 3000 + 2 * 80 + 79)});
   ASSERT_TRUE(p.ready) << p.status;
   EXPECT_EQ(p.kv_slots, 2);
 }
@@ -111,7 +111,7 @@ TEST(Placement, SlotsClampedToWhatBudgetsHold) {
 TEST(Placement, ExpertWorkersGetExpertsRoundRobin) {
   PlanRequest r = Request(4, /*experts=*/8, /*expert_bytes=*/10);
   r.expert_workers = 2;
-  Plan p = PlanPlacement(r, {W("s", 1), W("e0", 1), W("e1", 1)});
+  ClusterPlan p = PlanPlacement(r, {W("s", 1), W("e0", 1), W("e1", 1)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 1u);
   EXPECT_EQ(p.stages[0].worker_id, "s");
@@ -126,7 +126,7 @@ TEST(Placement, ExpertsMoveToDedicatedWorkersWhenTheyDoNotFit) {
   // Embeddings + head 2000, 4 layers of 100, 8 experts of 100 bytes per layer: 5600 with the
   // experts, 2400 without.
   PlanRequest r = Request(4, 8, 100);
-  Plan p = PlanPlacement(r, {W("s", 1, 2600), W("e0", 1, 1700), W("e1", 1, 1700)});
+  ClusterPlan p = PlanPlacement(r, {W("s", 1, 2600), W("e0", 1, 1700), W("e1", 1, 1700)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 1u);
   EXPECT_EQ(p.stages[0].worker_id, "s");
@@ -138,7 +138,7 @@ TEST(Placement, ExpertsMoveToDedicatedWorkersWhenTheyDoNotFit) {
 TEST(Placement, ExpertWorkersNeedAStageWorker) {
   PlanRequest r = Request(4, 8, 10);
   r.expert_workers = 2;
-  Plan p = PlanPlacement(r, {W("e0", 1), W("e1", 1)});
+  ClusterPlan p = PlanPlacement(r, {W("e0", 1), W("e1", 1)});
   EXPECT_FALSE(p.ready);
 }
 
@@ -174,7 +174,7 @@ PlanRequest Gemma4Like(int64_t per_layer_input = 0) {
 
 // The stages cover the layers in order, and no stage boundary parts a layer from the layer
 // whose K/V it reads.
-void ExpectLegalStages(const Plan& p, const ModelConfig& c) {
+void ExpectLegalStages(const ClusterPlan& p, const ModelConfig& c) {
   ASSERT_FALSE(p.stages.empty());
   EXPECT_EQ(p.stages.front().first_layer, 0);
   EXPECT_EQ(p.stages.back().last_layer, c.num_layers);
@@ -206,7 +206,7 @@ TEST(Placement, SharedKvLayersStayWithTheirSource) {
   for (const auto& workers : clusters) {
     SCOPED_TRACE(std::to_string(workers.size()) + " workers, cores " +
                  std::to_string(workers[0].cores) + "/" + std::to_string(workers[1].cores));
-    const Plan p = PlanPlacement(r, workers);
+    const ClusterPlan p = PlanPlacement(r, workers);
     ASSERT_TRUE(p.ready) << p.status;
     ExpectLegalStages(p, r.config);
     multi_stage += p.stages.size() > 1;
@@ -216,7 +216,7 @@ TEST(Placement, SharedKvLayersStayWithTheirSource) {
 
 TEST(Placement, PerLayerEmbeddingsRunInOneStage) {
   const PlanRequest r = Gemma4Like(/*per_layer_input=*/256);
-  const Plan p = PlanPlacement(r, {W("a", 1), W("b", 1), W("c", 1)});
+  const ClusterPlan p = PlanPlacement(r, {W("a", 1), W("b", 1), W("c", 1)});
   ASSERT_TRUE(p.ready) << p.status;
   ASSERT_EQ(p.stages.size(), 1u);
   EXPECT_EQ(p.stages[0].first_layer, 0);
@@ -225,7 +225,7 @@ TEST(Placement, PerLayerEmbeddingsRunInOneStage) {
   // No worker can hold it whole: not ready, rather than a split the model cannot run.
   const int64_t kv = KvBytesPerSession(r.config, 0, 12, r.context, r.cache_type);
   const int64_t budget = 1000 + 1000 + 12 * 100 + kv - 1;
-  const Plan none = PlanPlacement(r, {W("a", 1, budget), W("b", 1, budget)});
+  const ClusterPlan none = PlanPlacement(r, {W("a", 1, budget), W("b", 1, budget)});
   EXPECT_FALSE(none.ready);
   EXPECT_TRUE(none.stages.empty());
   EXPECT_NE(none.status.find("not enough memory"), std::string::npos) << none.status;
@@ -234,7 +234,7 @@ TEST(Placement, PerLayerEmbeddingsRunInOneStage) {
   const int64_t weights = 1000 + 1000 + 12 * 100;
   PlanRequest slots = r;
   slots.kv_slots = 8;
-  const Plan best = PlanPlacement(slots, {W("a", 1, weights + kv + kv / 2),
+  const ClusterPlan best = PlanPlacement(slots, {W("a", 1, weights + kv + kv / 2),
                                           W("b", 1, weights + 4 * kv + kv / 2)});
   ASSERT_TRUE(best.ready) << best.status;
   ASSERT_EQ(best.stages.size(), 1u);
@@ -264,7 +264,7 @@ TEST(Placement, KvBytesFollowEachLayersGeometry) {
   const int64_t weights = 1000 + 1000 + 12 * 100;
   const int64_t per_session = 7 * sliding + global;
   ASSERT_LT(weights + 3 * per_session + per_session / 2, weights + 8 * global);
-  Plan p = PlanPlacement(r, {W("a", 1, weights + 3 * per_session + per_session / 2)});
+  ClusterPlan p = PlanPlacement(r, {W("a", 1, weights + 3 * per_session + per_session / 2)});
   ASSERT_TRUE(p.ready) << p.status;
   EXPECT_EQ(p.kv_slots, 3);
   // Two stages: each holds its own layers' KV; the stage with the global layer limits slots.
