@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <map>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/request_fields.h"
 #include "models/engine/kv_cache.h"
 #include "models/engine/lora.h"
 #include "models/engine/model_size.h"
@@ -63,27 +61,25 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
           " KV cache for one session; this machine has ", ram, " bytes of memory"));
     }
   }
-  auto tokenizer = Tokenizer::FromGguf(*c->file_);
-  if (!tokenizer.ok()) return tokenizer.status();
-  c->tokenizer_ = *std::move(tokenizer);
-  if (auto tmpl = ChatTemplate::FromGguf(*c->file_); tmpl.ok()) {
-    c->chat_template_ = *std::move(tmpl);
-  }
+  auto text = TextFrontEnd::Create(*c->file_, {.context = options.context,
+                                                .system_prompt = options.system_prompt,
+                                                .parse_special_in_content =
+                                                    options.parse_special_in_content,
+                                                .grammar_timeout = options.grammar_timeout});
+  if (!text.ok()) return text.status();
+  c->text_ = *std::move(text);
   // Model ids are what clients type: the file's stem ("SmolLM2-135M-Instruct.Q4_1"), not
   // general.name's free text ("Smollm2 135M 8k Lc100K Mix1 Ep2"), which stays an alias.
   c->served_name_ = !options.served_name.empty()
                         ? options.served_name
                         : std::filesystem::path(options.model_path).stem().string();
-  for (int32_t id = 0; id < c->tokenizer_->vocab_size(); ++id) {
-    c->max_token_bytes_ = std::max(c->max_token_bytes_, c->tokenizer_->TokenToPiece(id).size());
-  }
   c->metrics_ = std::make_unique<Metrics>(registry, c->served_name_);
   c->metrics_->SetQueueCapacity(options.scheduler.max_queue);
   c->metrics_->SetWorkers(0, 0);
   c->es_metrics_ = std::make_unique<EsMetrics>(*registry);
   Coordinator* self = c.get();
   c->train_jobs_ = std::make_unique<TrainJobs>(
-      options.model_path, options.train_dir, *c->tokenizer_, c->chat_template_,
+      options.model_path, options.train_dir, c->text_->tokenizer(), c->text_->chat_template(),
       [self](bool pipeline) { return self->TrainGroups(pipeline); },
       c->es_metrics_.get());
   c->workers_ = std::make_unique<WorkerRegistry>(
@@ -96,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
         self->plan_ = std::move(plan);
       });
   c->scheduler_ = std::make_unique<Scheduler>(
-      options.scheduler, *c->tokenizer_, [self] { return self->loader_->Load(); },
+      options.scheduler, c->text_->tokenizer(), [self] { return self->loader_->Load(); },
       [self](const std::string& id, const absl::Status& why) { self->MarkDead(id, why); },
       c->metrics_.get());
   return c;
@@ -230,153 +226,6 @@ std::vector<EsGroup> Coordinator::TrainGroups(bool pipeline) const {
 
 bool Coordinator::Serves(const std::string& model) const {
   return model.empty() || model == served_name_ || (!config_.name.empty() && model == config_.name);
-}
-
-absl::StatusOr<std::vector<int32_t>> Coordinator::Encode(
-    std::string_view text, bool add_special,
-    std::span<const std::pair<size_t, size_t>> plain) const {
-  // Each token stands for at most max_token_bytes_ bytes of text (+1: a prefix space SPM may
-  // add), so longer text has more tokens than the context holds.
-  const uint64_t limit =
-      static_cast<uint64_t>(options_.context) * (max_token_bytes_ + 1) + max_token_bytes_;
-  if (text.size() > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the prompt's ", text.size(), " bytes cannot fit the context of ",
-                     options_.context, " tokens (--ctx; at most ", limit, " bytes)"));
-  }
-  return tokenizer_->EncodeWithPlainRanges(text, add_special, plain);
-}
-
-absl::StatusOr<std::vector<int32_t>> Coordinator::EncodeChat(std::vector<ChatMessage> messages,
-                                                             const ChatRenderOptions& options,
-                                                             std::string* rendered) const {
-  const bool has_system = std::any_of(messages.begin(), messages.end(),
-                                      [](const ChatMessage& m) { return m.role == "system"; });
-  if (!has_system && !options_.system_prompt.empty()) {
-    ChatMessage system;
-    system.role = "system";
-    system.content = options_.system_prompt;
-    messages.insert(messages.begin(), std::move(system));
-  }
-  auto text = chat_template_.Render(messages, options);
-  if (!text.ok()) return text.status();
-  auto ids = Encode(*text, true,
-                    options_.parse_special_in_content
-                        ? std::vector<std::pair<size_t, size_t>>()
-                        : UserContentRanges(*text, messages));
-  if (rendered != nullptr) *rendered = *std::move(text);
-  return ids;
-}
-
-absl::Status Coordinator::CheckGrammar(const GrammarSpec& spec) const {
-  if (spec.empty()) return absl::OkStatus();
-  std::shared_ptr<const GrammarVocab> vocab;
-  {
-    std::lock_guard<std::mutex> lock(grammar_mu_);
-    if (grammar_vocab_ == nullptr) {
-      auto made = GrammarVocab::Create(*tokenizer_);
-      if (!made.ok()) return made.status();
-      grammar_vocab_ = *std::move(made);
-    }
-    vocab = grammar_vocab_;
-  }
-  auto matcher = vocab->Compile(spec, options_.grammar_timeout);
-  if (matcher.status().code() == absl::StatusCode::kDeadlineExceeded) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(matcher.status().message(), "; --grammar-timeout sets the limit"));
-  }
-  return matcher.status();
-}
-
-absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
-                                           const ::fucina::v1::GenerateRequest& request) {
-  const CoordinatorOptions& o = c.options();
-  // The fields as sent; the one validation module maps and checks them (request_fields.h).
-  RequestFields fields;
-  const ::fucina::v1::Sampling& s = request.sampling();
-  if (s.has_temperature()) fields.temperature = s.temperature();
-  if (s.has_top_k()) fields.top_k = s.top_k();
-  if (s.has_top_p()) fields.top_p = s.top_p();
-  if (s.has_min_p()) fields.min_p = s.min_p();
-  if (s.has_repetition_penalty()) fields.repetition_penalty = s.repetition_penalty();
-  if (s.has_presence_penalty()) fields.presence_penalty = s.presence_penalty();
-  if (s.has_frequency_penalty()) fields.frequency_penalty = s.frequency_penalty();
-  if (s.has_penalty_last_n()) fields.penalty_last_n = s.penalty_last_n();
-  if (s.has_seed()) fields.seed = s.seed();
-  // Sorted by id: a proto map's order is unspecified, the sampler's result must not depend on it.
-  std::map<int32_t, float> bias(s.logit_bias().begin(), s.logit_bias().end());
-  for (const auto& [id, b] : bias) fields.logit_bias.emplace_back(id, b);
-  if (request.has_max_tokens()) fields.max_tokens = request.max_tokens();
-  fields.top_logprobs = request.top_logprobs();
-  fields.stop.assign(request.stop().begin(), request.stop().end());
-  fields.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
-  fields.ignore_eos = request.ignore_eos();
-  if (request.has_speculative()) fields.speculative = request.speculative();
-  GenerateJob job;
-  if (absl::Status st = ResolveRequestFields(fields, o.sampling, o.max_tokens,
-                                             c.tokenizer().vocab_size(), &job);
-      !st.ok()) {
-    return st;
-  }
-  const ::fucina::v1::Constraint& k = s.constraint();
-  switch (k.kind_case()) {
-    case ::fucina::v1::Constraint::kJsonSchema:
-      job.grammar = GrammarSpec::JsonSchema(k.json_schema());
-      break;
-    case ::fucina::v1::Constraint::kJsonObject:
-      if (k.json_object()) job.grammar = GrammarSpec::JsonObject();
-      break;
-    case ::fucina::v1::Constraint::kRegex:
-      job.grammar = GrammarSpec::Regex(k.regex());
-      break;
-    case ::fucina::v1::Constraint::kLark:
-      job.grammar = GrammarSpec::Lark(k.lark());
-      break;
-    case ::fucina::v1::Constraint::KIND_NOT_SET:
-      break;
-  }
-  if (absl::Status st = c.CheckGrammar(job.grammar); !st.ok()) {
-    // Compiles full (RESOURCE_EXHAUSTED) is the server's state, not the grammar's fault: the
-    // client may retry as it is.
-    return absl::Status(absl::IsResourceExhausted(st) ? st.code()
-                                                      : absl::StatusCode::kInvalidArgument,
-                        absl::StrCat("sampling.constraint: ", st.message()));
-  }
-  absl::StatusOr<std::vector<int32_t>> prompt;
-  switch (request.input_case()) {
-    case ::fucina::v1::GenerateRequest::kPrompt:
-      prompt = c.Encode(request.prompt(), true);
-      break;
-    case ::fucina::v1::GenerateRequest::kTokenIds:
-      prompt = std::vector<int32_t>(request.token_ids().ids().begin(),
-                                    request.token_ids().ids().end());
-      break;
-    case ::fucina::v1::GenerateRequest::kMessages: {
-      std::vector<ChatMessage> messages;
-      for (int i = 0; i < request.messages().messages_size(); ++i) {
-        const auto& m = request.messages().messages(i);
-        auto role = NormalizeChatRole(m.role(), absl::StrCat("messages[", i, "]"));
-        if (!role.ok()) return role.status();
-        ChatMessage msg;
-        msg.role = *std::move(role);
-        msg.content = m.content();
-        messages.push_back(std::move(msg));
-      }
-      if (messages.empty()) return absl::InvalidArgumentError("field 'messages' is empty");
-      ChatRenderOptions render;
-      if (request.messages().has_enable_thinking()) {
-        render.enable_thinking = request.messages().enable_thinking();
-      }
-      prompt = c.EncodeChat(std::move(messages), render);
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError("one of prompt, token_ids or messages is required");
-  }
-  if (!prompt.ok()) return prompt.status();
-  job.prompt = *std::move(prompt);
-  if (job.prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
-  return job;
 }
 
 }  // namespace fucina

@@ -1,5 +1,5 @@
-// The coordinator of one model: its tokenizer and chat template, the worker registry
-// (worker_registry.h), the placement plan and the scheduler. Front ends (gRPC, HTTP) talk to it; workers register with
+// The coordinator of one model: its text front end (text_front_end.h), the worker registry
+// (worker_registry.h), the plan loader (plan_loader.h) and the scheduler. Front ends (gRPC, HTTP) talk to it; workers register with
 // it (in-process ones through AddWorker, remote ones through the Registry service).
 //
 // Liveness: remote workers heartbeat; one silent for `dead_after_ms`, or failing a call, is
@@ -25,15 +25,14 @@
 #include "coordinator/placement.h"
 #include "coordinator/plan_loader.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/text_front_end.h"
 #include "coordinator/train_jobs.h"
 #include "coordinator/worker_registry.h"
 #include "fucina/v1/generate.pb.h"
-#include "models/chat/chat_template.h"
 #include "models/engine/config.h"
 #include "models/engine/kv_cache.h"
 #include "models/gguf/gguf.h"
 #include "models/grammar/grammar.h"
-#include "models/tokenizer/tokenizer.h"
 #include "worker/worker_client.h"
 
 namespace fucina {
@@ -100,27 +99,9 @@ class Coordinator {
   // model's general.name.
   bool Serves(const std::string& model) const;
   const ModelConfig& config() const { return config_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const ChatTemplate& chat_template() const { return chat_template_; }
+  // Tokenizing, chat templates and grammar checks, before anything is queued.
+  const TextFrontEnd& text() const { return *text_; }
   Scheduler& scheduler() { return *scheduler_; }
-
-  // Tokenizes a prompt (special tokens parsed). Text that cannot fit the context whatever its
-  // tokens is refused before tokenization (INVALID_ARGUMENT), so a huge prompt costs no CPU: no
-  // token covers more than max_token_bytes() bytes of text.
-  // `plain`: byte ranges of `text` where control-token text stays text (UserContentRanges).
-  absl::StatusOr<std::vector<int32_t>> Encode(
-      std::string_view text, bool add_special,
-      std::span<const std::pair<size_t, size_t>> plain = {}) const;
-  // Renders chat messages with the model's template (adding the default system prompt when
-  // they have none) and tokenizes them as Encode does; the rendered text goes to *rendered.
-  absl::StatusOr<std::vector<int32_t>> EncodeChat(std::vector<ChatMessage> messages,
-                                                  const ChatRenderOptions& options,
-                                                  std::string* rendered = nullptr) const;
-  size_t max_token_bytes() const { return max_token_bytes_; }
-  // Compiles a request's grammar once, so a bad one is refused (INVALID_ARGUMENT with the
-  // engine's own message, or naming --grammar-timeout) before the request is queued. The
-  // model's token table for it is built on first use and kept.
-  absl::Status CheckGrammar(const GrammarSpec& spec) const;
   Metrics& metrics() { return *metrics_; }
   // Evolution-strategies train jobs over the alive workers (fucina.v1.Train).
   TrainJobs& train_jobs() { return *train_jobs_; }
@@ -142,12 +123,8 @@ class Coordinator {
   std::unique_ptr<gguf::File> file_;
   ModelConfig config_;
   ModelSize size_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  size_t max_token_bytes_ = 1;  // the longest text one token stands for
-  ChatTemplate chat_template_ = ChatTemplate::ChatMl();
+  std::unique_ptr<TextFrontEnd> text_;
   std::unique_ptr<Metrics> metrics_;
-  mutable std::mutex grammar_mu_;  // grammar_vocab_
-  mutable std::shared_ptr<const GrammarVocab> grammar_vocab_;
 
   std::unique_ptr<WorkerRegistry> workers_;  // its watcher calls MarkDead
   // The plan as the loader last published it (never null).
@@ -162,11 +139,6 @@ class Coordinator {
   std::unique_ptr<EsMetrics> es_metrics_;
   std::unique_ptr<TrainJobs> train_jobs_;  // last: its jobs call Workers() until they stop
 };
-
-// Fills a scheduler job from a public request, applying the server's defaults; renders chat
-// messages with the model's template. Errors are INVALID_ARGUMENT naming the field.
-absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& coordinator,
-                                           const ::fucina::v1::GenerateRequest& request);
 
 }  // namespace fucina
 

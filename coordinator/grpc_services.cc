@@ -2,14 +2,108 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/request_fields.h"
 #include "models/log/log.h"
 #include "worker/grpc_util.h"
 
 namespace fucina {
+
+absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& c,
+                                           const ::fucina::v1::GenerateRequest& request) {
+  const CoordinatorOptions& o = c.options();
+  // The fields as sent; the one validation module maps and checks them (request_fields.h).
+  RequestFields fields;
+  const ::fucina::v1::Sampling& s = request.sampling();
+  if (s.has_temperature()) fields.temperature = s.temperature();
+  if (s.has_top_k()) fields.top_k = s.top_k();
+  if (s.has_top_p()) fields.top_p = s.top_p();
+  if (s.has_min_p()) fields.min_p = s.min_p();
+  if (s.has_repetition_penalty()) fields.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) fields.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) fields.frequency_penalty = s.frequency_penalty();
+  if (s.has_penalty_last_n()) fields.penalty_last_n = s.penalty_last_n();
+  if (s.has_seed()) fields.seed = s.seed();
+  // Sorted by id: a proto map's order is unspecified, the sampler's result must not depend on it.
+  std::map<int32_t, float> bias(s.logit_bias().begin(), s.logit_bias().end());
+  for (const auto& [id, b] : bias) fields.logit_bias.emplace_back(id, b);
+  if (request.has_max_tokens()) fields.max_tokens = request.max_tokens();
+  fields.top_logprobs = request.top_logprobs();
+  fields.stop.assign(request.stop().begin(), request.stop().end());
+  fields.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  fields.ignore_eos = request.ignore_eos();
+  if (request.has_speculative()) fields.speculative = request.speculative();
+  GenerateJob job;
+  if (absl::Status st = ResolveRequestFields(fields, o.sampling, o.max_tokens,
+                                             c.text().tokenizer().vocab_size(), &job);
+      !st.ok()) {
+    return st;
+  }
+  const ::fucina::v1::Constraint& k = s.constraint();
+  switch (k.kind_case()) {
+    case ::fucina::v1::Constraint::kJsonSchema:
+      job.grammar = GrammarSpec::JsonSchema(k.json_schema());
+      break;
+    case ::fucina::v1::Constraint::kJsonObject:
+      if (k.json_object()) job.grammar = GrammarSpec::JsonObject();
+      break;
+    case ::fucina::v1::Constraint::kRegex:
+      job.grammar = GrammarSpec::Regex(k.regex());
+      break;
+    case ::fucina::v1::Constraint::kLark:
+      job.grammar = GrammarSpec::Lark(k.lark());
+      break;
+    case ::fucina::v1::Constraint::KIND_NOT_SET:
+      break;
+  }
+  if (absl::Status st = c.text().CheckGrammar(job.grammar); !st.ok()) {
+    // Compiles full (RESOURCE_EXHAUSTED) is the server's state, not the grammar's fault: the
+    // client may retry as it is.
+    return absl::Status(absl::IsResourceExhausted(st) ? st.code()
+                                                      : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat("sampling.constraint: ", st.message()));
+  }
+  absl::StatusOr<std::vector<int32_t>> prompt;
+  switch (request.input_case()) {
+    case ::fucina::v1::GenerateRequest::kPrompt:
+      prompt = c.text().Encode(request.prompt(), true);
+      break;
+    case ::fucina::v1::GenerateRequest::kTokenIds:
+      prompt = std::vector<int32_t>(request.token_ids().ids().begin(),
+                                    request.token_ids().ids().end());
+      break;
+    case ::fucina::v1::GenerateRequest::kMessages: {
+      std::vector<ChatMessage> messages;
+      for (int i = 0; i < request.messages().messages_size(); ++i) {
+        const auto& m = request.messages().messages(i);
+        auto role = NormalizeChatRole(m.role(), absl::StrCat("messages[", i, "]"));
+        if (!role.ok()) return role.status();
+        ChatMessage msg;
+        msg.role = *std::move(role);
+        msg.content = m.content();
+        messages.push_back(std::move(msg));
+      }
+      if (messages.empty()) return absl::InvalidArgumentError("field 'messages' is empty");
+      ChatRenderOptions render;
+      if (request.messages().has_enable_thinking()) {
+        render.enable_thinking = request.messages().enable_thinking();
+      }
+      prompt = c.text().EncodeChat(std::move(messages), render);
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("one of prompt, token_ids or messages is required");
+  }
+  if (!prompt.ok()) return prompt.status();
+  job.prompt = *std::move(prompt);
+  if (job.prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
+  return job;
+}
+
 namespace {
 
 namespace api = ::fucina::v1;
@@ -85,7 +179,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
   const Outcome o = RelayRequest(
       **running, [context] { return context->IsCancelled(); },
       [&](const Delta& d) {
-        AppendDelta(c_.tokenizer(), d, request->logprobs(), response);
+        AppendDelta(c_.text().tokenizer(), d, request->logprobs(), response);
         return true;
       });
   if (!o.status.ok()) return ToGrpc(o.status);
@@ -105,7 +199,7 @@ grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context,
       **running, [context] { return context->IsCancelled(); },
       [&](const Delta& d) {
         api::GenerateResponse chunk;
-        AppendDelta(c_.tokenizer(), d, request->logprobs(), &chunk);
+        AppendDelta(c_.text().tokenizer(), d, request->logprobs(), &chunk);
         return writer->Write(chunk);  // false: the client went away
       });
   if (!o.status.ok()) return ToGrpc(o.status);
@@ -121,7 +215,7 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
   if (grpc::Status s = Admit(context, "Tokenize"); !s.ok()) return s;
   if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
   const bool add_special = !request->has_add_special() || request->add_special();
-  for (int32_t id : c_.tokenizer().Encode(request->text(), add_special, true)) {
+  for (int32_t id : c_.text().tokenizer().Encode(request->text(), add_special, true)) {
     response->add_ids(id);
   }
   return grpc::Status::OK;
@@ -132,7 +226,7 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
                                            api::DetokenizeResponse* response) {
   if (grpc::Status s = Admit(context, "Detokenize"); !s.ok()) return s;
   if (grpc::Status s = CheckModel(request->model()); !s.ok()) return s;
-  const int32_t vocab = c_.tokenizer().vocab_size();
+  const int32_t vocab = c_.text().tokenizer().vocab_size();
   for (int32_t id : request->ids()) {
     if (id < 0 || id >= vocab) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -141,7 +235,7 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
     }
   }
   std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
-  response->set_text(ValidUtf8(c_.tokenizer().Decode(ids)));
+  response->set_text(ValidUtf8(c_.text().tokenizer().Decode(ids)));
   return grpc::Status::OK;
 }
 

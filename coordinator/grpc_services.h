@@ -16,6 +16,11 @@
 
 namespace fucina {
 
+// Fills a scheduler job from a public request, applying the server's defaults; renders chat
+// messages with the model's template. Errors are INVALID_ARGUMENT naming the field.
+absl::StatusOr<GenerateJob> JobFromRequest(const Coordinator& coordinator,
+                                           const ::fucina::v1::GenerateRequest& request);
+
 // How many calls of each long-lived method are served at once. gRPC's synchronous server gives
 // every call a thread for as long as it runs: without a bound, a client opening streams (a
 // WatchJob stays open while its job runs) makes a thread each, and a single quota of threads

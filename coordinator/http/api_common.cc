@@ -161,7 +161,7 @@ absl::Status ReadGenerationFields(const json& j, const Coordinator& c, RequestFi
     }
   }
   const CoordinatorOptions& o = c.options();
-  return ResolveRequestFields(f, o.sampling, o.max_tokens, c.tokenizer().vocab_size(), job);
+  return ResolveRequestFields(f, o.sampling, o.max_tokens, c.text().tokenizer().vocab_size(), job);
 }
 
 absl::Status RefuseUnsupported(const json& j, std::initializer_list<Unsupported> fields) {
@@ -202,10 +202,10 @@ absl::StatusOr<std::vector<int32_t>> RenderChat(const Coordinator& c,
                                                 const ChatRenderOptions& options,
                                                 ThinkMode* think) {
   std::string text;
-  auto ids = c.EncodeChat(messages, options, &text);
+  auto ids = c.text().EncodeChat(messages, options, &text);
   if (!ids.ok()) return ids.status();
   if (think != nullptr) {
-    think->parse = c.chat_template().source().find("<think>") != std::string::npos;
+    think->parse = c.text().chat_template().source().find("<think>") != std::string::npos;
     const size_t open = text.rfind("<think>");
     think->open = open != std::string::npos && text.find("</think>", open) == std::string::npos;
   }
@@ -254,7 +254,7 @@ absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::s
         "tool_choice forces a tool call: the reply cannot also follow response_format or "
         "guided_*");
   }
-  const bool think = c.chat_template().source().find("<think>") != std::string::npos;
+  const bool think = c.text().chat_template().source().find("<think>") != std::string::npos;
   json calls = json::array();
   for (const json& t : tools) {
     const json& fn = t["function"];
@@ -280,7 +280,7 @@ absl::Status ForceToolCall(const Coordinator& c, const json& tools, const std::s
   if (think) lark += "(\"</think>\\n\\n\")? ";
   lark += "\"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json " + schema.dump() + "\n";
   job->grammar = GrammarSpec::Lark(std::move(lark));
-  if (absl::Status s = c.CheckGrammar(job->grammar); !s.ok()) {
+  if (absl::Status s = c.text().CheckGrammar(job->grammar); !s.ok()) {
     // Busy compiling is not the schema's fault: kept so the client retries.
     if (absl::IsResourceExhausted(s)) return s;
     return absl::InvalidArgumentError(absl::StrCat("tools: a parameters schema: ", s.message()));

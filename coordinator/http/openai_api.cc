@@ -247,7 +247,7 @@ absl::Status ReadCommon(const json& j, const Coordinator& c, GenerateJob* job, C
   auto grammar = ReadGrammar(j, r->json_whitespace);
   if (!grammar.ok()) return grammar.status();
   job->grammar = *std::move(grammar);
-  return c.CheckGrammar(job->grammar);
+  return c.text().CheckGrammar(job->grammar);
 }
 
 }  // namespace
@@ -285,7 +285,7 @@ void Api::ChatCompletions(const std::string& body, HttpExchange& ex) {
 
   const int64_t created = UnixTime();
   ReplyParser parser(think.parse, think.open, parse_tools);
-  const Tokenizer& tok = c_.tokenizer();
+  const Tokenizer& tok = c_.text().tokenizer();
   auto chunk = [&](json delta, json finish, json logprobs) {
     return SseData({{"id", id},
                     {"object", "chat.completion.chunk"},
@@ -417,10 +417,10 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
       }
       // Checked as 64-bit so a huge id is refused rather than wrapped into the vocabulary.
       const int64_t id = t.get<int64_t>();
-      if (id < 0 || id >= c_.tokenizer().vocab_size()) {
+      if (id < 0 || id >= c_.text().tokenizer().vocab_size()) {
         return SendStatus(ex, d, absl::InvalidArgumentError(absl::StrCat(
                                      "token id ", Dump(t), " outside the vocabulary [0, ",
-                                     c_.tokenizer().vocab_size(), ")")),
+                                     c_.text().tokenizer().vocab_size(), ")")),
                           "prompt");
       }
       ids.push_back(static_cast<int32_t>(id));
@@ -430,12 +430,12 @@ void Api::Completions(const std::string& body, HttpExchange& ex) {
   const std::string id = RandomId("cmpl-");
   job.request_id = id;
   auto request = StartJob(c_, job, [&]() -> absl::StatusOr<std::vector<int32_t>> {
-    if (text_prompt) return c_.Encode(prompt.get<std::string>(), true);
+    if (text_prompt) return c_.text().Encode(prompt.get<std::string>(), true);
     return ids;
   });
   if (!request.ok()) return SendStatus(ex, d, request.status());
   const int64_t created = UnixTime();
-  const Tokenizer& tok = c_.tokenizer();
+  const Tokenizer& tok = c_.text().tokenizer();
   auto logprobs_of = [&](const Delta& delta) {
     json tokens = json::array(), lps = json::array(), tops = json::array();
     for (size_t i = 0; i < delta.ids.size(); ++i) {
@@ -539,7 +539,7 @@ void Api::Tokenize(const std::string& body, HttpExchange& ex) {
   auto add_special2 = OptBool(*j, "add_special");
   if (!add_special2.ok()) return SendStatus(ex, d, add_special2.status());
   const bool add = add_special->value_or(add_special2->value_or(true));
-  const std::vector<int32_t> ids = c_.tokenizer().Encode(*prompt ? **prompt : **content, add, true);
+  const std::vector<int32_t> ids = c_.text().tokenizer().Encode(*prompt ? **prompt : **content, add, true);
   ex.Respond(200, "application/json",
              Dump(json{{"tokens", ids},
                        {"count", ids.size()},
@@ -558,15 +558,15 @@ void Api::Detokenize(const std::string& body, HttpExchange& ex) {
   std::vector<int32_t> ids;
   for (const json& t : (*j)["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() >= c_.tokenizer().vocab_size()) {
+        t.get<int64_t>() >= c_.text().tokenizer().vocab_size()) {
       return SendStatus(ex, d, absl::InvalidArgumentError(absl::StrCat(
                                    "field 'tokens' must hold token ids in [0, ",
-                                   c_.tokenizer().vocab_size(), ")")),
+                                   c_.text().tokenizer().vocab_size(), ")")),
                         "tokens");
     }
     ids.push_back(t.get<int32_t>());
   }
-  const std::string text = ValidUtf8(c_.tokenizer().Decode(ids));
+  const std::string text = ValidUtf8(c_.text().tokenizer().Decode(ids));
   ex.Respond(200, "application/json", Dump(json{{"prompt", text}, {"content", text}}));
 }
 

@@ -162,7 +162,7 @@ void Api::Responses(const std::string& body, HttpExchange& ex) {
       const int64_t reasoning_tokens =
           reasoning.empty() ? 0
                             : std::min<int64_t>(o->completion_tokens,
-                                                c_.tokenizer().Encode(reasoning, false, false).size());
+                                                c_.text().tokenizer().Encode(reasoning, false, false).size());
       r["usage"] = {{"input_tokens", o->prompt_tokens},
                     {"input_tokens_details", {{"cached_tokens", o->cached_tokens}}},
                     {"output_tokens", o->completion_tokens},

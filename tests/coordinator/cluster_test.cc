@@ -168,7 +168,7 @@ TEST_F(ClusterTest, RealModelThroughTwoStagesEqualsTheEngine) {
   const char* model = std::getenv("FUCINA_DEFAULT_MODEL");
   if (model == nullptr || *model == '\0') GTEST_SKIP() << "FUCINA_DEFAULT_MODEL not set";
   auto cluster = StartCluster(model, 2, 0);
-  const Tokenizer& tok = cluster->coordinator->tokenizer();
+  const Tokenizer& tok = cluster->coordinator->text().tokenizer();
   GenerateJob job = Job(tok.Encode("The capital of France is", true, true), 16);
   const std::vector<int32_t> want = Reference(model, job);
   Output out = Generate(*cluster->coordinator, job);
@@ -460,7 +460,7 @@ TEST(ClusterSpmTest, StreamedTextKeepsWordSpaces) {
   auto registry = std::make_shared<prometheus::Registry>();
   auto c = Coordinator::Create(o, registry);
   ASSERT_TRUE(c.ok()) << c.status();
-  const Tokenizer& tok = (*c)->tokenizer();
+  const Tokenizer& tok = (*c)->text().tokenizer();
   std::vector<int32_t> script;
   for (const char* piece : {"\xE2\x96\x81Hello", "\xE2\x96\x81world", ",", "\xE2\x96\x81how"}) {
     auto id = tok.TokenId(piece);

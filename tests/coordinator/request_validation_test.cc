@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/grpc_services.h"
 #include "coordinator/request_fields.h"
 #include "nlohmann/json.hpp"
 #include "tests/coordinator/http/scripted_backend.h"
@@ -308,7 +309,7 @@ TEST_F(FrontEndValidationTest, HugeIntegersAreRefusedNotWrapped) {
 
 TEST_F(FrontEndValidationTest, APromptThatCannotFitIsRefusedBeforeTokenization) {
   // 512 positions of at most max_token_bytes() bytes each: anything longer cannot fit.
-  const size_t bytes = 513 * (coordinator_->max_token_bytes() + 1) + 1000;
+  const size_t bytes = 513 * (coordinator_->text().max_token_bytes() + 1) + 1000;
   const JsonReply r = PostJson(server_->address(), "/v1/completions",
                                {{"prompt", std::string(bytes, 'a')}, {"max_tokens", 1}});
   EXPECT_EQ(r.status, 400);
@@ -325,7 +326,7 @@ TEST_F(FrontEndValidationTest, ChatWithoutASystemMessageGetsTheServersDefault) {
                      {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}})
                 .status,
             200);
-  const std::string rendered = coordinator_->tokenizer().Decode(worker_->prompt());
+  const std::string rendered = coordinator_->text().tokenizer().Decode(worker_->prompt());
   EXPECT_NE(rendered.find("<|im_start|>system\nYou are a helpful assistant."), std::string::npos)
       << rendered;
   // A request's own system message replaces it.
@@ -335,7 +336,7 @@ TEST_F(FrontEndValidationTest, ChatWithoutASystemMessageGetsTheServersDefault) {
                       {"max_tokens", 1}})
                 .status,
             200);
-  const std::string own = coordinator_->tokenizer().Decode(worker_->prompt());
+  const std::string own = coordinator_->text().tokenizer().Decode(worker_->prompt());
   EXPECT_EQ(own.find("You are a helpful assistant."), std::string::npos) << own;
   EXPECT_NE(own.find("Answer in French."), std::string::npos) << own;
 }

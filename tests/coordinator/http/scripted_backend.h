@@ -112,7 +112,7 @@ class ScriptedBackend : public testing::Test {
     auto c = Coordinator::Create(options, registry_);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = *std::move(c);
-    const Tokenizer& tok = coordinator_->tokenizer();
+    const Tokenizer& tok = coordinator_->text().tokenizer();
     worker_ = std::make_shared<ScriptedWorker>(tok.Encode(reply, false, true),
                                                *tok.TokenId("<|im_end|>"));
     coordinator_->AddWorker("", WorkerInfo{"", 1, 0}, worker_);
@@ -132,7 +132,7 @@ class ScriptedBackend : public testing::Test {
   }
 
   // The prompt the worker was last given, as text.
-  std::string Rendered() { return coordinator_->tokenizer().Decode(worker_->prompt()); }
+  std::string Rendered() { return coordinator_->text().tokenizer().Decode(worker_->prompt()); }
 
   inline static std::string* path_ = nullptr;
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
