@@ -205,5 +205,58 @@ TEST(FailureOriginOverGrpc, TheWorkersMarkTravelsAndTransportFailuresAreTheWorke
   EXPECT_EQ(FailureOriginOf(gone.status()), FailureOrigin::kTransport);
 }
 
+// A worker whose train snapshot is `data` (2.5 MiB: three chunks of the stream), or NOT_FOUND
+// for another job.
+class SnapshotWorker : public FakeWorkerClient {
+ public:
+  explicit SnapshotWorker(std::string data) : data_(std::move(data)) {}
+  void EsSnapshotAsync(wire::EsSnapshotRequest request,
+                       Callback<wire::EsSnapshotChunk> done) override {
+    if (request.job_id() != "job") return done(absl::NotFoundError("no train job"));
+    wire::EsSnapshotChunk whole;
+    whole.set_file_name("adapters.gguf");
+    whole.set_generation(7);
+    whole.set_data(data_);
+    done(std::move(whole));
+  }
+
+ private:
+  const std::string data_;
+};
+
+TEST(SnapshotOverGrpc, ChunksAreJoinedAndMoreThanTheBoundIsRefused) {
+  std::string data(5 << 19, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
+  SnapshotWorker worker(data);
+  CallGate gate(CallGateOptions{.cluster_token = kToken});
+  WorkerService service(worker, gate);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  auto client = MakeGrpcWorkerClient("127.0.0.1:" + std::to_string(port),
+                                     MakeClusterCredentials(std::nullopt, kToken));
+  wire::EsSnapshotRequest request;
+  request.set_job_id("job");
+  request.set_max_bytes(static_cast<int64_t>(data.size()));
+  auto whole = client->EsSnapshot(request);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->file_name(), "adapters.gguf");
+  EXPECT_EQ(whole->generation(), 7);
+  EXPECT_TRUE(whole->data() == data);
+  // A worker sending more than the values' size: refused naming the bound, not buffered.
+  request.set_max_bytes(static_cast<int64_t>(data.size()) - 1);
+  auto big = client->EsSnapshot(request);
+  EXPECT_TRUE(absl::IsResourceExhausted(big.status())) << big.status();
+  EXPECT_NE(big.status().message().find(std::to_string(data.size() - 1)), std::string::npos)
+      << big.status();
+  request.set_job_id("other");
+  auto missing = client->EsSnapshot(request);
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
 }  // namespace
 }  // namespace fucina
