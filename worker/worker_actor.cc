@@ -613,14 +613,42 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
     }
   }
   laps.Lap(&StepTimes::head);
+  // Every sampled segment's rows at once, across the pool's threads (each session has its own
+  // sampler and grammar); the results then go out in segment order.
+  std::vector<int64_t>& first_row = b.first_row;  // of segment j in `logits`; -1: not sampled
+  first_row.assign(ok.size(), -1);
   int64_t next_row = 0;
   for (size_t j = 0; j < ok.size(); ++j) {
     const wire::Segment& seg = request.segments(ok[j]);
-    Session& session = *sessions[j];
+    if (seg.prefill_only() || seg.all_logits()) continue;
+    if (seg.has_sampling()) {
+      // Validated with the segment, before any row ran.
+      sessions[j]->sampler = std::make_unique<Sampler>(
+          *SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)));
+      sessions[j]->grammar = std::move(grammars[ok[j]]);
+    }
+    first_row[j] = next_row;
+    next_row += seg.drafts() + 1;
+  }
+  std::vector<absl::StatusOr<Verified>>& verified = b.verified;
+  verified.assign(ok.size(), absl::StatusOr<Verified>(Verified()));
+  pool_->ParallelFor(static_cast<int64_t>(ok.size()), 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t j = begin; j < end; ++j) {
+      if (first_row[j] < 0) continue;
+      Session& session = *sessions[j];
+      // The history ends with the segment's tokens: the last one emitted, then the drafts.
+      const int64_t k = request.segments(ok[j]).drafts();
+      const std::span<const float> rows(&logits[first_row[j] * vocab], (k + 1) * vocab);
+      verified[j] = VerifyDrafts(*session.sampler, rows, vocab, session.history,
+                                 static_cast<size_t>(k), session.grammar.get());
+    }
+  });
+  for (size_t j = 0; j < ok.size(); ++j) {
+    const wire::Segment& seg = request.segments(ok[j]);
     if (seg.prefill_only()) continue;
-    wire::SegmentResult* result = response.add_results();
-    result->set_session_id(seg.session_id());
     if (seg.all_logits()) {
+      wire::SegmentResult* result = response.add_results();
+      result->set_session_id(seg.session_id());
       const Model::Segment& ms = segments[j];
       std::vector<float> all(ms.count * vocab);
       if (absl::Status s = model_->Head(&x[ms.begin * hidden], ms.count, all.data()); !s.ok()) {
@@ -629,28 +657,17 @@ absl::StatusOr<wire::ForwardResponse> WorkerActor::DoForward(
       result->mutable_logits()->Assign(all.begin(), all.end());
       continue;
     }
-    if (seg.has_sampling()) {
-      // Validated with the segment, before any row ran.
-      session.sampler = std::make_unique<Sampler>(
-          *SamplingFromWire(seg.sampling(), static_cast<int32_t>(vocab)));
-      session.grammar = std::move(grammars[ok[j]]);
-    }
-    // The history ends with the segment's tokens: the last one emitted, then the drafts.
-    const int64_t k = seg.drafts();
-    const std::span<const float> rows(&logits[next_row * vocab], (k + 1) * vocab);
-    next_row += k + 1;
-    absl::StatusOr<Verified> checked =
-        VerifyDrafts(*session.sampler, rows, vocab, session.history, static_cast<size_t>(k),
-                     session.grammar.get());
-    if (!checked.ok()) {
+    if (!verified[j].ok()) {
       // Only a grammar fails here (its matcher gave up, e.g. a lexer grown too complex): that
       // request ends with the reason, the others in the step go on.
-      response.mutable_results()->RemoveLast();
-      session.grammar.reset();
-      AddSegmentError(ok[j], absl::InvalidArgumentError(checked.status().message()), &response);
+      sessions[j]->grammar.reset();
+      AddSegmentError(ok[j], absl::InvalidArgumentError(verified[j].status().message()),
+                      &response);
       continue;
     }
-    VerifiedToWire(*checked, result);
+    wire::SegmentResult* result = response.add_results();
+    result->set_session_id(seg.session_id());
+    VerifiedToWire(*verified[j], result);
   }
   observe();
   laps.Lap(&StepTimes::sampling);

@@ -35,6 +35,7 @@
 #include "models/engine/model.h"
 #include "models/grammar/grammar.h"
 #include "models/sampler/sampler.h"
+#include "models/speculative/verify.h"
 #include "worker/es_replica.h"
 #include "worker/forward_reply.h"
 #include "worker/serial_executor.h"
@@ -215,6 +216,8 @@ class WorkerActor : public WorkerClient {
     std::vector<Model::Segment> segments;
     std::vector<Session*> sessions;
     std::vector<std::unique_ptr<GrammarMatcher>> grammars;
+    std::vector<int64_t> first_row;  // the last stage's: each sampled segment's logits row
+    std::vector<absl::StatusOr<Verified>> verified;
   } buffers_;
   absl::node_hash_map<std::string, EsJobState> es_jobs_;  // by job id
   // OffExecutor's threads: each marks itself finished; the next start joins those.

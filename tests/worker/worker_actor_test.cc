@@ -178,6 +178,68 @@ TEST_F(WorkerActorTest, DraftsAreVerifiedAndRejectedRowsDroppedByTheNextPos0) {
   EXPECT_NE(refused.message().find("starts at"), std::string::npos) << refused;
 }
 
+TEST_F(WorkerActorTest, SegmentsSampleAcrossThePoolAsOnOneThread) {
+  // The last stage samples a step's segments on all its threads: seeded samples, logprobs,
+  // drafts and all-logits rows come out as on one thread, in segment order.
+  WorkerActor one({.threads = 1}), two({.threads = 2});
+  ASSERT_TRUE(one.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  ASSERT_TRUE(two.LoadShard(Shard(0, 0, 4, true, true)).ok());
+  constexpr int kSessions = 6;
+  std::vector<std::vector<int32_t>> last(kSessions);
+  std::vector<int64_t> length(kSessions);
+  auto step = [&](int round) {
+    wire::ForwardRequest f;
+    for (int i = 0; i < kSessions; ++i) {
+      std::vector<int32_t> ids = round == 0 ? std::vector<int32_t>{5 + i, 17, 99 - i, 3}
+                                            : last[i];
+      wire::Segment seg = Seg(100 + i, round == 0 ? 0 : length[i], ids, round == 0);
+      if (round == 0) {
+        SamplingParams p;
+        p.temperature = 0.9f;
+        p.seed = 7 + i;
+        p.top_logprobs = 3;
+        p.repetition_penalty = 1.2f;
+        *seg.mutable_sampling() = SamplingToWire(p);
+      }
+      if (round == 2 && i == 1) {  // a draft, right or wrong as it happens
+        seg.add_token_ids(42);
+        seg.set_drafts(1);
+      }
+      *f.add_segments() = seg;
+    }
+    if (round == 1) f.mutable_segments(3)->set_all_logits(true);
+    return f;
+  };
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const wire::ForwardRequest f = step(round);
+    auto a = one.Forward(f);
+    auto b = two.Forward(f);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->errors_size(), 0);
+    ASSERT_EQ(b->errors_size(), 0);
+    ASSERT_EQ(a->results_size(), kSessions);
+    ASSERT_EQ(b->results_size(), kSessions);
+    for (int i = 0; i < kSessions; ++i) {
+      const wire::SegmentResult& x = a->results(i);
+      const wire::SegmentResult& y = b->results(i);
+      EXPECT_EQ(x.session_id(), 100 + i);
+      EXPECT_EQ(y.session_id(), 100 + i);
+      EXPECT_EQ(x.SerializeAsString(), y.SerializeAsString()) << "session " << i;
+      const int64_t rows = f.segments(i).token_ids_size();
+      length[i] = (round == 0 ? 0 : length[i]) + rows - f.segments(i).drafts() +
+                  x.accepted_size();
+      if (x.logits_size() > 0) {
+        last[i] = {static_cast<int32_t>(std::max_element(x.logits().end() - 256,
+                                                         x.logits().end()) -
+                                        (x.logits().end() - 256))};
+      } else {
+        last[i] = {x.token()};
+      }
+    }
+  }
+}
+
 TEST_F(WorkerActorTest, MalformedMessagesAreInvalidArgument) {
   WorkerActor s0({.threads = 1}), s1({.threads = 1});
   ASSERT_TRUE(s0.LoadShard(Shard(0, 0, 2, true, false)).ok());
