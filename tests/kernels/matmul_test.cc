@@ -98,5 +98,45 @@ std::vector<Case> Cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, testing::ValuesIn(Cases()), Name);
 
+// Decode-shaped calls on matrices whose per-thread share is 1 MiB or more take one contiguous
+// share per thread rather than small items in turn: every thread count gives the one-thread
+// result bit for bit (a row's sum does not depend on who computes it), near the reference.
+TEST(MatMulShares, LargeDecodeCallsSplitInSharesMatchOneThreadExactly) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kQ4_K}) {
+    const int64_t rows = 12288, cols = 512;
+    const CpuTypeTraits* traits = GetCpuTraits(t, Isa::kScalar);
+    const size_t row_bytes = RowBytes(t, cols);
+    std::vector<float> wf(cols);
+    std::vector<uint8_t> w(row_bytes * rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (float& v : wf) v = nd(rng);
+      traits->from_float(wf.data(), w.data() + r * row_bytes, cols);
+    }
+    const WeightView view = WeightView::Dense(w.data(), t, rows, cols);
+    for (int64_t m : {int64_t{1}, int64_t{5}}) {
+      std::vector<float> x(m * cols);
+      for (float& v : x) v = nd(rng);
+      std::vector<float> ref(m * rows);
+      MatMulRef(view, x.data(), m, ref.data());
+      ThreadPool one_thread(1);
+      std::vector<float> want(m * rows);
+      MatMul(view, x.data(), m, want.data(), one_thread);
+      for (int threads : {2, 3}) {
+        ASSERT_GE(rows * static_cast<int64_t>(row_bytes) / threads, int64_t{1} << 20)
+            << "the case must take the shares path";
+        ThreadPool pool(threads);
+        std::vector<float> y(m * rows, NAN);
+        MatMul(view, x.data(), m, y.data(), pool);
+        for (int64_t j = 0; j < m * rows; ++j) {
+          ASSERT_EQ(y[j], want[j]) << TypeName(t) << " threads=" << threads << " index=" << j;
+          ASSERT_NEAR(y[j], ref[j], 1e-4 * (1.0 + std::fabs(ref[j])) + 1e-5 * cols / 32);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fucina
