@@ -163,18 +163,38 @@ class FailingWorker : public FakeWorkerClient {
   }
 };
 
+// `worker` behind a real WorkerService on an ephemeral loopback port (0 if it failed to start),
+// admitting the cluster token kToken.
+struct Served {
+  explicit Served(WorkerClient& worker)
+      : gate(CallGateOptions{.cluster_token = kToken}), service(worker, gate) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~Served() {
+    if (server == nullptr) return;
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+  std::unique_ptr<WorkerClient> Client() const {
+    return MakeGrpcWorkerClient("127.0.0.1:" + std::to_string(port),
+                                MakeClusterCredentials(std::nullopt, kToken));
+  }
+
+  CallGate gate;
+  WorkerService service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
 TEST(FailureOriginOverGrpc, TheWorkersMarkTravelsAndTransportFailuresAreTheWorkers) {
   FailingWorker worker;
-  CallGate gate(CallGateOptions{.cluster_token = kToken});
-  WorkerService service(worker, gate);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
-  auto client = MakeGrpcWorkerClient("127.0.0.1:" + std::to_string(port),
-                                     MakeClusterCredentials(std::nullopt, kToken));
+  Served served(worker);
+  ASSERT_NE(served.port, 0);
+  const int port = served.port;
+  std::unique_ptr<grpc::Server>& server = served.server;
+  auto client = served.Client();
 
   auto forward = client->Forward(wire::ForwardRequest());
   EXPECT_TRUE(absl::IsFailedPrecondition(forward.status())) << forward.status();
@@ -228,16 +248,9 @@ TEST(SnapshotOverGrpc, ChunksAreJoinedAndMoreThanTheBoundIsRefused) {
   std::string data(5 << 19, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
   SnapshotWorker worker(data);
-  CallGate gate(CallGateOptions{.cluster_token = kToken});
-  WorkerService service(worker, gate);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
-  auto client = MakeGrpcWorkerClient("127.0.0.1:" + std::to_string(port),
-                                     MakeClusterCredentials(std::nullopt, kToken));
+  Served served(worker);
+  ASSERT_NE(served.port, 0);
+  auto client = served.Client();
   wire::EsSnapshotRequest request;
   request.set_job_id("job");
   request.set_max_bytes(static_cast<int64_t>(data.size()));
@@ -255,7 +268,6 @@ TEST(SnapshotOverGrpc, ChunksAreJoinedAndMoreThanTheBoundIsRefused) {
   request.set_job_id("other");
   auto missing = client->EsSnapshot(request);
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
 }
 
 }  // namespace
