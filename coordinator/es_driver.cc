@@ -87,6 +87,15 @@ bool SameClients(const EsGroup& a, const EsGroup& b) {
   return true;
 }
 
+// Every (group, stage) pair of `groups`, group by group: one call each.
+std::vector<std::pair<size_t, size_t>> StageCalls(const std::vector<const EsGroup*>& groups) {
+  std::vector<std::pair<size_t, size_t>> calls;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g]->workers.size(); ++i) calls.emplace_back(g, i);
+  }
+  return calls;
+}
+
 }  // namespace
 
 std::string EsGroup::id() const {
@@ -171,10 +180,7 @@ wire::EsJob EsDriver::StageJob(const EsGroup& group, size_t i) const {
 
 std::vector<absl::StatusOr<wire::EsState>> EsDriver::UpdateGroups(
     const std::vector<const EsGroup*>& groups, const wire::EsUpdateRequest& update) {
-  std::vector<std::pair<size_t, size_t>> calls;  // (group, stage)
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t i = 0; i < groups[g]->workers.size(); ++i) calls.emplace_back(g, i);
-  }
+  const std::vector<std::pair<size_t, size_t>> calls = StageCalls(groups);
   const int64_t sent = static_cast<int64_t>(update.ByteSizeLong());
   const auto states = CallAll<wire::EsState>(calls.size(), [&](size_t c, auto done) {
     groups[calls[c].first]->workers[calls[c].second].client->EsUpdateAsync(
@@ -231,10 +237,9 @@ void EsDriver::Drop(const std::string& id, const absl::Status& why) {
 
 std::vector<absl::Status> EsDriver::JoinAll(const std::vector<EsGroup>& groups) {
   // Every stage of every group loads at once: each maps and copies its layers.
-  std::vector<std::pair<size_t, size_t>> calls;  // (group, stage)
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t i = 0; i < groups[g].workers.size(); ++i) calls.emplace_back(g, i);
-  }
+  std::vector<const EsGroup*> all;
+  for (const EsGroup& g : groups) all.push_back(&g);
+  const std::vector<std::pair<size_t, size_t>> calls = StageCalls(all);
   const auto loads = CallAll<wire::EsState>(calls.size(), [&](size_t c, auto done) {
     const auto [g, i] = calls[c];
     groups[g].workers[i].client->EsLoadAsync(StageJob(groups[g], i), std::move(done));
@@ -253,8 +258,7 @@ std::vector<absl::Status> EsDriver::JoinAll(const std::vector<EsGroup>& groups) 
     num_values[g] += loads[c]->num_values();
     checksums[g] += loads[c]->checksum();
   }
-  std::vector<const EsGroup*> replaying;
-  std::vector<size_t> index;  // replaying[k] is groups[index[k]]
+  std::vector<size_t> live;  // the groups still joining
   for (size_t g = 0; g < groups.size(); ++g) {
     if (results[g].ok() && num_values[g] == 0) {
       results[g] = absl::InvalidArgumentError(
@@ -265,21 +269,21 @@ std::vector<absl::Status> EsDriver::JoinAll(const std::vector<EsGroup>& groups) 
       if (loaded_any[g]) Release(groups[g]);  // the stages that did load
       continue;
     }
-    replaying.push_back(&groups[g]);
-    index.push_back(g);
+    live.push_back(g);
   }
   // Replay: the same updates in the same order give the same values, bit for bit (the groups
   // side by side, one generation at a time).
-  for (size_t gen = 0; gen < log_.size() && !replaying.empty(); ++gen) {
+  for (size_t gen = 0; gen < log_.size() && !live.empty(); ++gen) {
     wire::EsUpdateRequest update;
     update.set_job_id(options_.job.job_id());
     update.set_generation(static_cast<int64_t>(gen));
     update.mutable_shaped()->Add(log_[gen].begin(), log_[gen].end());
+    std::vector<const EsGroup*> replaying;
+    for (size_t g : live) replaying.push_back(&groups[g]);
     const auto states = UpdateGroups(replaying, update);
-    std::vector<const EsGroup*> still;
-    std::vector<size_t> still_index;
+    std::vector<size_t> still;
     for (size_t k = 0; k < states.size(); ++k) {
-      const size_t g = index[k];
+      const size_t g = live[k];
       if (!states[k].ok()) {
         results[g] = states[k].status();
         continue;
@@ -291,14 +295,12 @@ std::vector<absl::Status> EsDriver::JoinAll(const std::vector<EsGroup>& groups) 
             checksums[g], checksums_[gen]));
         continue;
       }
-      still.push_back(replaying[k]);
-      still_index.push_back(g);
+      still.push_back(g);
     }
-    replaying.swap(still);
-    index.swap(still_index);
+    live.swap(still);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t g : index) {
+  for (size_t g : live) {
     num_values_ = num_values[g];
     if (log_.empty()) checksum_ = checksums[g];
     replicas_[groups[g].id()] = groups[g];

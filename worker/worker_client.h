@@ -10,7 +10,6 @@
 
 #include <condition_variable>
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -222,13 +221,7 @@ class WorkerClient {
 
   // Starts a call through `start` (given the callback) and waits for its reply.
   template <typename Reply, typename Start>
-  static absl::StatusOr<Reply> Wait(Start start) {
-    std::promise<absl::StatusOr<Reply>> reply;
-    std::future<absl::StatusOr<Reply>> future = reply.get_future();
-    start(Callback<Reply>(
-        [&reply](absl::StatusOr<Reply> r) { reply.set_value(std::move(r)); }));
-    return future.get();
-  }
+  static absl::StatusOr<Reply> Wait(Start start);
 
  private:
   static absl::Status Unimplemented(const char* method) {
@@ -260,6 +253,12 @@ std::vector<absl::StatusOr<Reply>> CallAll(
   std::unique_lock<std::mutex> lock(all->mu);
   all->cv.wait(lock, [&] { return all->left == 0; });
   return std::move(all->replies);
+}
+
+template <typename Reply, typename Start>
+absl::StatusOr<Reply> WorkerClient::Wait(Start start) {
+  return std::move(
+      CallAll<Reply>(1, [&](size_t, Callback<Reply> done) { start(std::move(done)); })[0]);
 }
 
 // Deadlines of the gRPC client, per call kind. Loading maps and fuses a shard; a forward of a
